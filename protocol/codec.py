@@ -1,0 +1,73 @@
+"""JSON encoding of protocol messages, with non-finite numbers as strings.
+
+JSON has no NaN or infinity, and a browser's ``JSON.parse`` rejects Python's bare
+``NaN`` token. Exploding gradients are exactly when those values appear, so they
+must survive the trip: they travel as ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``.
+
+Example:
+    >>> from gradwatch.protocol.codec import dumps, loads
+    >>> dumps({"loss": float("inf")})
+    '{"loss":"Infinity"}'
+    >>> loads('{"loss": 1.5}')
+    {'loss': 1.5}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .messages import NONFINITE_STRINGS
+
+_SEPARATORS = (",", ":")
+
+
+def _replace_nonfinite(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        if math.isnan(value):
+            return "NaN"
+        return "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: _replace_nonfinite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_replace_nonfinite(v) for v in value]
+    return value
+
+
+def dumps(message: Any) -> str:
+    """Encode one message as compact JSON; non-finite floats become strings."""
+    try:
+        # Fast path: almost every message is finite, and allow_nan=False tells us
+        # cheaply when one is not.
+        return json.dumps(message, separators=_SEPARATORS, allow_nan=False)
+    except ValueError:
+        return json.dumps(_replace_nonfinite(message), separators=_SEPARATORS, allow_nan=False)
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(
+        f"expected standard JSON, got the non-standard token {token!r}; "
+        'send non-finite numbers as the strings "NaN", "Infinity" or "-Infinity"'
+    )
+
+
+def loads(text: str | bytes) -> Any:
+    """Decode one message; bare ``NaN``/``Infinity`` tokens are an error."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def to_float(value: Any) -> float:
+    """A protocol number (float, int or one of the non-finite strings) as a float."""
+    if isinstance(value, str):
+        try:
+            return NONFINITE_STRINGS[value]
+        except KeyError:
+            raise ValueError(
+                f'expected a number or "NaN"/"Infinity"/"-Infinity", got {value!r}'
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {type(value).__name__} {value!r}")
+    return float(value)

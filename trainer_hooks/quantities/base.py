@@ -1,0 +1,71 @@
+"""The base of every captured quantity.
+
+One small class per quantity, in the spirit of Cockpit's ``quantities/``: the
+quantity's ``name`` is the record field it fills (``timesteps``, ``param_norms``,
+``graph_nodes``...), the same name on the wire, in the database and in the chart.
+Computation (on the training thread, tensors on the device) and encoding (on the
+background thread, plain Python) never meet.
+
+Life cycle, driven by the Monitor:
+
+1. ``attach(model)`` once, from ``watch()``: register hooks, keep their handles.
+2. ``start_step(capture)`` when a training step begins (at ``watch()`` and right
+   after every ``monitor.step()``). ``capture=False`` means this step is not a heavy
+   one: hooks must return at once and hold nothing.
+3. ``finish_step(loss)`` from ``monitor.step(loss)``, after backward. Returns a
+   *payload*: a dict whose leaves are device tensors or plain Python values. It must
+   not synchronise with the device (no ``.item()``, ``.tolist()``, ``.cpu()``): the
+   Monitor moves every tensor leaf to the host in one non-blocking copy.
+4. ``encode(payload)`` on the background thread, with every tensor leaf now a host
+   tensor: returns the record fields (JSON-able: floats, ints, lists, dicts).
+5. ``detach()`` from ``monitor.remove()``: remove every hook; idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+
+class Quantity:
+    """One captured quantity; subclasses set ``name`` and override what they need.
+
+    Example:
+        >>> class LossScale(Quantity):
+        ...     name = "loss_scale"
+        ...     def finish_step(self, loss):
+        ...         return {"loss_scale": loss.detach().abs()}
+        ...     def encode(self, payload):
+        ...         return {"loss_scale": float(payload["loss_scale"])}
+    """
+
+    name: ClassVar[str] = ""
+    #: heavy quantities are captured only on the steps the schedule picks (``every=``);
+    #: cheap ones on every step.
+    heavy: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._handles: list[RemovableHandle] = []
+        self.capturing = False
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Register this quantity's hooks on ``model`` (keep them in ``self._handles``)."""
+
+    def start_step(self, capture: bool) -> None:
+        self.capturing = capture
+
+    def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
+        """Return this step's payload (device tensors or plain values); never sync."""
+        return {}
+
+    def encode(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Turn a host-side payload into record fields (runs on the background thread)."""
+        return payload
+
+    def detach(self) -> None:
+        """Remove every hook this quantity registered; safe to call twice."""
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()

@@ -8,4 +8,12 @@ from .codec import dumps, loads, to_float
 from .messages import PROTOCOL_VERSION
 from .spool import SpoolError, SpoolWriter, read_spool
 
-__all__ = ["PROTOCOL_VERSION", "SpoolError", "SpoolWriter", "dumps", "loads", "read_spool", "to_float"]
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SpoolError",
+    "SpoolWriter",
+    "dumps",
+    "loads",
+    "read_spool",
+    "to_float",
+]

@@ -58,7 +58,11 @@ MAX_TIMESTEPS: Final = 100_000
 
 # JSON has no NaN or infinity. Non-finite numbers travel as these strings wherever a
 # number is expected; every reader (server, browser, spool import) maps them back.
-NONFINITE_STRINGS: Final = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+NONFINITE_STRINGS: Final = {
+    "NaN": float("nan"),
+    "Infinity": float("inf"),
+    "-Infinity": float("-inf"),
+}
 
 # WebSocket close codes used by the server (RFC 6455).
 CLOSE_INVALID_DATA: Final = 1007  # not JSON, wrong types, bad values

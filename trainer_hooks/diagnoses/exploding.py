@@ -1,0 +1,9 @@
+"""The `exploding` detector (being written: judges nothing yet)."""
+
+from __future__ import annotations
+
+from .base import Detector
+
+
+class ExplodingDetector(Detector):
+    code = "exploding"

@@ -1,0 +1,9 @@
+"""The `slowdown` detector (being written: judges nothing yet)."""
+
+from __future__ import annotations
+
+from .base import Detector
+
+
+class SlowdownDetector(Detector):
+    code = "slowdown"

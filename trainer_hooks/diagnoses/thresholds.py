@@ -1,0 +1,87 @@
+"""Every threshold the detectors use, with its default and meaning, in one place.
+
+``watch(model, thresholds={...})`` overrides any of them; an unknown name is an
+error that lists the known ones. docs/DIAGNOSES.md explains each; the defaults keep
+the fixed twins in ``examples/`` silent and make their bug variants fire within 10
+steps.
+
+Example:
+    >>> cfg = resolve({"vanishing_factor": 1e-4})
+    >>> cfg["vanishing_factor"], cfg["update_every"]
+    (0.0001, 25)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: name -> (default, meaning). Ints stay ints; floats accept ints.
+THRESHOLDS: dict[str, tuple[float | int, str]] = {
+    # life cycle of every alert
+    "update_every": (25, "steps between two 'updated' records of one alert while it holds"),
+    "clear_after": (5, "judgements in a row without the condition before 'cleared'"),
+    # vanishing
+    "vanishing_factor": (
+        1e-3,
+        "a timestep 'gets gradient' when its norm is at least this fraction of the largest",
+    ),
+    "vanishing_min_timesteps": (16, "shorter sequences are never judged vanishing"),
+    "vanishing_min_fraction": (
+        0.25,
+        "fires when at least this fraction of the timesteps gets no gradient",
+    ),
+    # exploding
+    "exploding_time_ratio": (
+        1e3,
+        "through time: mean log-norm of the earliest quarter over the latest quarter",
+    ),
+    "exploding_step_ratio": (
+        50.0,
+        "over steps: total norm over the median of the recent window",
+    ),
+    "exploding_window": (50, "recorded steps in the window of recent total norms"),
+    "exploding_min_history": (5, "recorded steps needed before judging growth over steps"),
+    "exploding_clip_quantile": (0.9, "the suggested clip value is this quantile of the window"),
+    # graph_growth
+    "graph_window": (8, "recorded steps in the graph-size window"),
+    "graph_min_points": (4, "recorded steps needed before judging graph growth"),
+    "graph_growth_ratio": (
+        1.5,
+        "fires when the trend grows the graph this much over the window",
+    ),
+    "graph_rising_fraction": (0.75, "and at least this fraction of step pairs shows growth"),
+    # slowdown
+    "slowdown_window": (30, "steps in the step-time window"),
+    "slowdown_min_points": (8, "steps needed before judging a slowdown"),
+    "slowdown_ratio": (1.3, "fires when the trend makes a step this much slower over the window"),
+    "slowdown_rising_fraction": (0.7, "and at least this fraction of step pairs got slower"),
+    "slowdown_skip_first": (1, "leading steps ignored (the first one carries start-up work)"),
+    # hotspot
+    "hotspot_share": (0.4, "a module is a hotspot when it takes this fraction of step time"),
+    "hotspot_min_calls": (4, "and runs at least this many times per step (a Python loop)"),
+}
+
+
+def resolve(config: Mapping[str, Any] | None) -> dict[str, float | int]:
+    """Defaults overridden by ``config``; unknown names and non-numbers are errors."""
+    resolved: dict[str, float | int] = {name: d for name, (d, _) in THRESHOLDS.items()}
+    if config is None:
+        return resolved
+    if not isinstance(config, Mapping):
+        raise ValueError(f"expected a dict of diagnosis thresholds, got {type(config).__name__}")
+    for name, value in config.items():
+        if name not in THRESHOLDS:
+            known = ", ".join(sorted(THRESHOLDS))
+            raise ValueError(f"expected a known diagnosis threshold, got {name!r}; known: {known}")
+        default = THRESHOLDS[name][0]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"threshold {name}: expected a number, got {value!r}")
+        if isinstance(default, int) and not isinstance(default, bool):
+            if not float(value).is_integer():
+                raise ValueError(f"threshold {name}: expected an integer, got {value!r}")
+            value = int(value)
+        if value < 0:
+            raise ValueError(f"threshold {name}: expected a number >= 0, got {value!r}")
+        resolved[name] = value
+    return resolved

@@ -29,6 +29,12 @@ def _not_built(what: str, issue: str) -> Handler:
     return handler
 
 
+def _run_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradwatch",
@@ -52,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8765)
     demo.add_argument("--db", default=".gradwatch/demo.db")
     demo.add_argument("--replay", action="store_true", help="show recorded runs, no training")
-    demo.set_defaults(handler=_not_built("demo", "the demo is issue #7"))
+    demo.add_argument(
+        "--steps", type=int, default=400, help="training steps per example trainer (default 400)"
+    )
+    demo.set_defaults(handler=_run_demo)
 
     report = sub.add_parser("report", help="write a standalone HTML report of one run")
     report.add_argument("run", help="run id or name")

@@ -10,7 +10,7 @@ Pure Python over protocol record dicts: no torch here, so detectors are cheap an
 testable with hand-built records.
 
 Example:
-    >>> theil_sen([0, 1, 2, 3], [1.0, 2.0, 3.0, 40.0])
+    >>> theil_sen([0, 1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0, 50.0])  # one outlier, slope still 1
     1.0
 """
 

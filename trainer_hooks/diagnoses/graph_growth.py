@@ -1,9 +1,123 @@
-"""The `graph_growth` detector (being written: judges nothing yet)."""
+"""``graph_growth``: the autograd graph (and the memory it holds) growing step over step.
+
+A healthy training step builds a graph of the same size every time and frees it
+after backward. When something carries a tensor from one step into the next
+without ``.detach()`` (a hidden state kept on the module, ``total += loss``), each
+step's graph contains every earlier one: ``graph_nodes`` climbs, memory climbs, and
+backward walks all of it again, so steps get slower.
+
+The capture names the module that receives a stale hidden state in its own
+``graph_growth`` alert (subject: that module, or ``loss``). This detector watches
+the numbers and uses the subject ``graph``, so the two never collide; when it has
+seen the capture's alert it names that module too.
+
+It fires when, over the last ``graph_window`` (8) recorded steps (at least
+``graph_min_points``, 4), the Theil–Sen trend of ``graph_nodes`` grows the graph by
+``graph_growth_ratio`` (1.5x) and at least ``graph_rising_fraction`` (0.75) of the
+step pairs show growth.
+
+Example:
+    >>> d = GraphGrowthDetector({"graph_window": 8, "graph_min_points": 4,
+    ...     "graph_growth_ratio": 1.5, "graph_rising_fraction": 0.75})
+    >>> for s in range(4):
+    ...     v = d.observe({"kind": "step", "step": s, "graph_nodes": 100 * (s + 1)})
+    >>> v["graph"].evidence["nodes_per_step"]
+    100.0
+"""
 
 from __future__ import annotations
 
-from .base import Detector
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from .base import Detector, Finding, Verdicts, fmt, median, rising_fraction, sig, theil_sen
+
+
+def trend_ratio(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(Theil–Sen slope, fitted last / fitted first) of y over x."""
+    slope = theil_sen(xs, ys)
+    intercept = median([y - slope * x for x, y in zip(xs, ys, strict=True)])
+    first = intercept + slope * xs[0]
+    last = intercept + slope * xs[-1]
+    if first <= 0:
+        return slope, float("inf") if last > first else 1.0
+    return slope, last / first
 
 
 class GraphGrowthDetector(Detector):
     code = "graph_growth"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        window = int(config["graph_window"])
+        self._points: deque[tuple[int, int, int | None, bool]] = deque(maxlen=window)
+        self._stale: list[str] = []
+
+    def note_alert(self, alert: Mapping[str, Any]) -> None:
+        subject = alert.get("subject")
+        stale = alert.get("code") == self.code and isinstance(subject, str)
+        if stale and subject != "graph" and subject not in self._stale:
+            self._stale.append(str(subject))
+
+    def observe(self, record: Mapping[str, Any]) -> Verdicts:
+        nodes = record.get("graph_nodes")
+        step = record.get("step")
+        if record.get("kind") != "step" or not isinstance(nodes, int) or not isinstance(step, int):
+            return {}
+        rss = record.get("rss_bytes")
+        self._points.append(
+            (
+                step,
+                nodes,
+                rss if isinstance(rss, int) else None,
+                bool(record.get("graph_truncated")),
+            )
+        )
+        if len(self._points) < int(self.config["graph_min_points"]):
+            return {}
+        xs = [float(p[0]) for p in self._points]
+        ys = [float(p[1]) for p in self._points]
+        slope, ratio = trend_ratio(xs, ys)
+        rising = rising_fraction(xs, ys)
+        if ratio < float(self.config["graph_growth_ratio"]) or rising < float(
+            self.config["graph_rising_fraction"]
+        ):
+            return {"graph": None}
+        return {"graph": self._finding(xs, ys, slope, ratio, rising)}
+
+    def _finding(
+        self, xs: list[float], ys: list[float], slope: float, ratio: float, rising: float
+    ) -> Finding:
+        truncated = any(p[3] for p in self._points)
+        evidence: dict[str, Any] = {
+            "steps": [int(x) for x in xs],
+            "graph_nodes": [int(y) for y in ys],
+            "nodes_per_step": sig(slope),
+            "growth": sig(ratio),
+            "rising_fraction": sig(rising),
+            "truncated": truncated,
+        }
+        at_least = "at least " if truncated else ""
+        message = (
+            f"the autograd graph grows every step: {int(ys[0]):,} → {at_least}{int(ys[-1]):,} "
+            f"nodes over steps {int(xs[0])}–{int(xs[-1])} (+{fmt(slope)} per step)"
+        )
+        rss = [(float(p[0]), float(p[2])) for p in self._points if p[2] is not None]
+        if len(rss) >= 3:
+            rss_slope = theil_sen([r[0] for r in rss], [r[1] for r in rss])
+            evidence["rss_bytes_per_step"] = sig(rss_slope)
+            if rss_slope > 0:
+                message += f"; process memory +{fmt(rss_slope / 2**20)} MiB per step"
+        hint = (
+            "Something carries a tensor from one step into the next without detaching it: "
+            "detach carried hidden states at the start of each sequence "
+            "(h, c = h.detach(), c.detach()) and accumulate losses with loss.item(), "
+            "not total += loss; then retain_graph=True is not needed"
+        )
+        if self._stale:
+            names = ", ".join(self._stale)
+            evidence["stale_modules"] = list(self._stale)
+            message += f"; {names} received a hidden state still attached to an earlier step"
+            hint = f"Detach the state {names} carries between steps: " + hint
+        return Finding("error", message, hint, evidence)

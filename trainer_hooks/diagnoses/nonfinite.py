@@ -1,9 +1,94 @@
-"""The `nonfinite` detector (being written: judges nothing yet)."""
+"""``nonfinite``: the first parameter, module and timestep whose gradient is NaN or Inf.
+
+Reads the ``nonfinite`` field the capture fills (``{"parameters": [names in model
+order], "timesteps": {module: {series: first index}}}``) and a non-finite ``loss``.
+The subject is the module that owns the first non-finite parameter (or the
+recurrent module whose timesteps went bad, or ``loss``), so a run that keeps
+producing NaN gives one alert that is updated, not one per step.
+
+Example:
+    >>> d = NonfiniteDetector({})
+    >>> bad = {"parameters": ["lstm.weight_hh_l0"]}
+    >>> v = d.observe({"kind": "step", "step": 7, "nonfinite": bad})
+    >>> v["lstm"].evidence["first_parameter"]
+    'lstm.weight_hh_l0'
+"""
 
 from __future__ import annotations
 
-from .base import Detector
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .base import Detector, Finding, Verdicts, as_float
+
+_HINT = (
+    "Lower the learning rate or clip gradients "
+    "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)); check the "
+    "inputs and the loss for NaN/Inf (log of 0, division by 0); to find the operation, "
+    "run one step under torch.autograd.detect_anomaly()"
+)
+
+
+def owner(parameter: str) -> str:
+    """The module that owns a parameter: ``lstm.weight_hh_l0`` -> ``lstm``."""
+    return parameter.rpartition(".")[0] or parameter
 
 
 class NonfiniteDetector(Detector):
     code = "nonfinite"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        self._first_step: dict[str, int] = {}
+        self._subjects: set[str] = set()
+
+    def observe(self, record: Mapping[str, Any]) -> Verdicts:
+        if record.get("kind") != "step":
+            return {}
+        step = record.get("step", 0)
+        bad = record.get("nonfinite") or {}
+        parameters = [p for p in bad.get("parameters", []) if isinstance(p, str)]
+        timesteps: dict[str, Any] = bad.get("timesteps") or {}
+        loss = as_float(record.get("loss"))
+        loss_bad = loss is not None and not math.isfinite(loss)
+
+        subject: str | None = None
+        if parameters:
+            subject = owner(parameters[0])
+        elif timesteps:
+            subject = next(iter(timesteps))
+        elif loss_bad:
+            subject = "loss"
+        # Judge every subject seen so far: those not bad on this step are fine now.
+        verdicts: Verdicts = {s: None for s in self._subjects}
+        if subject is None:
+            return verdicts
+        self._subjects.add(subject)
+        first = self._first_step.setdefault(subject, int(step))
+
+        evidence: dict[str, Any] = {"first_step": first, "step": step}
+        where = []
+        if parameters:
+            evidence["first_parameter"] = parameters[0]
+            evidence["parameters"] = parameters[:20]
+            evidence["count"] = len(parameters)
+            where.append(
+                f"parameter {parameters[0]}"
+                + (f" and {len(parameters) - 1} more" if len(parameters) > 1 else "")
+            )
+        if timesteps:
+            first_ts = {m: dict(s) for m, s in timesteps.items()}
+            evidence["timesteps"] = first_ts
+            module, series = next(iter(first_ts.items()))
+            name, index = min(series.items(), key=lambda kv: kv[1]) if series else ("?", -1)
+            evidence["first_module"], evidence["first_timestep"] = module, index
+            where.append(f"module {module} from timestep {index} ({name})")
+        if loss_bad:
+            evidence["loss"] = str(loss)
+            where.append(f"the loss ({loss})")
+        message = f"NaN/Inf gradient at step {step}: " + "; ".join(where)
+        if first != step:
+            message += f" (first at step {first})"
+        verdicts[subject] = Finding("error", message, _HINT, evidence)
+        return verdicts

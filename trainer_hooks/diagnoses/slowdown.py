@@ -1,9 +1,174 @@
-"""The `slowdown` detector (being written: judges nothing yet)."""
+"""``slowdown``: training steps getting slower, and what grows with them.
+
+Over the last ``slowdown_window`` (30) steps (at least ``slowdown_min_points``, 8;
+the first ``slowdown_skip_first`` steps of the run are ignored, they carry start-up
+work), the Theil–Sen trend of ``duration_s`` must make a step ``slowdown_ratio``
+(1.3x) slower from the first to the last step of the window, and at least
+``slowdown_rising_fraction`` (0.7) of the step pairs must have got slower. Theil–Sen
+is the median of pairwise slopes, so a garbage-collection pause or a checkpoint
+write does not make a trend.
+
+Then it says what grew alongside: the autograd graph (``graph_nodes``), process
+memory (``rss_bytes``), and with ``profile=True`` the module whose time grew most.
+The subject is always ``step_time``.
+
+Example:
+    >>> from gradwatch.trainer_hooks.diagnoses.thresholds import resolve
+    >>> d = SlowdownDetector(resolve(None))
+    >>> for s in range(10):
+    ...     v = d.observe({"kind": "step", "step": s, "duration_s": 0.01 * (1 + s),
+    ...                    "graph_nodes": 50 * (1 + s)})
+    >>> v["step_time"].evidence["explained_by"]
+    ['graph_nodes']
+"""
 
 from __future__ import annotations
 
-from .base import Detector
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from .base import Detector, Finding, Verdicts, as_float, fmt, rising_fraction, sig, theil_sen
+from .graph_growth import trend_ratio
+
+#: a correlate "explains" the slowdown when it grew at least this much over the window
+_GREW = {"graph_nodes": 1.2, "rss_bytes": 1.1}
+
+
+def module_times(profile: Any) -> dict[str, float]:
+    """Forward + backward seconds per module from a ``profile`` field."""
+    out: dict[str, float] = {}
+    if isinstance(profile, Mapping):
+        for name, entry in profile.items():
+            if isinstance(entry, Mapping):
+                f = as_float(entry.get("forward_s")) or 0.0
+                b = as_float(entry.get("backward_s")) or 0.0
+                out[str(name)] = f + b
+    return out
 
 
 class SlowdownDetector(Detector):
     code = "slowdown"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        self._rows: deque[Mapping[str, Any]] = deque(maxlen=int(config["slowdown_window"]))
+        self._seen = 0
+
+    def observe(self, record: Mapping[str, Any]) -> Verdicts:
+        duration = as_float(record.get("duration_s"))
+        if (
+            record.get("kind") != "step"
+            or duration is None
+            or not isinstance(record.get("step"), int)
+        ):
+            return {}
+        self._seen += 1
+        if self._seen <= int(self.config["slowdown_skip_first"]):
+            return {}
+        self._rows.append(
+            {
+                "step": record["step"],
+                "duration_s": duration,
+                "graph_nodes": record.get("graph_nodes"),
+                "rss_bytes": record.get("rss_bytes"),
+                "profile": module_times(record.get("profile")),
+            }
+        )
+        if len(self._rows) < int(self.config["slowdown_min_points"]):
+            return {}
+        xs = [float(r["step"]) for r in self._rows]
+        ys = [float(r["duration_s"]) for r in self._rows]
+        slope, ratio = trend_ratio(xs, ys)
+        rising = rising_fraction(xs, ys)
+        if ratio < float(self.config["slowdown_ratio"]) or rising < float(
+            self.config["slowdown_rising_fraction"]
+        ):
+            return {"step_time": None}
+        return {"step_time": self._finding(xs, ys, slope, ratio, rising)}
+
+    def _correlates(self) -> dict[str, float]:
+        grown: dict[str, float] = {}
+        for field in _GREW:
+            pts = [
+                (float(r["step"]), float(r[field]))
+                for r in self._rows
+                if isinstance(r[field], int) and r[field] > 0
+            ]
+            if len(pts) >= 3:
+                grown[field] = trend_ratio([p[0] for p in pts], [p[1] for p in pts])[1]
+        return grown
+
+    def _module(self, xs: list[float]) -> tuple[str, float] | None:
+        """The profiled module whose time grew fastest (slope in s per step)."""
+        names = {n for r in self._rows for n in r["profile"] if n}
+        best: tuple[str, float] | None = None
+        for name in sorted(names):
+            pts = [
+                (x, r["profile"][name])
+                for x, r in zip(xs, self._rows, strict=True)
+                if name in r["profile"]
+            ]
+            if len(pts) < 3:
+                continue
+            s = theil_sen([p[0] for p in pts], [p[1] for p in pts])
+            # Prefer the deepest module among equals: a child explains more than its parent.
+            if (
+                best is None
+                or s > best[1] * 1.05
+                or (s >= best[1] * 0.95 and name.startswith(best[0] + "."))
+            ):
+                best = (name, s)
+        return best
+
+    def _finding(
+        self, xs: list[float], ys: list[float], slope: float, ratio: float, rising: float
+    ) -> Finding:
+        first = ys[0] if len(ys) < 3 else sorted(ys[:3])[1]
+        last = ys[-1] if len(ys) < 3 else sorted(ys[-3:])[1]
+        grown = self._correlates()
+        explained = [f for f, r in grown.items() if r >= _GREW[f]]
+        evidence: dict[str, Any] = {
+            "steps": [int(xs[0]), int(xs[-1])],
+            "seconds_per_step": sig(slope),
+            "growth": sig(ratio),
+            "rising_fraction": sig(rising),
+            "first_s": sig(first),
+            "last_s": sig(last),
+            "explained_by": explained,
+        }
+        for f, r in grown.items():
+            evidence[f"{f}_growth"] = sig(r)
+        message = (
+            f"steps are getting slower: {fmt(first * 1e3)} ms → {fmt(last * 1e3)} ms over "
+            f"steps {int(xs[0])}–{int(xs[-1])} (+{fmt(slope * 1e3)} ms per step, Theil–Sen)"
+        )
+        if "graph_nodes" in explained:
+            message += f"; the autograd graph grew {grown['graph_nodes']:.1f}x alongside"
+            hint = (
+                "The graph grows with the step time: something carries autograd history "
+                "from step to step. Detach carried state (h = h.detach(); for state kept on "
+                "objects such as tree.state, reset or detach it every epoch) and accumulate "
+                "losses with loss.item()"
+            )
+        elif "rss_bytes" in explained:
+            message += f"; process memory grew {grown['rss_bytes']:.2f}x alongside"
+            hint = (
+                "Memory grows with the step time: look for tensors kept across steps "
+                "(lists of outputs or losses, caches, state stored on data objects) and "
+                "detach or drop them"
+            )
+        else:
+            message += "; neither the graph size nor memory grew with it"
+            hint = (
+                "Look for work that grows with time outside the graph (growing lists, "
+                "data loading, logging); watch(..., profile=True) shows which module's "
+                "time grows"
+            )
+        module = self._module(xs)
+        if module is not None and module[1] > 0.3 * slope:
+            evidence["module"], evidence["module_seconds_per_step"] = module[0], sig(module[1])
+            message += (
+                f"; most of the added time is in {module[0]} (+{fmt(module[1] * 1e3)} ms per step)"
+            )
+        return Finding("warning", message, hint, evidence)

@@ -1,0 +1,52 @@
+// Building DOM without HTML strings. Every string from the network (run, module and
+// parameter names, alert text) lands in a text node: names are text, never HTML.
+
+/**
+ * el("a", {href: "#/", class: "x", onclick: fn}, "text", child) -> Element.
+ * Children that are strings or numbers become text nodes; null/false are skipped.
+ */
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") {
+      node.addEventListener(key.slice(2), value);
+    } else if (key === "class") {
+      node.className = value;
+    } else if (key === "dataset") {
+      Object.assign(node.dataset, value);
+    } else {
+      node.setAttribute(key, value === true ? "" : String(value));
+    }
+  }
+  append(node, children);
+  return node;
+}
+
+function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+/** Replace all children of `node` (text stays text). */
+export function replaceChildren(node, ...children) {
+  node.replaceChildren();
+  append(node, children);
+  return node;
+}
+
+/**
+ * Text for Plotly labels (titles, legend names, hover text). Plotly renders a few
+ * HTML-like tags in those fields, so a run named "<b>x</b>" would turn bold, and
+ * worse shapes are possible: escape the three characters that make tags.
+ */
+export function plotText(value) {
+  return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+/** A stable id fragment for a name (ids only; never shown). */
+export function slug(value) {
+  return String(value).replace(/[^A-Za-z0-9_-]/g, (c) => `_${c.charCodeAt(0).toString(16)}`);
+}

@@ -1,0 +1,131 @@
+// Replay a finished run from history (#/replay/<id>): the run view, fed from the REST
+// history in step order instead of the live socket, so it unfolds the way it did live.
+
+import { el, replaceChildren } from "./dom.js";
+import { SCALARS } from "./series.js";
+import { RunView } from "./run.js";
+
+const KIND_ORDER = { step: 0, epoch: 1, alert: 2, end: 3 };
+
+/** History answers -> [{rank, rec}] in step order, records shaped like the wire's. */
+export function historyRecords(history, heatmapKeys, rank = 0) {
+  const steps = new Map();
+  const rec = (step) => {
+    if (!steps.has(step)) steps.set(step, { kind: "step", step });
+    return steps.get(step);
+  };
+  for (const [name, s] of Object.entries((history.steps && history.steps.fields) || {})) {
+    s.step.forEach((step, i) => {
+      const r = rec(step);
+      const v = s.value[i];
+      if (SCALARS.includes(name)) r[name] = v;
+      else if (name.startsWith("param_norms/")) (r.param_norms ||= {})[name.slice(12)] = v;
+      else if (name.startsWith("gate_norms/")) {
+        const m = /^gate_norms\/(.*)\/([^/]+)$/.exec(name);
+        if (m) ((r.gate_norms ||= {})[m[1]] ||= {})[m[2]] = v;
+      } else if (name.startsWith("profile/")) {
+        const m = /^profile\/(.*)\/([^/]+)$/.exec(name);
+        if (m) ((r.profile ||= {})[m[1]] ||= {})[m[2]] = v;
+      }
+    });
+  }
+  history.matrices.forEach((m, i) => {
+    if (!m || !Array.isArray(m.steps)) return;
+    const { module, series } = heatmapKeys[i];
+    m.steps.forEach((step, j) => { ((rec(step).timesteps ||= {})[module] ||= {})[series] = m.values[j]; });
+  });
+  const items = [...steps.values()].map((r) => ({ rank, rec: r }));
+  for (const e of history.epochs || []) items.push({ rank, rec: { kind: "epoch", ...e } });
+  for (const a of history.alerts || []) items.push({ rank: a.rank ?? 0, rec: { kind: "alert", ...a } });
+  items.sort((x, y) => (x.rec.step ?? 0) - (y.rec.step ?? 0) || KIND_ORDER[x.rec.kind] - KIND_ORDER[y.rec.kind]);
+  return items;
+}
+
+export class ReplayView {
+  constructor(root, runId, { rank = 0 } = {}) {
+    this.root = root;
+    this.runId = runId;
+    this.rank = rank;
+    this.pos = 0;
+    this.playing = false;
+    this.seconds = 20; // a whole replay takes this long at normal speed
+    this.frame = 0;
+  }
+
+  async mount() {
+    this.view = new RunView(this.root, this.runId, { rank: this.rank, replay: true });
+    await this.view.mount();
+    this.history = await this.view.fetchHistory();
+    const keys = [...this.view.heatmaps.values()].map(({ view }) => ({ module: view.module, series: view.series }));
+    this.items = historyRecords(this.history, keys, this.rank);
+    this.controls();
+    this.play();
+  }
+
+  controls() {
+    this.playButton = el("button", { type: "button", class: "primary", id: "replay-play", onclick: () => (this.playing ? this.pause() : this.play()) }, "Pause");
+    this.slider = el("input", { type: "range", min: 0, max: this.items.length, value: 0, id: "replay-position",
+      "aria-label": "replay position", onchange: (e) => this.seek(Number(e.target.value)) });
+    this.label = el("span", { class: "note", id: "replay-label" });
+    const speed = el("select", { "aria-label": "replay length", onchange: (e) => { this.seconds = Number(e.target.value); } },
+      [[60, "slow (60 s)"], [20, "normal (20 s)"], [5, "fast (5 s)"]].map(([v, t]) => el("option", { value: v, selected: v === this.seconds }, t)));
+    replaceChildren(document.getElementById("replay-controls"),
+      el("div", { class: "toolbar" }, this.playButton, this.slider, speed, this.label));
+    this.updateLabel();
+  }
+
+  updateLabel() {
+    const last = this.pos > 0 ? this.items[this.pos - 1].rec.step : null;
+    this.label.textContent = this.pos >= this.items.length
+      ? `replayed all ${this.items.length} records`
+      : `step ${last ?? "–"} · ${this.pos} of ${this.items.length} records`;
+    this.slider.value = String(this.pos);
+  }
+
+  play() {
+    if (this.pos >= this.items.length) return;
+    this.playing = true;
+    this.playButton.textContent = "Pause";
+    const tick = () => {
+      if (!this.playing || this.view.closed) return;
+      const perFrame = Math.max(1, Math.ceil(this.items.length / (this.seconds * 60)));
+      this.advance(Math.min(this.items.length, this.pos + perFrame));
+      if (this.pos < this.items.length) this.frame = requestAnimationFrame(tick);
+      else this.pause();
+    };
+    this.frame = requestAnimationFrame(tick);
+  }
+
+  pause() {
+    this.playing = false;
+    cancelAnimationFrame(this.frame);
+    this.playButton.textContent = this.pos >= this.items.length ? "Replayed" : "Play";
+  }
+
+  advance(to) {
+    if (to > this.pos) this.view.flush(this.items.slice(this.pos, to));
+    this.pos = to;
+    this.updateLabel();
+  }
+
+  async seek(to) {
+    if (to >= this.pos) {
+      this.advance(to);
+      return;
+    }
+    // Going back: draw the charts again from nothing, then fast-forward.
+    this.pause();
+    this.view.unmount();
+    this.view = new RunView(this.root, this.runId, { rank: this.rank, replay: true });
+    await this.view.mount();
+    this.controls();
+    this.pos = 0;
+    this.advance(to);
+  }
+
+  unmount() {
+    this.playing = false;
+    cancelAnimationFrame(this.frame);
+    if (this.view) this.view.unmount();
+  }
+}

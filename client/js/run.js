@@ -1,0 +1,334 @@
+// The run view (#/run/<id>): heatmaps, profile, norms, gates, loss, timing, graph and
+// memory, alerts. History comes from REST (downsampled on the server); live records
+// from /ws/live are buffered and appended once per animation frame. Replay
+// (replay.js) feeds the same view from history instead of the socket.
+
+import { api, href } from "./api.js";
+import { el, replaceChildren } from "./dom.js";
+import { AlertsPanel, alertTarget } from "./alerts.js";
+import { FrameBatcher } from "./batcher.js";
+import { purgeAll } from "./charts.js";
+import { Heatmap } from "./heatmap.js";
+import { connect } from "./live.js";
+import { fmt, fmtBytes, fmtSeconds, isNonFinite, num } from "./num.js";
+import { heatmapPanelId, panel, RollingMedian, slope, specs } from "./panels.js";
+import { Profile } from "./profile.js";
+import { LineChart, nonFiniteNote, recordFields } from "./series.js";
+import { stats } from "./state.js";
+
+const CHART_INFO = [
+  ["norms", "Gradient norms per layer", "L2 norm of each parameter's gradient and the total; ✕ marks steps with NaN or Inf."],
+  ["gates", "Gradient norms per gate", "LSTM gates i f g o, GRU gates r z n, per weight matrix."],
+  ["loss", "Loss", null],
+  ["time", "Step time", "Wall time of each training step, with its rolling median."],
+  ["epochs", "Epoch time", null],
+  ["graph", "Autograd graph and memory", "Nodes reachable from loss.grad_fn (left) and memory (right, dotted). Growing together: a graph kept across steps."],
+  ["modules", "Time per module", "Forward and backward time and calls per step (watch(..., profile=True))."],
+];
+
+/** Heatmap series of a run: {module: [series]} from the summary (falls back to "input"). */
+function heatmapKeys(summary) {
+  const keys = [];
+  const series = summary.series && typeof summary.series === "object" ? summary.series : {};
+  const modules = Object.keys(series).length ? Object.keys(series) : (summary.recurrent || []);
+  for (const module of modules) for (const s of series[module] || ["input"]) keys.push({ module, series: s });
+  return keys;
+}
+
+/** History as series {key: {step, value}}, plus derived series (trend, non-finite, epochs). */
+function historySeries(steps, epochs) {
+  const fields = { ...(steps.fields || {}) };
+  const dur = fields.duration_s;
+  if (dur && dur.step.length) {
+    const rm = new RollingMedian();
+    fields.trend = { step: dur.step.slice(), value: dur.value.map((v) => rm.push(v)) };
+  }
+  const nf = { step: [], value: [] };
+  for (const name of ["total_norm", "loss"]) {
+    const s = fields[name];
+    if (!s) continue;
+    s.value.forEach((v, i) => { if (isNonFinite(v)) { nf.step.push(s.step[i]); nf.value.push(1); } });
+  }
+  if (nf.step.length) {
+    const order = nf.step.map((s, i) => [s, i]).sort((a, b) => a[0] - b[0]);
+    fields.nonfinite = { step: order.map(([s]) => s), value: order.map(() => 1) };
+  }
+  if (epochs.length) fields.epoch_time = { step: epochs.map((e) => e.epoch), value: epochs.map((e) => e.duration_s) };
+  return fields;
+}
+
+export class RunView {
+  constructor(root, runId, { rank = 0, replay = false } = {}) {
+    this.root = root;
+    this.runId = runId;
+    this.rank = rank;
+    this.replay = replay;
+    this.batcher = new FrameBatcher((items) => this.flush(items));
+    this.buffer = []; // live records that arrive while history loads
+    this.loaded = false;
+    this.charts = new Map();
+    this.heatmaps = new Map();
+    this.trend = new RollingMedian();
+    this.closed = false;
+  }
+
+  async mount() {
+    this.summary = await api(`/api/runs/${encodeURIComponent(this.runId)}`);
+    this.build();
+    if (!this.replay) {
+      this.live = connect({ run: this.runId }, (msg) => this.onMessage(msg), {
+        onOpen: (reconnected) => { if (reconnected) this.reload(); },
+      });
+    }
+    await this.load();
+  }
+
+  unmount() {
+    this.closed = true;
+    if (this.live) this.live.close();
+    this.batcher.close();
+    purgeAll();
+  }
+
+  reload() {
+    // After a reconnect or a lag the stream has a hole: repaint from history.
+    if (this.closed) return;
+    window.dispatchEvent(new CustomEvent("gradwatch:remount"));
+  }
+
+  onMessage(msg) {
+    if (msg.type === "records" && msg.run_id === this.runId && Array.isArray(msg.records)) {
+      for (const rec of msg.records) {
+        stats.records += 1;
+        if (msg.rank !== this.rank && rec.kind !== "alert") continue;
+        const item = { rank: msg.rank, rec };
+        if (this.loaded) this.batcher.push(item);
+        else this.buffer.push(item);
+      }
+    } else if (msg.type === "lagged") {
+      this.reload();
+    } else if (msg.type === "run" && msg.run && msg.run.id === this.runId) {
+      Object.assign(this.summary, msg.run);
+      this.renderHeader();
+    }
+  }
+
+  build() {
+    const s = this.summary;
+    this.statusNode = el("span", { class: "badge" });
+    this.subNode = el("p", { class: "sub" });
+    this.statsNode = el("div", { class: "stats" });
+    const ranks = Array.isArray(s.ranks) && s.ranks.length ? s.ranks : [0];
+    const rankSelect = ranks.length > 1 ? el("label", {}, "rank ",
+      el("select", { onchange: (e) => { window.location.hash = `#/run/${encodeURIComponent(this.runId)}/${e.target.value}`; } },
+        ranks.map((r) => el("option", { value: r, selected: r === this.rank }, String(r))))) : null;
+    this.alertsList = el("div", { class: "alerts", id: "alerts-list" });
+    this.alertsPanel = new AlertsPanel(this.alertsList, (first, latest) => this.gotoAlert(first, latest));
+    const alertsSection = el("section", { class: "panel", id: "panel-alerts" },
+      el("header", {}, el("h2", {}, "Alerts"), el("span", { class: "note" }, "what is wrong, the numbers, and the fix")),
+      this.alertsList);
+
+    const heat = [];
+    for (const { module, series } of heatmapKeys(s)) {
+      const id = heatmapPanelId(module, series);
+      const title = series === "input" ? `Gradient flow through time: ${module}` : `Gradient flow through time: ${module} · ${series}`;
+      const p = panel("heatmap", title, "Each row is one training step; dark columns on the left mean early timesteps get (almost) no gradient. Colour: log10 of the norm, fixed scale 1e-30 … 1e3.", { tall: true, id });
+      p.section.dataset.module = module;
+      heat.push(p.section);
+      this.heatmaps.set(`${module}|${series}`, { view: new Heatmap(p.chart, module, series), panel: p });
+    }
+    const prof = panel("profile", "Latest per-timestep profile", "Gradient norm at each timestep in the latest recorded step (log scale). Dashed: the vanishing horizon (earliest timestep within 1e-3 of the largest). Shaded: exploding.");
+    this.profile = { view: new Profile(prof.chart), panel: prof };
+    const spec = specs();
+    const lines = CHART_INFO.map(([kind, title, caption]) => {
+      const p = panel(kind, title, caption);
+      this.charts.set(kind, { view: new LineChart(p.chart, spec[kind]), panel: p });
+      return p.section;
+    });
+    replaceChildren(this.root,
+      el("h1", { id: "run-name" }, String(s.name ?? s.id)),
+      this.subNode,
+      el("div", { class: "toolbar" }, this.statusNode, rankSelect, el("span", { class: "spacer" }),
+        this.replay ? el("a", { href: href(`#/run/${encodeURIComponent(this.runId)}`) }, "live view")
+          : el("a", { href: href(`#/replay/${encodeURIComponent(this.runId)}`) }, "replay from history"),
+        el("a", { href: href(`#/?compare=${encodeURIComponent(this.runId)}`) }, "compare with…")),
+      this.replay ? el("div", { id: "replay-controls" }) : null,
+      this.statsNode,
+      el("div", { class: "grid" }, heat.length ? heat : el("section", { class: "panel" },
+        el("p", { class: "empty" }, "This run has no recurrent modules with per-timestep capture, so there is no heatmap.")),
+      prof.section, alertsSection),
+      el("div", { class: "grid" }, lines));
+    this.renderHeader();
+  }
+
+  renderHeader() {
+    const s = this.summary;
+    const status = String(s.status ?? "unknown");
+    this.statusNode.className = `badge ${status}`;
+    this.statusNode.textContent = this.replay ? `replay · ${status}` : status;
+    this.subNode.textContent = [`run ${s.id}`, s.host ? `on ${s.host}` : null,
+      `ranks ${(s.ranks || [0]).join(", ")}`, `last step ${fmt(s.last_step)}`, `${s.alerts ?? 0} alerts`]
+      .filter(Boolean).join(" · ");
+  }
+
+  renderStats(rec) {
+    if (!rec) return;
+    const items = [["step", fmt(rec.step)], ["epoch", fmt(rec.epoch)], ["loss", fmt(rec.loss)],
+      ["total norm", fmt(rec.total_norm)], ["step time", fmtSeconds(rec.duration_s)],
+      ["graph nodes", fmt(rec.graph_nodes)], ["memory", fmtBytes(rec.rss_bytes)],
+      ["gradwatch overhead", rec.overhead === undefined ? "–" : `${(num(rec.overhead) * 100).toFixed(1)} %`]];
+    replaceChildren(this.statsNode, items.map(([k, v]) => el("div", { class: "stat" }, el("span", { class: "k" }, k), el("span", { class: "v", dataset: { stat: k } }, v))));
+  }
+
+  async fetchHistory() {
+    const id = encodeURIComponent(this.runId);
+    const [steps, epochs, alerts, ...matrices] = await Promise.all([
+      api(`/api/runs/${id}/steps`, { rank: this.rank, max_points: 2000 }),
+      api(`/api/runs/${id}/epochs`, { rank: this.rank }),
+      api(`/api/runs/${id}/alerts`),
+      ...[...this.heatmaps.values()].map(({ view }) =>
+        api(`/api/runs/${id}/timesteps`, { module: view.module, series: view.series, rank: this.rank, max_steps: 500 })),
+    ]);
+    return { steps, epochs, alerts, matrices };
+  }
+
+  async load(history = null) {
+    const h = history || (this.replay ? null : await this.fetchHistory());
+    const empty = { steps: { fields: {} }, epochs: [], alerts: [], matrices: [...this.heatmaps.values()].map(() => null) };
+    const { steps, epochs, alerts, matrices } = h || empty;
+    if (this.closed) return;
+    const fields = historySeries(steps, epochs);
+    const tail = fields.duration_s ? fields.duration_s.value.slice(-25) : [];
+    for (const v of tail) this.trend.push(v);
+    const heatmaps = [...this.heatmaps.values()];
+    heatmaps.forEach(({ view }, i) => {
+      const m = matrices[i];
+      if (m && m.steps && m.steps.length) this.profile.view.set(view.module, view.series, m.steps[m.steps.length - 1], m.values[m.values.length - 1]);
+    });
+    for (const a of alerts) this.addAlert(a, a.rank ?? 0);
+    await Promise.all([
+      ...heatmaps.map(({ view }, i) => view.draw(matrices[i])),
+      this.profile.view.draw(),
+      ...[...this.charts.values()].map(({ view }) => view.draw(fields)),
+    ]);
+    if (this.closed) return;
+    this.alertsPanel.render();
+    this.renderStats(this.latestFromHistory(fields));
+    this.updateNoData();
+    this.updateTrendNote(fields.trend);
+    this.loaded = true;
+    stats.paintedAt = performance.now();
+    document.body.dataset.painted = "1";
+    for (const item of this.buffer) this.batcher.push(item);
+    this.buffer = [];
+  }
+
+  latestFromHistory(fields) {
+    const rec = {};
+    let step = -1;
+    for (const name of ["loss", "total_norm", "duration_s", "graph_nodes", "rss_bytes", "overhead"]) {
+      const s = fields[name];
+      if (!s || !s.step.length) continue;
+      rec[name] = s.value[s.value.length - 1];
+      step = Math.max(step, s.step[s.step.length - 1]);
+    }
+    if (step < 0) return null;
+    rec.step = step;
+    rec.epoch = this.summary.last_epoch;
+    return rec;
+  }
+
+  addAlert(alert, rank) {
+    this.alertsPanel.add(alert, rank);
+    const h = alert.evidence && num(alert.evidence.horizon);
+    if (alert.code === "vanishing" && alert.subject && h !== null && Number.isFinite(h)) this.profile.view.horizons.set(alert.subject, h);
+  }
+
+  /** Draw pending live records: one extendTraces per chart per frame. */
+  flush(items) {
+    const points = [];
+    const rows = new Map();
+    let lastStep = null;
+    let alertsChanged = false;
+    let profileChanged = false;
+    for (const { rank, rec } of items) {
+      if (rec.kind === "step") {
+        lastStep = rec;
+        for (const [key, value] of recordFields(rec)) points.push({ key, step: rec.step, value });
+        if (nonFiniteNote(rec)) points.push({ key: "nonfinite", step: rec.step, value: 1 });
+        const m = this.trend.push(rec.duration_s);
+        if (m !== null) points.push({ key: "trend", step: rec.step, value: m });
+        for (const [module, seriesMap] of Object.entries(rec.timesteps || {})) {
+          for (const [series, values] of Object.entries(seriesMap || {})) {
+            if (!Array.isArray(values)) continue;
+            const key = `${module}|${series}`;
+            if (!rows.has(key)) rows.set(key, []);
+            rows.get(key).push({ step: rec.step, values });
+            this.profile.view.set(module, series, rec.step, values);
+            profileChanged = true;
+          }
+        }
+      } else if (rec.kind === "epoch") {
+        points.push({ key: "epoch_time", step: rec.epoch, value: rec.duration_s });
+      } else if (rec.kind === "alert") {
+        this.addAlert(rec, rank);
+        alertsChanged = true;
+      } else if (rec.kind === "end") {
+        this.summary.status = rec.status;
+        this.renderHeader();
+      }
+    }
+    for (const { view } of this.charts.values()) view.push(points);
+    for (const [key, list] of rows) {
+      const h = this.heatmaps.get(key);
+      if (h) h.view.push(list);
+    }
+    if (profileChanged) this.profile.view.redraw();
+    if (alertsChanged) this.alertsPanel.render();
+    if (lastStep) this.renderStats(lastStep);
+    this.updateNoData();
+  }
+
+  updateNoData() {
+    for (const { view, panel: p } of this.charts.values()) {
+      p.nodata.hidden = view.hasData;
+      p.chart.hidden = !view.hasData;
+    }
+    this.profile.panel.nodata.hidden = this.profile.view.hasData;
+  }
+
+  updateTrendNote(trend) {
+    const t = this.charts.get("time");
+    if (!trend || !t) return;
+    const s = slope(trend.step, trend.value.map((v) => (v === null ? NaN : v)));
+    if (s !== null) t.panel.note.textContent = `trend ${s >= 0 ? "+" : "−"}${fmtSeconds(Math.abs(s) * 100)} per 100 steps`;
+  }
+
+  /** Scroll to the chart an alert is about and mark the step where it fired. */
+  gotoAlert(first, latest) {
+    const target = alertTarget(latest);
+    let section = null;
+    const step = num(first.step);
+    const text = `${latest.code} at step ${first.step}`;
+    if (target.kind === "heatmap") {
+      const h = [...this.heatmaps.values()].find(({ view }) => view.module === target.module);
+      if (h) {
+        h.view.mark(step, "#ff4d4d", text);
+        section = h.panel.section;
+      } else section = this.profile.panel.section;
+    } else {
+      const c = this.charts.get(target.kind) || this.charts.get("norms");
+      if (c.view.drawn && c.view.hasData) {
+        window.Plotly.relayout(c.panel.chart, {
+          shapes: [{ type: "line", yref: "paper", y0: 0, y1: 1, x0: step, x1: step, line: { color: "#ff4d4d", width: 2, dash: "dot" } }],
+          annotations: [{ yref: "paper", y: 1, x: step, yanchor: "bottom", text: text, showarrow: false, font: { color: "#ff4d4d" } }],
+        });
+      }
+      section = c.panel.section;
+    }
+    section.scrollIntoView({ behavior: "smooth", block: "center" });
+    section.classList.add("flash");
+    setTimeout(() => section.classList.remove("flash"), 1200);
+    section.dataset.marked = String(first.step);
+  }
+}

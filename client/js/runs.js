@@ -1,0 +1,96 @@
+// The runs list (#/): name, status, ranks, last step, alerts; live through /ws/live
+// without a run (the server sends {"type": "run"} whenever a summary changes).
+// Pick two runs to compare them overlaid.
+
+import { api, href } from "./api.js";
+import { el, replaceChildren } from "./dom.js";
+import { connect } from "./live.js";
+import { fmt, fmtAgo } from "./num.js";
+import { state, stats } from "./state.js";
+
+export class RunsView {
+  constructor(root, { preselect = null } = {}) {
+    this.root = root;
+    this.selected = new Set(preselect ? [preselect] : []);
+    this.rows = new Map();
+  }
+
+  async mount() {
+    this.body = el("tbody", { id: "runs-body" });
+    this.compareButton = el("button", { type: "button", class: "primary", id: "compare-button", disabled: true,
+      onclick: () => this.compare() }, "Compare 2 selected runs");
+    replaceChildren(this.root,
+      el("h1", {}, "Runs"),
+      el("p", { class: "sub" }, "Training runs streaming to this server, newest first. Open one to see its gradient flow; pick two to overlay them (a bug and its fixed twin)."),
+      el("div", { class: "toolbar" }, el("span", { class: "spacer" }), this.compareButton),
+      el("table", { class: "runs" },
+        el("thead", {}, el("tr", {}, el("th", {}, "compare"), el("th", {}, "name"), el("th", {}, "status"),
+          el("th", { class: "num" }, "ranks"), el("th", { class: "num" }, "last step"), el("th", { class: "num" }, "alerts"),
+          el("th", {}, "updated"), el("th", {}, ""))),
+        this.body));
+    this.live = connect({}, (msg) => {
+      if (msg.type === "run" && msg.run && typeof msg.run.id === "string") this.upsert(msg.run, true);
+    }, { onOpen: (reconnected) => { if (reconnected) this.refresh(); } });
+    await this.refresh();
+    this.ticker = setInterval(() => this.tick(), 5000);
+    stats.paintedAt = performance.now();
+    document.body.dataset.painted = "1";
+  }
+
+  unmount() {
+    if (this.live) this.live.close();
+    clearInterval(this.ticker);
+  }
+
+  async refresh() {
+    const runs = await api("/api/runs");
+    for (const run of runs.slice().reverse()) this.upsert(run, false);
+    this.renderEmpty();
+  }
+
+  renderEmpty() {
+    if (this.rows.size === 0 && !this.body.querySelector(".empty-row")) {
+      this.body.append(el("tr", { class: "empty-row" }, el("td", { colspan: 8, class: "empty" },
+        "No runs yet. Start one with watch(model, run=\"my-run\", server=\"ws://127.0.0.1:8765\").")));
+    }
+  }
+
+  upsert(run, fresh) {
+    state.runs.set(run.id, run);
+    const empty = this.body.querySelector(".empty-row");
+    if (empty) empty.remove();
+    const status = String(run.status ?? "unknown");
+    const alerts = Number(run.alerts ?? 0);
+    const box = el("input", { type: "checkbox", "aria-label": "select for comparison", checked: this.selected.has(run.id),
+      onchange: (e) => { if (e.target.checked) this.selected.add(run.id); else this.selected.delete(run.id); this.updateButton(); } });
+    const row = el("tr", { dataset: { runId: run.id }, class: fresh ? "fresh" : null },
+      el("td", {}, box),
+      el("td", { class: "name" }, el("a", { href: href(`#/run/${encodeURIComponent(run.id)}`), class: "run-link" }, String(run.name ?? run.id))),
+      el("td", {}, el("span", { class: `badge ${status}`, dataset: { status } }, status)),
+      el("td", { class: "num" }, (run.ranks || []).length || 1),
+      el("td", { class: "num", dataset: { field: "last_step" } }, fmt(run.last_step)),
+      el("td", { class: "num" }, alerts ? el("span", { class: "count-alerts" }, String(alerts)) : "0"),
+      el("td", { class: "ago", dataset: { t: run.updated ?? "" } }, fmtAgo(run.updated)),
+      el("td", {}, status === "live" ? null : el("a", { href: href(`#/replay/${encodeURIComponent(run.id)}`) }, "replay")));
+    const old = this.rows.get(run.id);
+    if (old) old.replaceWith(row);
+    else this.body.prepend(row);
+    this.rows.set(run.id, row);
+    this.updateButton();
+  }
+
+  tick() {
+    for (const cell of this.body.querySelectorAll("td.ago")) cell.textContent = fmtAgo(cell.dataset.t);
+  }
+
+  updateButton() {
+    const n = this.selected.size;
+    this.compareButton.disabled = n !== 2;
+    this.compareButton.textContent = n === 2 ? "Compare the 2 selected runs" : `Compare: select 2 runs (${n} selected)`;
+  }
+
+  compare() {
+    const [a, b] = [...this.selected];
+    window.location.hash = `#/compare/${encodeURIComponent(a)}/${encodeURIComponent(b)}`;
+  }
+}

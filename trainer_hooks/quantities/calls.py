@@ -1,0 +1,92 @@
+"""The calls of one recurrent module within one training step, and how they combine.
+
+A module can run several times in one step: truncated-BPTT chunks that carry the
+state from one call to the next, gradient-accumulation micro-batches, a sub-module
+called once per decoded token. Each forward call is one :class:`Call`; its hooks
+fill ``Call.series`` during backward; :func:`combine_calls` turns a step's calls
+into one series per name.
+
+The rule (docs/CAPTURE.md, "Several calls in one step"):
+
+- a call that *continues* the previous one (it was given the state the previous call
+  returned, detached or not) appends its timesteps: chunks of one long sequence read
+  as that sequence;
+- a call that starts a new sequence (no state given, or a fresh one) is combined with
+  the step's other sequences per timestep as the root of the sum of squares, aligned
+  at t = 0: the norm over the union of their batches, as if the micro-batches had been
+  one batch. Sequences of different lengths are zero-padded at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+F64 = torch.float64
+
+
+def in_backward() -> bool:
+    """True while autograd runs a backward pass on this thread.
+
+    A forward call made then is a checkpoint recomputation: non-reentrant
+    checkpointing recomputes only to refill saved tensors (the gradient flows through
+    the original call, so the recomputed call's hooks never fire and it is dropped);
+    reentrant checkpointing recomputes and back-propagates through the recomputation
+    (its hooks fire, and it is kept).
+    """
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+@dataclass(eq=False)
+class Call:
+    """One forward call of a watched module within a step.
+
+    ``series`` maps a series name to ``None`` until its hook fires, then to a float64
+    tensor of shape ``(length,)`` or ``(directions, length)`` (per-direction norms
+    that combine as the root of the sum of squares).
+    """
+
+    length: int
+    device: torch.device
+    continues: bool = False
+    recomputed: bool = False
+    series: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    fired: bool = False
+
+
+def _series_of(call: Call, name: str) -> torch.Tensor:
+    value = call.series[name]
+    if value is None:  # no gradient reached it: dL/dx is zero there
+        return torch.zeros(call.length, dtype=F64, device=call.device)
+    if value.dim() == 2:  # one row per direction of a bidirectional layer
+        return value[0] if value.shape[0] == 1 else value.square().sum(0).sqrt()
+    return value
+
+
+def combine_calls(calls: list[Call]) -> dict[str, torch.Tensor]:
+    """One float64 series per name from a step's calls (device ops only, no sync)."""
+    kept = [c for c in calls if c.fired or not c.recomputed]
+    names: dict[str, None] = {}
+    for call in kept:
+        names.update(dict.fromkeys(call.series))
+    result: dict[str, torch.Tensor] = {}
+    for name in names:
+        sequences: list[list[torch.Tensor]] = []
+        for call in kept:
+            if name not in call.series:
+                continue
+            part = _series_of(call, name)
+            if call.continues and sequences:
+                sequences[-1].append(part)
+            else:
+                sequences.append([part])
+        joined = [parts[0] if len(parts) == 1 else torch.cat(parts) for parts in sequences]
+        if len(joined) == 1:
+            result[name] = joined[0]
+            continue
+        total = torch.zeros(max(s.shape[0] for s in joined), dtype=F64, device=joined[0].device)
+        for s in joined:
+            total[: s.shape[0]] += s.square()
+        result[name] = total.sqrt_()
+    return result

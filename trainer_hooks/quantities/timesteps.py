@@ -1,0 +1,213 @@
+"""``timesteps``: per-timestep gradient norms of recurrent modules, in float64.
+
+Why float64: an fp32 square underflows below about 1e-19, and the early timesteps of
+a long LSTM sit near 1e-29, exactly where vanishing gradient shows. Every gradient is
+cast to float64 before it is squared.
+
+- Fused ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (:mod:`.fused`): series ``"input"``,
+  ‖∂L/∂x_t‖₂ over batch and features of the module's input sequence, t in sequence
+  order. With ``exact_hidden`` on sampled steps also ``"hidden"``/``"cell"`` (top
+  layer, total ∂L/∂h_t, both directions) and ``"layer<i>"`` (input of layer i ≥ 1),
+  through an unrolled re-computation (:mod:`.unrolled`).
+- Cells called in a loop (:mod:`.cells`): ``nn.LSTMCell``/``GRUCell``/``RNNCell``
+  and any module named in ``cells``: series ``"hidden"`` (and ``"cell"``), the
+  norm of ∂L/∂h_k for the k-th call within the step.
+
+Module names are those of ``model.named_modules()``; a model that is itself a
+recurrent module is reported under its class name (``"LSTM"``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from gradwatch.protocol.messages import MAX_TIMESTEPS
+from gradwatch.trainer_hooks.warn import WarnOnce
+
+from .base import Quantity
+from .calls import combine_calls
+from .cells import CellCapture
+from .fused import FusedCapture
+
+CELL_TYPES = (nn.LSTMCell, nn.GRUCell, nn.RNNCell)
+FUSED_TYPES = (nn.LSTM, nn.GRU, nn.RNN)
+CellSpec = nn.Module | str | type
+
+
+def _describe(spec: object) -> str:
+    if isinstance(spec, type):
+        return spec.__name__
+    if isinstance(spec, nn.Module):
+        return f"a {type(spec).__name__} module"
+    return repr(spec)
+
+
+def resolve_cells(model: nn.Module, cells: list[CellSpec]) -> dict[str, nn.Module]:
+    """The named cells in ``model``, by module, name or class; name -> module.
+
+    Raises ValueError for a spec that matches nothing in the model, TypeError for a
+    spec that is not a module, a name or a class.
+    """
+    named = list(model.named_modules())
+    found: dict[str, nn.Module] = {}
+    for spec in cells:
+        if isinstance(spec, nn.Module):
+            hits = [(n, m) for n, m in named if m is spec]
+        elif isinstance(spec, str):
+            hits = [(n, m) for n, m in named if n == spec]
+        elif isinstance(spec, type) and issubclass(spec, nn.Module):
+            hits = [(n, m) for n, m in named if isinstance(m, spec)]
+        else:
+            raise TypeError(
+                "expected cells to be modules, module names or nn.Module classes, "
+                f"got {spec!r} ({type(spec).__name__})"
+            )
+        if not hits:
+            names = ", ".join(repr(n) for n, _ in named if n) or "(none)"
+            raise ValueError(
+                f"expected a module, name or class in the model, got {_describe(spec)}; "
+                f"modules: {names}"
+            )
+        found.update(hits)
+    return found
+
+
+class RecurrentTimesteps(Quantity):
+    """Per-timestep gradient norms of every recurrent module in a model.
+
+    Args:
+        cells: more modules to treat as cells called in a loop (modules, names from
+            ``named_modules()`` or classes); ``nn.LSTMCell``/``GRUCell``/``RNNCell``
+            are always found.
+        exact_hidden: also capture the exact ∂L/∂h_t of fused modules: ``True`` on every
+            captured step, an int N on every N-th captured step (it re-runs the module
+            unrolled on those steps; docs/CAPTURE.md gives the cost).
+
+    Example:
+        >>> lstm = nn.LSTM(1, 8, batch_first=True)
+        >>> q = RecurrentTimesteps(); q.attach(lstm); q.start_step(True)
+        >>> out, _ = lstm(torch.randn(2, 5, 1)); out[:, -1].sum().backward()
+        >>> record = q.encode(q.finish_step(None))
+        >>> len(record["timesteps"]["LSTM"]["input"])
+        5
+    """
+
+    name: ClassVar[str] = "timesteps"
+    heavy: ClassVar[bool] = True
+
+    def __init__(self, cells: list[CellSpec] | None = None, exact_hidden: bool | int = False):
+        super().__init__()
+        if isinstance(exact_hidden, bool):
+            every = 1 if exact_hidden else 0
+        elif isinstance(exact_hidden, int) and exact_hidden >= 1:
+            every = exact_hidden
+        else:
+            raise ValueError(
+                f"expected exact_hidden to be True, False or an int >= 1, got {exact_hidden!r}"
+            )
+        if cells is not None and not isinstance(cells, (list, tuple)):
+            raise TypeError(f"expected cells to be a list, got {type(cells).__name__}")
+        self.cell_specs: list[CellSpec] = list(cells or [])
+        self.exact_every = every
+        self.exact_now = False
+        self.generation = 0  # bumps every step; hooks of an earlier step ignore themselves
+        self.modules: list[str] = []
+        self._fused: list[FusedCapture] = []
+        self._cells: list[CellCapture] = []
+        self._captured = 0
+        self._once = WarnOnce()
+
+    # -- set-up ----------------------------------------------------------------------
+
+    def attach(self, model: nn.Module) -> None:
+        """Find the recurrent modules of ``model`` and hook them (ValueError on a bad cell)."""
+        named_cells = resolve_cells(model, self.cell_specs)
+        for name, module in model.named_modules():
+            label = name or type(module).__name__
+            if isinstance(module, FUSED_TYPES):
+                capture: FusedCapture | CellCapture = FusedCapture(self, module, label)
+                self._fused.append(capture)
+            elif isinstance(module, CELL_TYPES) or name in named_cells:
+                capture = CellCapture(self, module, label)
+                self._cells.append(capture)
+            else:
+                continue
+            self._handles.extend(capture.register())
+            self.modules.append(label)
+
+    def detach(self) -> None:
+        super().detach()
+        self._fused, self._cells, self.modules = [], [], []
+
+    # -- per step --------------------------------------------------------------------
+
+    def start_step(self, capture: bool) -> None:
+        super().start_step(capture)
+        self.generation += 1
+        self.exact_now = bool(capture and self.exact_every and self._captured % self.exact_every == 0)
+        if capture:
+            self._captured += 1
+        for fused in self._fused:
+            fused.reset()
+        for cell in self._cells:
+            cell.reset()
+
+    def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
+        """``{"timesteps": {module: {series: float64 device tensor}}}``; never syncs."""
+        if not self.capturing:
+            return {}
+        result: dict[str, dict[str, torch.Tensor]] = {}
+        try:
+            for fused in self._fused:
+                if fused.calls:
+                    series = combine_calls(fused.calls)
+                    if series:
+                        result[fused.name] = series
+            for cell in self._cells:
+                series = cell.series()
+                if series:
+                    result[cell.name] = series
+        except Exception as e:
+            self.warn_failure("timesteps payload", e)
+            return {}
+        return {"timesteps": result} if result else {}
+
+    def encode(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Host tensors -> lists of floats, and the first non-finite index per series."""
+        modules = payload.get("timesteps")
+        if not modules:
+            return {}
+        out: dict[str, dict[str, list[float]]] = {}
+        nonfinite: dict[str, dict[str, int]] = {}
+        for module, series in modules.items():
+            for key, values in series.items():
+                floats = [float(v) for v in torch.as_tensor(values).tolist()]
+                if len(floats) > MAX_TIMESTEPS:
+                    self.warn_once(
+                        "timesteps_truncated",
+                        f"gradwatch: {module}.{key} has {len(floats)} timesteps; only the "
+                        f"first {MAX_TIMESTEPS} are sent (the protocol's limit)",
+                    )
+                    floats = floats[:MAX_TIMESTEPS]
+                out.setdefault(module, {})[key] = floats
+                first = next((i for i, v in enumerate(floats) if not math.isfinite(v)), None)
+                if first is not None:
+                    nonfinite.setdefault(module, {})[key] = first
+        record: dict[str, Any] = {"timesteps": out}
+        if nonfinite:
+            record["nonfinite"] = {"timesteps": nonfinite}
+        return record
+
+    # -- trouble ---------------------------------------------------------------------
+
+    def warn_once(self, kind: str, message: str) -> None:
+        self._once.warn(kind, message)
+
+    def warn_failure(self, kind: str, error: Exception) -> None:
+        self._once.warn(
+            kind, f"gradwatch: {kind} failed and is skipped ({type(error).__name__}: {error})"
+        )

@@ -1,0 +1,110 @@
+"""The diagnosis engine: thresholds, the alert life cycle, and records as on the wire."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import pytest
+
+from gradwatch.protocol import dumps, loads
+from gradwatch.protocol import messages as m
+from gradwatch.trainer_hooks.diagnoses import THRESHOLDS, DiagnosisEngine
+from gradwatch.trainer_hooks.diagnoses.base import Detector, Verdicts
+
+
+def step(n: int, **fields: Any) -> dict[str, Any]:
+    return {"kind": "step", "step": n, "epoch": 0, "t": 1000.0 + n, **fields}
+
+
+def test_unknown_threshold_is_an_error_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"got 'vanish_factor'; known: .*vanishing_factor"):
+        DiagnosisEngine({"vanish_factor": 1e-3})
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"update_every": 2.5}, "expected an integer, got 2.5"),
+        ({"vanishing_factor": "small"}, "expected a number, got 'small'"),
+        ({"slowdown_ratio": -1}, "expected a number >= 0, got -1"),
+        ({"clear_after": True}, "expected a number, got True"),
+    ],
+)
+def test_bad_threshold_values_say_what_was_expected(config: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ValueError, match=expected):
+        DiagnosisEngine(config)
+
+
+def test_every_threshold_is_documented_in_diagnoses_md() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "DIAGNOSES.md").read_text(encoding="utf-8")
+    missing = [name for name in THRESHOLDS if f"`{name}`" not in doc]
+    assert missing == []
+
+
+def test_alert_is_raised_once_updated_sparingly_and_cleared_after_it_stops() -> None:
+    engine = DiagnosisEngine({"update_every": 5, "clear_after": 3})
+    alerts: list[dict[str, Any]] = []
+    for n in range(12):  # a NaN loss on every step: one alert, not twelve
+        alerts += engine.observe(step(n, loss="NaN"))
+    for n in range(12, 16):
+        alerts += engine.observe(step(n, loss=0.5))
+    states = [(a["state"], a["step"]) for a in alerts]
+    assert states == [("raised", 0), ("updated", 5), ("updated", 10), ("cleared", 14)]
+    assert all((a["code"], a["subject"]) == ("nonfinite", "loss") for a in alerts)
+    assert engine.active == []
+
+
+def test_a_light_step_without_data_does_not_clear_an_alert() -> None:
+    engine = DiagnosisEngine({"clear_after": 1})
+    vanishing = {"lstm": {"input": [1e-30] * 90 + [1.0] * 31}}
+    assert [a["state"] for a in engine.observe(step(0, timesteps=vanishing))] == ["raised"]
+    for n in range(1, 5):  # cheap steps: no timesteps field, nothing judged
+        assert engine.observe(step(n, duration_s=0.01)) == []
+    assert engine.active == [("vanishing", "lstm")]
+
+
+def test_alert_records_have_every_protocol_field_and_survive_the_codec() -> None:
+    engine = DiagnosisEngine()
+    (alert,) = engine.observe(step(4, loss=math.inf, nonfinite={"parameters": ["fc.weight"]}))
+    assert set(alert) == set(m.AlertRecord.__annotations__)
+    assert alert["kind"] == "alert" and alert["code"] in m.ALERT_CODES
+    assert alert["severity"] in m.SEVERITIES and alert["state"] in m.ALERT_STATES
+    assert alert["subject"] == "fc" and alert["step"] == 4 and alert["t"] == 1004.0
+    assert "fc.weight" in alert["message"] and "clip_grad_norm_" in alert["hint"]
+    assert loads(dumps(alert)) == alert
+
+
+def test_records_of_other_kinds_are_ignored() -> None:
+    engine = DiagnosisEngine()
+    assert engine.observe({"kind": "end", "status": "finished", "step": 3}) == []
+    assert engine.observe({"kind": "epoch", "epoch": 0, "step": 3, "t": 0.0}) == []
+
+
+def test_a_failing_detector_warns_once_and_the_others_carry_on() -> None:
+    class Broken(Detector):
+        code = "slowdown"
+
+        def observe(self, record: Any) -> Verdicts:
+            raise KeyError("boom")
+
+    engine = DiagnosisEngine()
+    engine.detectors.insert(0, Broken(engine.config))
+    with pytest.warns(RuntimeWarning, match="slowdown diagnosis failed.*boom"):
+        first = engine.observe(step(0, loss="NaN"))
+    assert [a["code"] for a in first] == ["nonfinite"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine.observe(step(1, loss="NaN"))  # no second warning
+
+
+def test_finish_reports_evidence_that_moved_since_the_last_record() -> None:
+    engine = DiagnosisEngine({"update_every": 100})
+    engine.observe(step(0, loss="NaN"))
+    engine.observe(step(1, loss="NaN"))
+    (last,) = engine.finish()
+    assert last["state"] == "updated" and last["evidence"]["step"] == 1
+    assert engine.finish() == []

@@ -1,0 +1,130 @@
+"""graph_growth and slowdown: trends over steps, robust to outliers, with their causes."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from gradwatch.trainer_hooks.diagnoses import DiagnosisEngine
+
+
+def count_nodes(loss: torch.Tensor) -> int:
+    """Distinct autograd nodes reachable from loss.grad_fn (an independent count)."""
+    seen: set[int] = set()
+    stack = [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(fn for fn, _ in node.next_functions)
+    return len(seen)
+
+
+def carried_state_graph_sizes(detach: bool, steps: int = 8) -> list[int]:
+    """graph_nodes of a real LSTM cell loop that carries (h, c) across steps."""
+    torch.manual_seed(0)
+    cell = torch.nn.LSTMCell(3, 8)
+    h = c = torch.zeros(1, 8)
+    sizes = []
+    for _ in range(steps):
+        if detach:
+            h, c = h.detach(), c.detach()
+        for _t in range(5):
+            h, c = cell(torch.randn(1, 3), (h, c))
+        loss = h.square().sum()
+        loss.backward(retain_graph=True)
+        with torch.no_grad():  # through .data-like updates autograd does not see
+            for p in cell.parameters():
+                p.data.add_(p.grad, alpha=-1e-3)  # type: ignore[arg-type]
+                p.grad = None
+        sizes.append(count_nodes(loss))
+    return sizes
+
+
+def step(n: int, **fields: Any) -> dict[str, Any]:
+    return {"kind": "step", "step": n, "t": float(n), **fields}
+
+
+def run(engine: DiagnosisEngine, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [a for r in records for a in engine.observe(r)]
+
+
+def test_graph_growth_fires_on_state_carried_without_detach_and_not_with_it() -> None:
+    growing = carried_state_graph_sizes(detach=False)
+    assert growing[-1] > 4 * growing[0]  # the premise: the real graph grows
+    alerts = run(DiagnosisEngine(), [step(n, graph_nodes=g) for n, g in enumerate(growing)])
+    assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("graph_growth", "graph", 3)]
+    assert alerts[0]["evidence"]["graph_nodes"] == growing[:4]
+    assert "detach" in alerts[0]["hint"] and "loss.item()" in alerts[0]["hint"]
+
+    flat = carried_state_graph_sizes(detach=True)
+    assert len(set(flat)) == 1
+    assert run(DiagnosisEngine(), [step(n, graph_nodes=g) for n, g in enumerate(flat)]) == []
+
+
+def test_graph_growth_names_the_module_from_the_capture_stale_state_alert() -> None:
+    engine = DiagnosisEngine()
+    stale = {"kind": "alert", "code": "graph_growth", "subject": "lstm1", "state": "raised"}
+    assert engine.observe(stale) == []  # the capture's own alert is not repeated
+    alerts = run(
+        engine, [step(n, graph_nodes=100 * (n + 1), rss_bytes=2**20 * n) for n in range(4)]
+    )
+    (alert,) = alerts
+    assert alert["subject"] == "graph" and alert["evidence"]["stale_modules"] == ["lstm1"]
+    assert "lstm1 received a hidden state" in alert["message"]
+    assert "MiB per step" in alert["message"]
+
+
+def test_graph_growth_says_at_least_when_the_walk_was_cut_short() -> None:
+    records = [step(n, graph_nodes=1000 * (n + 1), graph_truncated=n >= 2) for n in range(4)]
+    (alert,) = run(DiagnosisEngine(), records)
+    assert alert["evidence"]["truncated"] is True and "at least 4,000" in alert["message"]
+
+
+def test_slowdown_fires_on_a_rising_step_time_explained_by_the_graph() -> None:
+    rng = random.Random(1)
+    records = [
+        step(n, duration_s=0.010 * (1 + 0.2 * n) * rng.uniform(0.9, 1.1), graph_nodes=500 * (n + 1))
+        for n in range(10)
+    ]
+    records[5]["duration_s"] = 5.0  # one pause (GC, checkpoint) does not bend Theil–Sen
+    alerts = [a for a in run(DiagnosisEngine(), records) if a["code"] == "slowdown"]
+    assert [(a["subject"], a["step"]) for a in alerts] == [("step_time", 8)]
+    ev = alerts[0]["evidence"]
+    assert ev["explained_by"] == ["graph_nodes"]
+    assert 0.0015 < ev["seconds_per_step"] < 0.0025  # the true slope is 0.002 s/step
+    assert "graph grew" in alerts[0]["message"] and "detach" in alerts[0]["hint"]
+
+
+def test_slowdown_is_silent_on_noisy_but_flat_step_times() -> None:
+    rng = random.Random(2)
+    records = [step(n, duration_s=0.02 * rng.uniform(0.7, 1.3), graph_nodes=900) for n in range(60)]
+    records[0]["duration_s"] = 3.0  # the first step carries start-up work
+    assert run(DiagnosisEngine(), records) == []
+
+
+def test_slowdown_names_the_profiled_module_whose_time_grows() -> None:
+    records = []
+    for n in range(10):
+        cell = 0.004 * n
+        profile = {
+            "": {"forward_s": 0.01 + cell, "backward_s": 0.0, "calls": 1},
+            "cell": {"forward_s": cell / 3, "backward_s": 2 * cell / 3, "calls": 40},
+            "out": {"forward_s": 0.001, "backward_s": 0.001, "calls": 1},
+        }
+        records.append(step(n, duration_s=0.01 + cell, profile=profile))
+    (alert,) = [a for a in run(DiagnosisEngine(), records) if a["code"] == "slowdown"]
+    assert alert["evidence"]["module"] == "cell" and alert["evidence"]["explained_by"] == []
+    assert "most of the added time is in cell" in alert["message"]
+    assert "neither the graph size nor memory" in alert["message"]
+
+
+def test_slowdown_clears_when_step_time_levels_off() -> None:
+    engine = DiagnosisEngine({"slowdown_window": 10, "clear_after": 3})
+    rising = [step(n, duration_s=0.01 * (n + 1)) for n in range(10)]
+    flat = [step(n, duration_s=0.1) for n in range(10, 30)]
+    states = [a["state"] for a in run(engine, rising + flat)]
+    assert states == ["raised", "cleared"]

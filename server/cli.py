@@ -35,6 +35,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _report(args: argparse.Namespace) -> int:
+    """``gradwatch report RUN -o run.html``: a standalone HTML file (server/report.py)."""
+    from .report import main as report_main
+
+    return report_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradwatch",
@@ -66,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write a standalone HTML report of one run")
     report.add_argument("run", help="run id or name")
     report.add_argument("-o", "--output", default="run.html")
-    report.add_argument("--db", default="gradwatch.db")
-    report.set_defaults(handler=_not_built("report", "reports are issue #6"))
+    report.add_argument("--db", default="gradwatch.db", help="SQLite path or postgresql:// URL")
+    report.add_argument("--rank", type=int, default=0, help="which rank's charts (default 0)")
+    report.set_defaults(handler=_report)
 
     upload = sub.add_parser("upload", help="send a spool file to a server (idempotent)")
     upload.add_argument("spool", help="JSON Lines spool written by watch(..., server=None)")

@@ -103,11 +103,11 @@ class RecurrentTimesteps(Quantity):
         super().__init__()
         if isinstance(exact_hidden, bool):
             every = 1 if exact_hidden else 0
-        elif isinstance(exact_hidden, int) and exact_hidden >= 1:
-            every = exact_hidden
+        elif isinstance(exact_hidden, int) and exact_hidden >= 0:
+            every = exact_hidden  # 0: off
         else:
             raise ValueError(
-                f"expected exact_hidden to be True, False or an int >= 1, got {exact_hidden!r}"
+                f"expected exact_hidden to be True, False or an int >= 0, got {exact_hidden!r}"
             )
         if cells is not None and not isinstance(cells, (list, tuple)):
             raise TypeError(f"expected cells to be a list, got {type(cells).__name__}")
@@ -148,7 +148,8 @@ class RecurrentTimesteps(Quantity):
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
         self.generation += 1
-        self.exact_now = bool(capture and self.exact_every and self._captured % self.exact_every == 0)
+        every = self.exact_every
+        self.exact_now = bool(capture and every and self._captured % every == 0)
         if capture:
             self._captured += 1
         for fused in self._fused:

@@ -1,0 +1,208 @@
+"""Cells called in a Python loop: "hidden"[k] = ‖∂L/∂h_k‖₂ (total derivative), exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from gradwatch.trainer_hooks.quantities.timesteps import RecurrentTimesteps
+
+F64 = torch.float64
+
+
+def captured_step(model: nn.Module, step: Callable[[], Any], **options: Any) -> dict[str, Any]:
+    """One captured step through attach/start_step/finish_step/encode; the record."""
+    q = RecurrentTimesteps(**options)
+    q.attach(model)
+    try:
+        q.start_step(True)
+        step()
+        payload = q.finish_step(None)
+        host = {m: {k: v.cpu() for k, v in s.items()} for m, s in payload["timesteps"].items()}
+        return q.encode({"timesteps": host})
+    finally:
+        q.detach()
+
+
+def series(record: dict[str, Any], module: str, name: str) -> torch.Tensor:
+    return torch.tensor(record["timesteps"][module][name], dtype=F64)
+
+
+def norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in tensors]
+    return torch.stack([torch.linalg.vector_norm(g.to(F64)) for g in grads])
+
+
+class Loop(nn.Module):
+    """A cell driven step by step; the loss sees every output (weighted) or only the last."""
+
+    def __init__(self, cell: nn.Module) -> None:
+        super().__init__()
+        self.cell = cell
+
+    def run(self, x: torch.Tensor, keep: list[Any] | None = None) -> torch.Tensor:
+        state: Any = None
+        loss = x.new_zeros(())
+        for t in range(x.shape[0]):
+            state = self.cell(x[t], state) if state is not None else self.cell(x[t])
+            if keep is not None:
+                for s in state if isinstance(state, tuple) else (state,):
+                    s.retain_grad()
+                keep.append(state)
+            h = state[0] if isinstance(state, tuple) else state
+            loss = loss + (t + 1) * h.tanh().square().sum()
+        return loss
+
+
+@pytest.mark.parametrize("cell_type", [nn.LSTMCell, nn.GRUCell, nn.RNNCell])
+def test_builtin_cells_are_found_and_each_call_gets_its_total_gradient(cell_type: type) -> None:
+    torch.manual_seed(0)
+    model = Loop(cell_type(3, 5).double())
+    x = torch.randn(9, 4, 3, dtype=F64)
+    record = captured_step(model, lambda: model.run(x).backward())
+    kept: list[Any] = []
+    model.run(x, kept).backward()
+    hs = [s[0] if isinstance(s, tuple) else s for s in kept]
+    torch.testing.assert_close(series(record, "cell", "hidden"), norms(hs), rtol=1e-12, atol=0.0)
+    if cell_type is nn.LSTMCell:
+        cs = [s[1] for s in kept]
+        torch.testing.assert_close(series(record, "cell", "cell"), norms(cs), rtol=1e-12, atol=0.0)
+    else:
+        assert set(record["timesteps"]["cell"]) == {"hidden"}
+
+
+class HandGRU(nn.Module):
+    """A hand-written GRU cell (z, r, candidate), as in the tree-GRU report."""
+
+    def __init__(self, n_in: int, n_hidden: int) -> None:
+        super().__init__()
+        self.gates = nn.Linear(n_in + n_hidden, 2 * n_hidden)
+        self.candidate = nn.Linear(n_in + n_hidden, n_hidden)
+        self.n_hidden = n_hidden
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
+        if h is None:
+            h = x.new_zeros(x.shape[0], self.n_hidden)
+        z, r = torch.sigmoid(self.gates(torch.cat([x, h], 1))).chunk(2, 1)
+        cand = torch.tanh(self.candidate(torch.cat([x, r * h], 1)))
+        return r * h + (1 - z) * cand
+
+
+@pytest.mark.parametrize("how", ["module", "name", "class"])
+def test_a_user_named_cell_is_watched_by_module_name_or_class(how: str) -> None:
+    torch.manual_seed(1)
+    model = Loop(HandGRU(2, 4).double())
+    spec: Any = {"module": model.cell, "name": "cell", "class": HandGRU}[how]
+    x = torch.randn(7, 3, 2, dtype=F64)
+    record = captured_step(model, lambda: model.run(x).backward(), cells=[spec])
+    kept: list[Any] = []
+    model.run(x, kept).backward()
+    torch.testing.assert_close(series(record, "cell", "hidden"), norms(kept), rtol=1e-12, atol=0.0)
+
+
+def test_a_decoder_step_called_once_per_target_token_is_indexed_by_call() -> None:
+    class DecoderStep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(3, 4)
+            self.rnn = nn.GRUCell(4, 6)
+            self.attend = nn.Linear(6, 6)
+
+        def forward(self, token: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            h = self.rnn(self.embed(token), h)
+            return h + torch.tanh(self.attend(h))
+
+    class Seq2Seq(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder = DecoderStep()
+
+    torch.manual_seed(2)
+    model = Seq2Seq().double()
+    tokens = torch.randn(6, 2, 3, dtype=F64)
+
+    def run(keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+        h = tokens.new_zeros(2, 6)
+        loss = tokens.new_zeros(())
+        for t in range(tokens.shape[0]):
+            h = model.decoder(tokens[t], h)
+            if keep is not None:
+                h.retain_grad()
+                keep.append(h)
+            loss = loss + h.sin().sum() * (t % 3)
+        return loss
+
+    record = captured_step(model, lambda: run().backward(), cells=["decoder"])
+    kept: list[torch.Tensor] = []
+    run(kept).backward()
+    got = series(record, "decoder", "hidden")
+    torch.testing.assert_close(got, norms(kept), rtol=1e-12, atol=0.0)
+    assert len(record["timesteps"]["decoder.rnn"]["hidden"]) == 6  # the inner GRUCell too
+
+
+def test_calls_of_two_accumulated_micro_batches_continue_the_index() -> None:
+    torch.manual_seed(3)
+    model = Loop(nn.GRUCell(2, 3).double())
+    xs = [torch.randn(4, 2, 2, dtype=F64), torch.randn(5, 2, 2, dtype=F64)]
+
+    def accumulate() -> None:
+        for x in xs:
+            model.run(x).backward()
+
+    record = captured_step(model, accumulate)
+    expected = []
+    for x in xs:
+        kept: list[Any] = []
+        model.run(x, kept).backward()
+        expected.append(norms(kept))
+    got = series(record, "cell", "hidden")
+    torch.testing.assert_close(got, torch.cat(expected), rtol=1e-12, atol=0.0)
+
+
+def test_a_call_whose_output_gets_no_gradient_reads_zero() -> None:
+    model = Loop(nn.RNNCell(2, 3))
+    x = torch.randn(3, 1, 2)
+
+    def run() -> None:
+        h1 = model.cell(x[0])
+        model.cell(x[1], h1)  # never used by the loss
+        model.cell(x[2], h1).sum().backward()
+
+    record = captured_step(model, run)
+    got = record["timesteps"]["cell"]["hidden"]
+    assert got[1] == 0.0 and got[0] > 0.0 and got[2] > 0.0
+
+
+def test_many_calls_grow_the_buffer_and_keep_earlier_norms() -> None:
+    torch.manual_seed(4)
+    model = Loop(nn.GRUCell(1, 2).double())
+    x = torch.randn(150, 1, 1, dtype=F64)  # more calls than the first buffer holds
+    record = captured_step(model, lambda: model.run(x).backward())
+    kept: list[Any] = []
+    model.run(x, kept).backward()
+    torch.testing.assert_close(series(record, "cell", "hidden"), norms(kept), rtol=1e-12, atol=0.0)
+
+
+def test_a_named_cell_that_matches_nothing_says_what_it_expected() -> None:
+    model = Loop(HandGRU(2, 3))
+    q = RecurrentTimesteps(cells=["decodr"])
+    with pytest.raises(ValueError, match=r"expected a module, name or class in the model, "
+                       r"got 'decodr'; modules: 'cell'"):
+        q.attach(model)
+    with pytest.raises(ValueError, match=r"got a Linear module"):
+        RecurrentTimesteps(cells=[nn.Linear(1, 1)]).attach(model)
+    with pytest.raises(TypeError, match=r"expected cells to be modules, module names or "
+                       r"nn.Module classes, got 3 \(int\)"):
+        RecurrentTimesteps(cells=[3]).attach(model)  # type: ignore[list-item]
+
+
+def test_a_bad_exact_hidden_value_says_what_it_expected() -> None:
+    with pytest.raises(ValueError, match=r"expected exact_hidden to be True, False or an int "
+                       r">= 0, got 0.5"):
+        RecurrentTimesteps(exact_hidden=0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"got -2"):
+        RecurrentTimesteps(exact_hidden=-2)

@@ -35,6 +35,52 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """``gradwatch serve``: refuses a non-loopback bind without a token (exit 2)."""
+    from gradwatch.server.settings import Settings, is_loopback
+
+    if not is_loopback(args.host) and not args.token:
+        print(
+            f"gradwatch serve: --host {args.host} is reachable from other machines; expected "
+            "--token TOKEN (and --view-token for read-only viewers), got none. Nothing was "
+            "started. Bind 127.0.0.1 and use an SSH tunnel, or set tokens.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        settings = Settings.from_env(
+            host=args.host,
+            port=args.port,
+            db=args.db,
+            token=args.token,
+            view_token=args.view_token,
+            allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+        )
+    except ValueError as error:
+        print(f"gradwatch serve: {error}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from gradwatch.server.app import create_app
+
+    where = f"http://{args.host}:{args.port}"
+    print(f"gradwatch: serving on {where} (db {settings.db_kind})", flush=True)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        ws="websockets-sansio",
+        # Larger than the protocol's limit, so an oversized message reaches the server
+        # and gets an error message with close code 1009 instead of a bare close.
+        ws_max_size=2 * settings.max_message_bytes,
+        ws_per_message_deflate=False,
+        proxy_headers=False,
+        server_header=False,
+    )
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     """``gradwatch report RUN -o run.html``: a standalone HTML file (server/report.py)."""
     from .report import main as report_main
@@ -59,7 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--token", default=None, help="ingest token (required off loopback)")
     serve.add_argument("--view-token", default=None, help="read-only token for viewers")
-    serve.set_defaults(handler=_not_built("serve", "the server is issue #5"))
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a Host name browsers may use besides loopback and the bind address (repeatable)",
+    )
+    serve.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    serve.set_defaults(handler=_serve)
 
     demo = sub.add_parser("demo", help="the dashboard with live example runs")
     demo.add_argument("--port", type=int, default=8765)

@@ -43,3 +43,183 @@ def postgres_url() -> str:
     )
     assert POSTGRES_URL is not None
     return POSTGRES_URL
+
+
+# ----- a real gradwatch server (engineer D1) -------------------------------------------
+# `gradwatch_server(...)` starts `python -m gradwatch.server.cli serve` as a subprocess
+# on a free loopback port and waits for /api/health (a bounded poll: readiness, not a
+# sleep). `.kill()` is kill -9; `.restart()` starts it again on the same port and db.
+
+import json as _json  # noqa: E402
+import signal as _signal  # noqa: E402
+import socket as _socket  # noqa: E402
+import subprocess as _subprocess  # noqa: E402
+import sys as _sys  # noqa: E402
+import time as _time  # noqa: E402
+import urllib.error as _urlerror  # noqa: E402
+import urllib.request as _urlrequest  # noqa: E402
+import uuid as _uuid  # noqa: E402
+from collections.abc import Callable as _Callable  # noqa: E402
+from collections.abc import Iterator as _Iterator  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A real `gradwatch serve` process on 127.0.0.1.
+
+    Attributes: `url` (ws://127.0.0.1:PORT, what trainers get), `http`
+    (http://127.0.0.1:PORT), `port`, `db` (SQLite path or postgresql:// URL), `log_path`.
+    """
+
+    def __init__(
+        self,
+        db: str,
+        log_path: _Path,
+        port: int | None = None,
+        token: str | None = None,
+        view_token: str | None = None,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.db = db
+        self.port = port or free_port()
+        self.token = token
+        self.view_token = view_token
+        self.args = args
+        self.env = env
+        self.log_path = log_path
+        self.url = f"ws://127.0.0.1:{self.port}"
+        self.http = f"http://127.0.0.1:{self.port}"
+        self.process: _subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        cmd = [_sys.executable, "-m", "gradwatch.server.cli", "serve", "--host", "127.0.0.1",
+               "--port", str(self.port), "--db", self.db, "--log-level", "warning"]
+        if self.token:
+            cmd += ["--token", self.token]
+        if self.view_token:
+            cmd += ["--view-token", self.view_token]
+        return cmd + list(self.args)
+
+    def start(self, timeout: float = 60.0) -> ServerProcess:
+        env = dict(os.environ)
+        env.update(self.env or {})
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it while it runs
+        try:
+            self.process = _subprocess.Popen(self.command(), stdout=log, stderr=log, env=env)
+        finally:
+            log.close()
+        self.wait_ready(timeout)
+        return self
+
+    def health(self) -> dict[str, object] | None:
+        try:
+            with _urlrequest.urlopen(self.http + "/api/health", timeout=2) as answer:  # noqa: S310
+                return dict(_json.loads(answer.read()))
+        except (OSError, _urlerror.URLError, ValueError):
+            return None
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = _time.monotonic() + timeout
+        while _time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"gradwatch serve exited with {self.process.returncode}:\n{self.log()}"
+                )
+            if self.health() is not None:
+                return
+            _time.sleep(0.05)  # poll interval of a readiness check, not synchronisation
+        raise TimeoutError(f"gradwatch serve not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no flush; what was acknowledged must survive."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(_signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """A clean shutdown (SIGTERM), kill -9 if it does not end within 15 s."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(_signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except _subprocess.TimeoutExpired:
+            self.kill()
+
+    def restart(self, timeout: float = 60.0) -> ServerProcess:
+        """Start again on the same port and database (after kill() or stop())."""
+        if self.running:
+            self.kill()
+        return self.start(timeout)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def gradwatch_db(request: pytest.FixtureRequest, tmp_path: _Path) -> _Iterator[str]:
+    """A fresh database for one test: a SQLite file, or a new PostgreSQL schema.
+
+    Tests that take it run once per backend (ids `[sqlite]` and `[postgresql]`).
+    """
+    if request.param == "sqlite":
+        yield str(tmp_path / "gradwatch.db")
+        return
+    url = request.getfixturevalue("postgres_url")
+    import psycopg
+
+    schema = "gw_" + _uuid.uuid4().hex[:12]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in url else "?"
+    yield f"{url}{sep}options=-csearch_path%3D{schema}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def gradwatch_server(
+    tmp_path: _Path,
+) -> _Iterator[_Callable[..., ServerProcess]]:
+    """A factory of started servers: `server = gradwatch_server(db=None, token=None, ...)`.
+
+    `db` defaults to a new SQLite file under tmp_path; pass `gradwatch_db` to run on both
+    backends. Every server it started is stopped at teardown.
+    """
+    started: list[ServerProcess] = []
+
+    def start(
+        db: str | None = None,
+        token: str | None = None,
+        view_token: str | None = None,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> ServerProcess:
+        name = f"server-{len(started)}"
+        server = ServerProcess(
+            db or str(tmp_path / f"{name}.db"), tmp_path / f"{name}.log", port=port,
+            token=token, view_token=view_token, args=args, env=env,
+        )
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()

@@ -1,0 +1,30 @@
+"""Storage behind one interface; the backend is chosen by the ``--db`` value.
+
+Example:
+    >>> import tempfile, os
+    >>> store = open_store(Settings(db=os.path.join(tempfile.mkdtemp(), "g.db")))
+    >>> store.kind
+    'sqlite'
+    >>> store.close()
+"""
+
+from __future__ import annotations
+
+from ..settings import Settings
+from .base import Store, StoreError
+from .reads import RunNotFound
+
+
+def open_store(settings: Settings) -> Store:
+    """A SQLite store for a path, a PostgreSQL store for a ``postgresql://`` URL."""
+    if settings.db_kind == "postgresql":
+        from .postgres import PostgresStore
+
+        store: Store = PostgresStore(settings)
+        return store
+    from .sqlite import SQLiteStore
+
+    return SQLiteStore(settings)
+
+
+__all__ = ["RunNotFound", "Store", "StoreError", "open_store"]

@@ -1,0 +1,155 @@
+"""The REST history API (docs/API.md). Every answer is JSON; non-finite numbers are
+the protocol's strings; errors are ``{"detail": "expected ..., got ..."}``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from importlib import metadata
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import Response
+
+from gradwatch.protocol import messages as m
+from gradwatch.protocol.codec import dumps
+
+from .security import can_read, token_from
+from .state import AppState
+from .store import RunNotFound
+
+T = TypeVar("T")
+
+
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.gradwatch
+    return state
+
+
+def require_viewer(request: Request) -> AppState:
+    """A FastAPI dependency: the view token (or the ingest token) when one is set."""
+    state = _state(request)
+    token = token_from(request.headers, request.query_params)
+    if not can_read(state.settings, token):
+        raise HTTPException(
+            401,
+            "expected a view token (Authorization: Bearer or ?token=), got "
+            + ("a wrong one" if token else "none"),
+        )
+    return state
+
+
+Viewer = Annotated[AppState, Depends(require_viewer)]
+
+
+def json_response(value: Any) -> Response:
+    return Response(dumps(value), media_type="application/json")
+
+
+async def _read(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """A store query off the event loop; 404 for an unknown run, 422 for a bad field."""
+    try:
+        return await asyncio.to_thread(call, *args, **kwargs)
+    except RunNotFound as error:
+        raise HTTPException(404, f"expected a known run id, got {error.args[0]!r}") from None
+    except ValueError as error:
+        raise HTTPException(422, str(error)) from None
+
+
+def version() -> str:
+    try:
+        return metadata.version("gradwatch")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare tree
+        return "0+unknown"
+
+
+router = APIRouter(prefix="/api")
+
+
+@router.get("/health", summary="Liveness and what this server speaks")
+async def health(request: Request) -> Response:
+    state = _state(request)
+    return json_response(
+        {
+            "status": "ok",
+            "version": version(),
+            "protocol": m.PROTOCOL_VERSION,
+            "db": state.store.kind,
+        }
+    )
+
+
+@router.get("/runs", summary="Every run's summary, newest first")
+async def runs(state: Viewer) -> Response:
+    found = await _read(state.store.list_runs)
+    return json_response([state.public(s) for s in found])
+
+
+@router.get("/runs/{run_id}", summary="One run: summary, hellos, modules, series, parameters")
+async def run(run_id: str, state: Viewer) -> Response:
+    detail = await _read(state.store.run_detail, run_id)
+    return json_response(state.public(detail))
+
+
+Step = Annotated[int | None, Query(ge=0)]
+
+
+@router.get("/runs/{run_id}/steps", summary="Scalar series per step, min/max downsampled")
+async def steps(
+    run_id: str,
+    state: Viewer,
+    rank: Annotated[int, Query(ge=0)] = 0,
+    start: Annotated[int | None, Query(alias="from", ge=0)] = None,
+    stop: Annotated[int | None, Query(alias="to", ge=0)] = None,
+    max_points: Annotated[int, Query(ge=2, le=1_000_000)] = 2000,
+    fields: Annotated[str | None, Query(description="comma separated; default all")] = None,
+) -> Response:
+    names = [f for f in fields.split(",") if f] if fields else None
+    return json_response(
+        await _read(
+            state.store.steps,
+            run_id,
+            rank=rank,
+            start=start,
+            stop=stop,
+            fields=names,
+            max_points=max_points,
+        )
+    )
+
+
+@router.get("/runs/{run_id}/timesteps", summary="The heatmap matrix of one module's series")
+async def timesteps(
+    run_id: str,
+    state: Viewer,
+    module: Annotated[str, Query(max_length=m.MAX_NAME_CHARS)],
+    series: Annotated[str, Query(max_length=m.MAX_NAME_CHARS)] = "input",
+    rank: Annotated[int, Query(ge=0)] = 0,
+    max_steps: Annotated[int, Query(ge=1, le=100_000)] = 500,
+    start: Annotated[int | None, Query(alias="from", ge=0)] = None,
+    stop: Annotated[int | None, Query(alias="to", ge=0)] = None,
+) -> Response:
+    return json_response(
+        await _read(
+            state.store.timesteps,
+            run_id,
+            module,
+            series=series,
+            rank=rank,
+            max_steps=max_steps,
+            start=start,
+            stop=stop,
+        )
+    )
+
+
+@router.get("/runs/{run_id}/epochs", summary="Epoch records of one rank")
+async def epochs(run_id: str, state: Viewer, rank: Annotated[int, Query(ge=0)] = 0) -> Response:
+    return json_response(await _read(state.store.epochs, run_id, rank=rank))
+
+
+@router.get("/runs/{run_id}/alerts", summary="Alert records in arrival order, with rank")
+async def alerts(
+    run_id: str, state: Viewer, rank: Annotated[int | None, Query(ge=0)] = None
+) -> Response:
+    return json_response(await _read(state.store.alerts, run_id, rank=rank))

@@ -1,0 +1,114 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+Example:
+    >>> from gradwatch.server.app import create_app
+    >>> from gradwatch.server.settings import Settings
+    >>> app = create_app(Settings(db="/tmp/gradwatch-doc.db"))
+    >>> "/ws/ingest" in {route.path for route in app.routes}
+    True
+
+Run it with uvicorn (``gradwatch serve`` does this), e.g.
+``uvicorn.run(create_app(settings), host="127.0.0.1", port=8765)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from .api import require_viewer, router, version
+from .ingest import ingest_endpoint
+from .security import SecurityMiddleware
+from .settings import Settings
+from .state import AppState
+from .store import Store, open_store
+from .viewers import live_endpoint
+
+
+def client_dir() -> Path:
+    """The dashboard's files (the ``gradwatch.client`` package)."""
+    return Path(str(resources.files("gradwatch.client")))
+
+
+def plotly_js() -> Path:
+    """Plotly.js as the installed ``plotly`` package ships it (no CDN)."""
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def _first_error(error: RequestValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "query")
+    msg = str(first.get("msg", "invalid")).removeprefix("Input should be ")
+    return f"{where}: expected {msg}, got {first.get('input')!r}"[:300]
+
+
+def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
+    """The server as an ASGI app; the store opens at startup unless one is given.
+
+    The app refuses nothing by itself: ``gradwatch serve`` refuses an unsafe bind.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own = store is None
+        opened = await asyncio.to_thread(open_store, settings) if own else store
+        assert opened is not None
+        app.state.gradwatch = AppState(settings, opened)
+        try:
+            yield
+        finally:
+            if own:
+                await asyncio.to_thread(opened.close)
+
+    app = FastAPI(
+        title="gradwatch",
+        version=version(),
+        summary="Live gradient-flow monitor: ingest, history and live views (docs/API.md)",
+        lifespan=lifespan,
+        # The interactive docs load their scripts from a CDN and inline code, which the
+        # pages' Content-Security-Policy (and an offline GPU box) forbid. The schema stays.
+        docs_url=None,
+        redoc_url=None,
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _first_error(error)}, status_code=422)
+
+    app.include_router(router)
+    app.add_api_websocket_route("/ws/ingest", ingest_endpoint)
+    app.add_api_websocket_route("/ws/live", live_endpoint)
+
+    if settings.serve_client:
+        client = client_dir()
+
+        @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+        async def index(request: Request) -> Response:
+            try:
+                require_viewer(request)
+            except Exception:
+                return Response(
+                    "gradwatch: this dashboard needs the link with its ?token=\n",
+                    status_code=401,
+                    media_type="text/plain; charset=utf-8",
+                )
+            return FileResponse(client / "index.html", media_type="text/html; charset=utf-8")
+
+        @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
+        async def plotly_bundle() -> FileResponse:
+            return FileResponse(plotly_js(), media_type="text/javascript; charset=utf-8")
+
+        app.mount("/static", StaticFiles(directory=client), name="static")
+
+    app.add_middleware(SecurityMiddleware, settings=settings)
+    return app

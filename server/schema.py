@@ -1,0 +1,234 @@
+"""Pydantic models of protocol v1 (docs/PROTOCOL.md), built on the names in
+``gradwatch.protocol.messages``.
+
+Validation runs in pydantic-core straight from the JSON text (``validate_json``):
+parsing and checking a 6 KB step record costs about as much as ``json.loads`` alone.
+Numbers are strict: ``1.5`` or ``2``, or one of the strings ``"NaN"``, ``"Infinity"``,
+``"-Infinity"``; a bare ``NaN`` token, a bool or ``"1.5"`` is refused. Unknown fields
+are kept (extend, never rename: a newer trainer may send more).
+
+Example:
+    >>> msg = parse_message('{"type": "batch", "run_id": "r", "rank": 0, "seq": 0, '
+    ...                     '"records": [{"kind": "step", "step": 0, "loss": "NaN"}]}')
+    >>> msg.records[0].loss
+    'NaN'
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter, ValidationError
+
+from gradwatch.protocol import messages as m
+
+FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+NonFinite = Literal["NaN", "Infinity", "-Infinity"]
+Num = Union[FiniteFloat, NonFinite]  # noqa: UP007 (the union is built at runtime)
+Count = Annotated[int, Strict(), Field(ge=0)]
+Int = Annotated[int, Strict()]
+Name = Annotated[str, Strict(), Field(max_length=m.MAX_NAME_CHARS)]
+Text = Annotated[str, Strict(), Field(max_length=16_384)]
+Series = Annotated[list[Num], Field(max_length=m.MAX_TIMESTEPS)]
+
+
+class _Open(BaseModel):
+    """Known fields are checked; unknown ones are kept as they came."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class ModuleInfo(_Open):
+    name: Name
+    type: Name
+
+
+class ModelInfo(_Open):
+    modules: Annotated[list[ModuleInfo], Field(max_length=100_000)] = []
+    parameters: Count | None = None
+    recurrent: Annotated[list[Name], Field(max_length=10_000)] = []
+
+
+class Hello(_Open):
+    type: Literal["hello"]
+    protocol: Int
+    run_id: Annotated[str, Strict(), Field(min_length=1, max_length=m.MAX_NAME_CHARS)]
+    run: Name = ""
+    rank: Count = 0
+    world_size: Annotated[int, Strict(), Field(ge=1)] = 1
+    host: Name = ""
+    pid: Count | None = None
+    model: ModelInfo = ModelInfo()
+    config: dict[str, Any] = {}
+
+
+class ProfileEntry(_Open):
+    forward_s: Num | None = None
+    backward_s: Num | None = None
+    calls: Count | None = None
+
+
+class StepRecord(_Open):
+    kind: Literal["step"]
+    step: Count
+    epoch: Count = 0
+    t: Num | None = None
+    duration_s: Num | None = None
+    loss: Num | None = None
+    timesteps: dict[Name, dict[Name, Series]] | None = None
+    param_norms: dict[Name, Num] | None = None
+    gate_norms: dict[Name, dict[Name, Num]] | None = None
+    total_norm: Num | None = None
+    nonfinite: dict[str, Any] | None = None
+    graph_nodes: Count | None = None
+    graph_truncated: bool | None = None
+    rss_bytes: Count | None = None
+    cuda_allocated_bytes: Count | None = None
+    cuda_reserved_bytes: Count | None = None
+    overhead: Num | None = None
+    profile: dict[Name, ProfileEntry] | None = None
+
+
+class EpochRecord(_Open):
+    kind: Literal["epoch"]
+    epoch: Count
+    step: Count | None = None
+    t: Num | None = None
+    duration_s: Num | None = None
+    steps: Count | None = None
+
+
+class AlertRecord(_Open):
+    kind: Literal["alert"]
+    step: Count | None = None
+    code: Literal[m.ALERT_CODES]  # type: ignore[valid-type]
+    severity: Literal[m.SEVERITIES] = "warning"  # type: ignore[valid-type]
+    state: Literal[m.ALERT_STATES] = "raised"  # type: ignore[valid-type]
+    subject: Name = ""
+    message: Text = ""
+    hint: Text = ""
+    evidence: dict[str, Any] = {}
+    t: Num | None = None
+
+
+class EndRecord(_Open):
+    kind: Literal["end"]
+    status: Literal[m.END_STATUSES]  # type: ignore[valid-type]
+    step: Count | None = None
+    t: Num | None = None
+
+
+Record = Annotated[
+    Union[StepRecord, EpochRecord, AlertRecord, EndRecord],  # noqa: UP007
+    Field(discriminator="kind"),
+]
+
+
+class Batch(_Open):
+    type: Literal["batch"]
+    run_id: Annotated[str, Strict(), Field(min_length=1, max_length=m.MAX_NAME_CHARS)]
+    rank: Count
+    seq: Count
+    records: Annotated[list[Record], Field(max_length=m.MAX_RECORDS_PER_BATCH)]
+
+
+Message = Annotated[Union[Hello, Batch], Field(discriminator="type")]  # noqa: UP007
+
+_MESSAGE: TypeAdapter[Hello | Batch] = TypeAdapter(Message)
+RECORDS: TypeAdapter[list[StepRecord | EpochRecord | AlertRecord | EndRecord]] = TypeAdapter(
+    list[Record]
+)
+
+
+class ProtocolError(ValueError):
+    """A message the server refuses, with the websocket close code that says why."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_KINDS = "'step', 'epoch', 'alert' or 'end'"
+
+
+def _format_path(loc: tuple[int | str, ...]) -> str:
+    """``('batch', 'records', 3, 'step', 'loss')`` as ``records[3].loss``."""
+    parts = list(loc)
+    if parts and parts[0] in ("hello", "batch"):
+        parts = parts[1:]  # the message's own tag
+    out = ""
+    previous: int | str | None = None
+    for i, part in enumerate(parts):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("float", "literal[", "function", "constrained-")):
+            pass  # a branch of the number union, not a field
+        elif (
+            previous is not None
+            and isinstance(previous, int)
+            and i >= 2
+            and parts[i - 2] == "records"
+            and part in m.RECORD_KINDS
+        ):
+            pass  # the record's tag
+        else:
+            out += ("." if out else "") + str(part)
+        previous = part
+    return out
+
+
+def describe_error(error: ValidationError) -> ProtocolError:
+    """The first problem of a failed validation as ``field: expected X, got Y``."""
+    errors = error.errors(include_url=False)
+    first = errors[0]
+    kind = first["type"]
+    path = _format_path(first["loc"])
+    got = _describe(first.get("input"))
+    where = f"{path}: " if path else ""
+    if kind in ("json_invalid", "json_type"):
+        return ProtocolError(
+            m.CLOSE_INVALID_DATA, f"expected one JSON object, got invalid JSON ({first['msg']})"
+        )
+    if kind == "union_tag_invalid":
+        if not path:
+            tag = first.get("ctx", {}).get("tag")
+            return ProtocolError(
+                m.CLOSE_POLICY, f"type: expected 'hello' or 'batch', got {_describe(tag)}"
+            )
+        tag = first.get("ctx", {}).get("tag")
+        return ProtocolError(
+            m.CLOSE_INVALID_DATA, f"{path}.kind: expected {_KINDS}, got {_describe(tag)}"
+        )
+    if kind == "union_tag_not_found":
+        if not path:
+            return ProtocolError(
+                m.CLOSE_INVALID_DATA, "type: expected 'hello' or 'batch', got no 'type' field"
+            )
+        return ProtocolError(m.CLOSE_INVALID_DATA, f"{path}.kind: expected {_KINDS}, got nothing")
+    if kind == "missing":
+        return ProtocolError(m.CLOSE_INVALID_DATA, f"{where}expected a value, got nothing")
+    number_union = (
+        len(errors) >= 2
+        and errors[0]["loc"][:-1] == errors[1]["loc"][:-1]
+        and str(errors[1]["loc"][-1]).startswith("literal[")
+    )
+    if number_union:
+        expected = 'expected a number or "NaN"/"Infinity"/"-Infinity"'
+    else:
+        msg = str(first["msg"])
+        expected = "expected " + msg.removeprefix("Input should be ").removeprefix("Input ")
+    return ProtocolError(m.CLOSE_INVALID_DATA, f"{where}{expected}, got {got}")
+
+
+def parse_message(text: str | bytes) -> Hello | Batch:
+    """Validate one wire message; raise :class:`ProtocolError` with a close code and reason."""
+    try:
+        return _MESSAGE.validate_json(text)
+    except ValidationError as error:
+        raise describe_error(error) from None

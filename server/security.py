@@ -1,0 +1,153 @@
+"""Tokens, Host and Origin checks, and the headers every page carries.
+
+- Tokens: ``Settings.token`` writes and reads; ``Settings.view_token`` only reads.
+  With neither set, everything is open (the server binds loopback by default, and
+  ``gradwatch serve`` refuses another bind without a token). A token travels as
+  ``Authorization: Bearer <token>`` or ``?token=`` (browsers cannot set headers on
+  websockets); comparison is constant-time.
+- ``Host`` must be a loopback name, the bind address or an allowed host, so a page
+  on ``evil.example`` that rebinds its DNS to 127.0.0.1 cannot reach the server
+  (HTTP answers 421).
+- A websocket ``Origin``, when a browser sends one, must name the same host and port
+  as ``Host``: another site's page cannot open a socket with the user's network
+  position.
+
+Example:
+    >>> s = Settings(token="w", view_token="r")
+    >>> can_read(s, "r"), can_write(s, "r"), can_write(s, "w")
+    (True, False, True)
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .settings import Settings
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self' ws: wss:; "
+    "worker-src 'self' blob:; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    # Tokens ride in URLs (?token=): never leak them to another site.
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+)
+
+
+def _same(given: str | None, expected: str | None) -> bool:
+    if not given or not expected:
+        return False
+    return secrets.compare_digest(given.encode(), expected.encode())
+
+
+def can_write(settings: Settings, token: str | None) -> bool:
+    """Whether ``token`` may send records (``/ws/ingest``)."""
+    if settings.token is None:
+        return True
+    return _same(token, settings.token)
+
+
+def can_read(settings: Settings, token: str | None) -> bool:
+    """Whether ``token`` may view (dashboard, REST, ``/ws/live``)."""
+    if settings.token is None and settings.view_token is None:
+        return True
+    return _same(token, settings.view_token) or _same(token, settings.token)
+
+
+def token_from(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+    """The token of a request: ``Authorization: Bearer`` first, then ``?token=``."""
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return query.get("token")
+
+
+def split_host(host: str) -> tuple[str, str]:
+    """``"[::1]:8765"`` -> ``("::1", "8765")``; ``"localhost"`` -> ``("localhost", "")``."""
+    if host.startswith("["):
+        name, _, rest = host[1:].partition("]")
+        return name, rest.removeprefix(":")
+    name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+    return name, port
+
+
+def host_problem(settings: Settings, host: str | None) -> str | None:
+    """Why this ``Host`` header may not reach the server, or None."""
+    if not host:
+        return "expected a Host header, got none"
+    name, _ = split_host(host)
+    if settings.host_allowed(name):
+        return None
+    return (
+        f"Host {name[:60]!r} is not allowed (DNS rebinding guard); "
+        f"start the server with --allowed-host {name[:60]}"
+    )
+
+
+def origin_problem(host: str | None, origin: str | None) -> str | None:
+    """Why a websocket from page ``origin`` may not connect, or None.
+
+    Non-browser clients send no Origin and pass; a browser page must come from the
+    server's own origin (same host and port as ``Host``).
+    """
+    if origin is None:
+        return None
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return f"Origin: expected the server's own http(s) origin, got {origin[:60]!r}"
+    if host is None or parts.netloc.lower() != host.lower():
+        return f"Origin: expected http://{(host or '')[:40]}, got {origin[:60]!r}"
+    return None
+
+
+class SecurityMiddleware:
+    """Adds the security headers to every HTTP answer and refuses foreign ``Host``s.
+
+    Websockets are checked in their endpoints, which can then say why in an ``error``
+    message before closing with 1008.
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        problem = host_problem(self.settings, headers.get("host"))
+        if problem is not None:
+            body = json.dumps({"detail": problem}).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 421,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        *SECURITY_HEADERS,
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,132 @@
+"""The server's one settings object; ``GRADWATCH_*`` environment variables are read here only.
+
+Every part of the server takes what it needs from a :class:`Settings` passed down by
+:func:`gradwatch.server.app.create_app`, so tests build one in a line and nothing
+reads the environment behind their back.
+
+Example:
+    >>> s = Settings(db="runs.db", token="t0p")
+    >>> s.db_kind
+    'sqlite'
+    >>> Settings(db="postgresql://u@127.0.0.1/db").db_kind
+    'postgresql'
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from gradwatch.protocol.messages import MAX_MESSAGE_BYTES
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a bind address or a name) stays on this machine."""
+    name = host.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the server can be told.
+
+    ``db`` is a SQLite file path or a ``postgresql://`` URL. ``token`` lets trainers
+    write and viewers read; ``view_token`` only reads. ``allowed_hosts`` extends the loopback names
+    accepted in the ``Host`` header (against DNS rebinding); ``"*"`` accepts any.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    db: str = "gradwatch.db"
+    token: str | None = None
+    view_token: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    # Live messages one viewer may have queued before the oldest are dropped.
+    live_queue_size: int = 256
+    # Batches one ingest connection may have submitted but not yet acknowledged.
+    ingest_window: int = 64
+    # A run with no connected trainer and no write for this long is "stale".
+    stale_after_s: float = 60.0
+    # SQLite "NORMAL" (WAL: survives a crash of the server process; the last commits
+    # may be lost on power loss) or "FULL" (fsync on every commit).
+    sqlite_synchronous: str = "NORMAL"
+    # Batches of several connections written in one transaction at most.
+    group_commit: int = 64
+    serve_client: bool = True
+
+    @property
+    def db_kind(self) -> str:
+        return "postgresql" if self.db.startswith(("postgresql://", "postgres://")) else "sqlite"
+
+    def host_allowed(self, host: str) -> bool:
+        """Whether an HTTP ``Host`` name (port stripped) may reach this server."""
+        name = host.lower()
+        if "*" in self.allowed_hosts or name in LOOPBACK_HOSTS or is_loopback(name):
+            return True
+        if name == self.host.lower() and self.host not in ("0.0.0.0", "::"):  # noqa: S104
+            return True
+        return name in {h.lower() for h in self.allowed_hosts}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Settings from ``GRADWATCH_*`` variables, then ``overrides`` (the CLI's flags).
+
+        Variables: GRADWATCH_HOST, _PORT, _DB, _TOKEN, _VIEW_TOKEN, _ALLOWED_HOSTS
+        (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _SQLITE_SYNCHRONOUS.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        text = {
+            "host": "GRADWATCH_HOST",
+            "db": "GRADWATCH_DB",
+            "token": "GRADWATCH_TOKEN",
+            "view_token": "GRADWATCH_VIEW_TOKEN",
+            "sqlite_synchronous": "GRADWATCH_SQLITE_SYNCHRONOUS",
+        }
+        for name, var in text.items():
+            if env.get(var):
+                values[name] = env[var]
+        numbers = {
+            "port": "GRADWATCH_PORT",
+            "max_message_bytes": "GRADWATCH_MAX_MESSAGE_BYTES",
+            "live_queue_size": "GRADWATCH_LIVE_QUEUE_SIZE",
+        }
+        for name, var in numbers.items():
+            if env.get(var):
+                try:
+                    values[name] = int(env[var])
+                except ValueError:
+                    raise ValueError(f"{var}: expected an integer, got {env[var]!r}") from None
+        if env.get("GRADWATCH_ALLOWED_HOSTS"):
+            values["allowed_hosts"] = tuple(
+                h.strip() for h in env["GRADWATCH_ALLOWED_HOSTS"].split(",") if h.strip()
+            )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = replace(cls(), **values)  # type: ignore[arg-type]
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` with "expected X, got Y" for a setting that cannot work."""
+        if self.sqlite_synchronous.upper() not in ("NORMAL", "FULL", "EXTRA"):
+            raise ValueError(
+                "sqlite_synchronous: expected NORMAL, FULL or EXTRA,"
+                f" got {self.sqlite_synchronous!r}"
+            )
+        for name in ("max_message_bytes", "live_queue_size", "ingest_window", "group_commit"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(
+                    f"{name}: expected a positive integer, got {getattr(self, name)!r}"
+                )
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port: expected 0..65535, got {self.port}")

@@ -1,0 +1,63 @@
+"""What the running app shares between its endpoints: settings, store, hub, and
+which runs have a trainer connected (for the ``live`` status)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+from .live import RUNS_CHANNEL, Hub
+from .settings import Settings
+from .store import Store
+
+
+class AppState:
+    """One per app; reached as ``request.app.state.gradwatch``."""
+
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self.hub = Hub(settings.live_queue_size)
+        self.connected: Counter[str] = Counter()
+        self._summary_due: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def status(self, summary: dict[str, Any]) -> str:
+        """live, finished, crashed or stale (docs/API.md)."""
+        if summary.get("end_status"):
+            return str(summary["end_status"])
+        if self.connected[summary["id"]] > 0:
+            return "live"
+        updated = summary.get("updated") or 0.0
+        return "live" if time.time() - updated < self.settings.stale_after_s else "stale"
+
+    def public(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """A store summary as the API shows it."""
+        out = {k: v for k, v in summary.items() if k != "end_status"}
+        out["status"] = self.status(summary)
+        return out
+
+    def run_changed(self, run_id: str, urgent: bool = False) -> None:
+        """Tell run-list viewers, at most about twice a second per run."""
+        if not self.hub.has_viewers(RUNS_CHANNEL) or run_id in self._summary_due:
+            return
+        self._summary_due.add(run_id)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.0 if urgent else 0.5, self._spawn_summary, run_id)
+
+    def _spawn_summary(self, run_id: str) -> None:
+        task = asyncio.ensure_future(self._publish_summary(run_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish_summary(self, run_id: str) -> None:
+        self._summary_due.discard(run_id)
+        try:
+            summary = await asyncio.to_thread(self.store.run_summary, run_id)
+        except Exception:
+            return
+        from gradwatch.protocol.codec import dumps
+
+        self.hub.publish(RUNS_CHANNEL, dumps({"type": "run", "run": self.public(summary)}))

@@ -1,0 +1,284 @@
+"""The storage interface, and the SQL both backends share.
+
+A store has one writer thread that owns the write connection. Ingest submits work
+(``submit_hello``, ``submit_batch``) and gets a ``concurrent.futures.Future``; the
+writer takes whatever is waiting, up to ``Settings.group_commit`` items, and writes
+it in ONE transaction ("group commit"), then resolves the futures. A future resolves
+only after its transaction committed, so an ``ack`` sent on it means "durable".
+Reads are plain methods, safe from any thread (one read connection per thread);
+the app calls them through ``asyncio.to_thread`` and ``gradwatch report`` directly.
+
+Deduplication: the ``batches`` table has the primary key ``(run_id, rank, seq)``; a
+batch whose key is already there is acknowledged and nothing else is written.
+
+Example (any backend; see :func:`gradwatch.server.store.open_store`):
+    >>> store = open_store(Settings(db=path))          # doctest: +SKIP
+    >>> store.submit_hello(hello).result()             # doctest: +SKIP
+    >>> store.submit_batch(batch).result()             # True: stored, False: a repeat
+    >>> store.list_runs()[0]["name"]                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any, ClassVar
+
+from ..settings import Settings
+from . import rows
+from .reads import Reads
+
+_STOP = object()
+
+
+class StoreError(RuntimeError):
+    """The database refused or lost a write; the batch was not acknowledged."""
+
+
+class Store(Reads, ABC):
+    """SQL storage shared by SQLite and PostgreSQL; subclasses supply connections."""
+
+    kind: ClassVar[str]
+    # SQL written with "?" placeholders; PostgreSQL swaps them for "%s".
+    placeholder: ClassVar[str] = "?"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._local = threading.local()
+        self._readers: list[Any] = []
+        self._readers_lock = threading.Lock()
+        self._closed = False
+        writer = self.connect()
+        self.create_schema(writer)
+        self._writer_conn = writer
+        self._thread = threading.Thread(
+            target=self._write_loop, name="gradwatch-store-writer", daemon=True
+        )
+        self._thread.start()
+
+    # ----- what a backend provides -------------------------------------------------
+    @abstractmethod
+    def connect(self) -> Any:
+        """A new DB-API connection (autocommit off)."""
+
+    @abstractmethod
+    def create_schema(self, conn: Any) -> None:
+        """Create tables and indexes if missing."""
+
+    @abstractmethod
+    def scalar_in(self, value: Any) -> Any:
+        """A protocol number as this backend stores it in a numeric column."""
+
+    def json_field(self, column: str, *keys: str) -> str:
+        """SQL for the value at ``keys`` in the JSON object in ``column`` (keys hold no quotes)."""
+        path = "".join(f'."{k}"' for k in keys)
+        return f"json_extract({column}, '${path}')"
+
+    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
+        marks = ", ".join("?" for _ in columns)
+        names = ", ".join(columns)
+        return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING"  # noqa: S608
+
+    def sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    # ----- writes ------------------------------------------------------------------
+    def submit_hello(self, hello: Any) -> Future[None]:
+        """Create the run (first hello of any rank) and record this rank's hello."""
+        return self._submit("hello", hello)
+
+    def submit_batch(self, batch: Any) -> Future[bool]:
+        """Store a validated batch once; the future says whether it was new."""
+        return self._submit("batch", batch)
+
+    def _submit(self, op: str, payload: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        if self._closed:
+            future.set_exception(StoreError("the store is closed"))
+            return future
+        self._queue.put((op, payload, future))
+        return future
+
+    def _write_loop(self) -> None:
+        conn = self._writer_conn
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                break
+            group = [item]
+            stop = False
+            while len(group) < self.settings.group_commit:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    stop = True
+                    break
+                group.append(more)
+            self._write_group(conn, group)
+            if stop:
+                break
+        conn.close()
+
+    def _write_group(self, conn: Any, group: list[Any]) -> None:
+        try:
+            results = [self._apply(conn, op, payload) for op, payload, _ in group]
+            conn.commit()
+        except Exception:
+            conn.rollback()
+            if len(group) == 1:
+                self._write_one(conn, group[0])
+                return
+            for item in group:
+                self._write_one(conn, item)
+            return
+        for (_, _, future), result in zip(group, results, strict=True):
+            future.set_result(result)
+
+    def _write_one(self, conn: Any, item: Any) -> None:
+        op, payload, future = item
+        try:
+            result = self._apply(conn, op, payload)
+            conn.commit()
+        except Exception as error:
+            with contextlib.suppress(Exception):  # a lost connection is reported below
+                conn.rollback()
+            future.set_exception(StoreError(f"{type(error).__name__}: {error}"))
+            return
+        future.set_result(result)
+
+    def _apply(self, conn: Any, op: str, payload: Any) -> Any:
+        cur = conn.cursor()
+        if op == "hello":
+            self._write_hello(cur, payload)
+            return None
+        return self._write_batch(cur, payload)
+
+    def _write_hello(self, cur: Any, hello: Any) -> None:
+        now = time.time()
+        model = hello.model
+        cur.execute(
+            self.sql(
+                "INSERT INTO runs (id, name, world_size, started, updated, host, recurrent,"
+                " modules) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (id) DO UPDATE SET updated = excluded.updated,"
+                " world_size = CASE WHEN excluded.world_size > runs.world_size"
+                " THEN excluded.world_size ELSE runs.world_size END"
+            ),
+            (
+                hello.run_id,
+                hello.run,
+                hello.world_size,
+                now,
+                now,
+                hello.host,
+                rows.dumps(list(model.recurrent)),
+                rows.dumps({mod.name: mod.type for mod in model.modules}),
+            ),
+        )
+        cur.execute(
+            self.sql(
+                "INSERT INTO ranks (run_id, rank, hello, connected_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (run_id, rank) DO UPDATE SET hello = excluded.hello,"
+                " connected_at = excluded.connected_at"
+            ),
+            (hello.run_id, hello.rank, hello.model_dump_json(), now),
+        )
+
+    def _write_batch(self, cur: Any, batch: Any) -> bool:
+        cur.execute(
+            self.sql(self.insert_ignore("batches", ("run_id", "rank", "seq", "stored_at"))),
+            (batch.run_id, batch.rank, batch.seq, time.time()),
+        )
+        if cur.rowcount == 0:
+            return False  # a repeat: acknowledged, not stored again
+        split = rows.split_batch(batch, self.scalar_in)
+        if split.steps:
+            cur.executemany(self.sql(rows.STEP_INSERT), split.steps)
+        if split.timesteps:
+            cur.executemany(self.sql(rows.TIMESTEP_INSERT), split.timesteps)
+        if split.epochs:
+            cur.executemany(self.sql(rows.EPOCH_INSERT), split.epochs)
+        if split.alerts:
+            cur.executemany(self.sql(rows.ALERT_INSERT), split.alerts)
+        if split.keys:
+            cur.executemany(
+                self.sql(self.insert_ignore("run_keys", ("run_id", "family", "key", "sub"))),
+                [(batch.run_id, *k) for k in sorted(split.keys)],
+            )
+        for status, step, t in split.ends:
+            cur.execute(
+                self.sql(
+                    "UPDATE ranks SET end_status = ?, end_step = ?, end_t = ?"
+                    " WHERE run_id = ? AND rank = ?"
+                ),
+                (status, step, self.scalar_in(t), batch.run_id, batch.rank),
+            )
+        cur.execute(
+            self.sql(
+                "UPDATE runs SET updated = ?,"
+                " last_step = CASE WHEN last_step IS NULL OR last_step < ?"
+                " THEN ? ELSE last_step END,"
+                " last_epoch = CASE WHEN last_epoch IS NULL OR last_epoch < ?"
+                " THEN ? ELSE last_epoch END,"
+                " alerts = alerts + ? WHERE id = ?"
+            ),
+            (
+                time.time(),
+                split.last_step,
+                split.last_step,
+                split.last_epoch,
+                split.last_epoch,
+                len(split.alerts),
+                batch.run_id,
+            ),
+        )
+        return True
+
+    # ----- reads -------------------------------------------------------------------
+    def reader(self) -> Any:
+        """This thread's read connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.connect()
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        conn = self.reader()
+        cur = conn.cursor()
+        try:
+            cur.execute(self.sql(text), tuple(params))
+            result = list(cur.fetchall())
+        finally:
+            # End the read transaction so the next query sees new commits.
+            conn.rollback()
+        return result
+
+    def close(self) -> None:
+        """Finish queued writes, then close every connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout=30)
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            with contextlib.suppress(Exception):  # best effort: a reader of another thread
+                conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,280 @@
+"""The history queries behind the REST API (and ``gradwatch report``).
+
+Every method is synchronous and safe from any thread; it answers plain JSON-able
+values with non-finite numbers as the protocol's strings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..downsample import minmax, pick_rows
+from . import rows
+
+_PARAM_FAMILIES = ("param_norms", "gate_norms", "profile")
+PROFILE_KEYS = ("forward_s", "backward_s", "calls")
+
+
+class RunNotFound(KeyError):
+    """No run has this id."""
+
+
+class Reads:
+    """Query methods; mixed into :class:`gradwatch.server.store.base.Store`."""
+
+    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def json_field(self, column: str, *keys: str) -> str:
+        raise NotImplementedError
+
+    # ----- runs --------------------------------------------------------------------
+    def list_runs(self) -> list[dict[str, Any]]:
+        """Every run's summary, newest first (``status`` is computed by the caller)."""
+        runs = self.query(
+            "SELECT id, name, world_size, started, updated, last_step, last_epoch, alerts,"
+            " host, recurrent FROM runs ORDER BY started DESC"
+        )
+        ranks: dict[str, list[tuple[Any, ...]]] = {}
+        for run_id, rank, end_status in self.query(
+            "SELECT run_id, rank, end_status FROM ranks ORDER BY run_id, rank"
+        ):
+            ranks.setdefault(run_id, []).append((rank, end_status))
+        return [self._summary(row, ranks.get(row[0], [])) for row in runs]
+
+    def run_summary(self, run_id: str) -> dict[str, Any]:
+        found = self.query(
+            "SELECT id, name, world_size, started, updated, last_step, last_epoch, alerts,"
+            " host, recurrent FROM runs WHERE id = ?",
+            (run_id,),
+        )
+        if not found:
+            raise RunNotFound(run_id)
+        ranks = self.query(
+            "SELECT rank, end_status FROM ranks WHERE run_id = ? ORDER BY rank", (run_id,)
+        )
+        return self._summary(found[0], [(r, s) for r, s in ranks])
+
+    @staticmethod
+    def _summary(row: tuple[Any, ...], ranks: list[tuple[Any, Any]]) -> dict[str, Any]:
+        run_id, name, world_size, started, updated, last_step, last_epoch, alerts, host, rec = row
+        ended = [s for _, s in ranks if s]
+        end_status = None
+        if ranks and "crashed" in ended:
+            end_status = "crashed"
+        elif ranks and len(ended) == len(ranks):
+            end_status = "finished"
+        return {
+            "id": run_id,
+            "name": name,
+            "ranks": [r for r, _ in ranks],
+            "world_size": int(world_size),
+            "started": started,
+            "updated": updated,
+            "last_step": last_step,
+            "last_epoch": last_epoch,
+            "end_status": end_status,
+            "alerts": int(alerts or 0),
+            "recurrent": json.loads(rec) if rec else [],
+            "host": host or "",
+        }
+
+    def run_detail(self, run_id: str) -> dict[str, Any]:
+        """The summary plus hellos, modules, and which series and parameters exist."""
+        summary = self.run_summary(run_id)
+        hellos = {
+            str(rank): json.loads(hello)
+            for rank, hello in self.query(
+                "SELECT rank, hello FROM ranks WHERE run_id = ? ORDER BY rank", (run_id,)
+            )
+        }
+        (modules_text,) = self.query("SELECT modules FROM runs WHERE id = ?", (run_id,))[0]
+        series: dict[str, list[str]] = {}
+        params: list[str] = []
+        gates: list[str] = []
+        profiled: list[str] = []
+        for family, key, sub in self.query(
+            "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
+            (run_id,),
+        ):
+            if family == "timesteps":
+                series.setdefault(key, []).append(sub)
+            elif family == "param_norms":
+                params.append(key)
+            elif family == "gate_norms":
+                if not gates or gates[-1] != key:
+                    gates.append(key)
+            elif family == "profile":
+                profiled.append(key)
+        summary.update(
+            hello=hellos,
+            modules=json.loads(modules_text) if modules_text else {},
+            series=series,
+            parameters=params,
+            gate_parameters=gates,
+            profiled_modules=profiled,
+        )
+        return summary
+
+    def scalar_fields(self, run_id: str) -> list[str]:
+        """Every scalar field name the steps endpoint can answer for this run."""
+        names = list(rows.SCALAR_FIELDS)
+        for family, key, sub in self.query(
+            "SELECT family, key, sub FROM run_keys WHERE run_id = ? AND family <> 'timesteps'"
+            " ORDER BY family, key, sub",
+            (run_id,),
+        ):
+            if family == "param_norms":
+                names.append(f"param_norms/{key}")
+            elif family == "gate_norms":
+                names.append(f"gate_norms/{key}/{sub}")
+            elif family == "profile":
+                names.extend(f"profile/{key}/{p}" for p in PROFILE_KEYS)
+        return names
+
+    # ----- series ------------------------------------------------------------------
+    def _field_sql(self, name: str) -> str:
+        """SQL of one scalar field; ValueError "expected ..., got ..." for a bad name."""
+        if name in rows.SCALAR_FIELDS:
+            return name
+        family, _, rest = name.partition("/")
+        if '"' in rest or "'" in rest or "\\" in rest:
+            raise ValueError(f"fields: expected names without quotes or backslashes, got {name!r}")
+        if family == "param_norms" and rest:
+            return self.json_field("param_norms", rest)
+        if family == "gate_norms" and "/" in rest:
+            param, _, gate = rest.rpartition("/")
+            return self.json_field("gate_norms", param, gate)
+        if family == "profile" and rest.rpartition("/")[2] in PROFILE_KEYS:
+            module, _, key = rest.rpartition("/")
+            return self.json_field("profile", module, key)
+        raise ValueError(
+            "fields: expected loss, duration_s, total_norm, graph_nodes, rss_bytes,"
+            " cuda_allocated_bytes, cuda_reserved_bytes, overhead, param_norms/<param>,"
+            " gate_norms/<param>/<gate> or profile/<module>/<forward_s|backward_s|calls>,"
+            f" got {name!r}"
+        )
+
+    def steps(
+        self,
+        run_id: str,
+        rank: int = 0,
+        start: int | None = None,
+        stop: int | None = None,
+        fields: Sequence[str] | None = None,
+        max_points: int = 2000,
+    ) -> dict[str, Any]:
+        """Downsampled scalar series of one rank (docs/API.md ``/steps``)."""
+        self.run_summary(run_id)  # 404 before any work
+        names = list(fields) if fields else self.scalar_fields(run_id)
+        columns = {name: self._field_sql(name) for name in names}
+        lo = 0 if start is None else start
+        hi = 2**62 if stop is None else stop
+        where = "run_id = ? AND rank = ? AND step >= ? AND step <= ?"
+        params = (run_id, rank, lo, hi)
+        ((total,),) = self.query(f"SELECT COUNT(*) FROM steps WHERE {where}", params)  # noqa: S608
+        out: dict[str, Any] = {}
+        downsampled = False
+        for name, sql in columns.items():
+            found = self.query(
+                f"SELECT step, {sql} FROM steps WHERE {where} AND {sql} IS NOT NULL ORDER BY step",  # noqa: S608
+                params,
+            )
+            steps_ = [r[0] for r in found]
+            values = [_number(r[1]) for r in found]
+            if len(steps_) > max_points:
+                downsampled = True
+            steps_, values = minmax(steps_, values, max_points)
+            out[name] = {"step": steps_, "value": values}
+        return {
+            "rank": rank,
+            "from": start,
+            "to": stop,
+            "total": int(total),
+            "downsampled": downsampled,
+            "fields": out,
+        }
+
+    def timesteps(
+        self,
+        run_id: str,
+        module: str,
+        series: str = "input",
+        rank: int = 0,
+        max_steps: int = 500,
+        start: int | None = None,
+        stop: int | None = None,
+    ) -> dict[str, Any]:
+        """The heatmap matrix of one module's series (docs/API.md ``/timesteps``)."""
+        self.run_summary(run_id)
+        lo = 0 if start is None else start
+        hi = 2**62 if stop is None else stop
+        where = "run_id = ? AND module = ? AND series = ? AND rank = ? AND step >= ? AND step <= ?"
+        params: tuple[Any, ...] = (run_id, module, series, rank, lo, hi)
+        all_steps = [
+            r[0]
+            for r in self.query(
+                f"SELECT DISTINCT step FROM timesteps WHERE {where} ORDER BY step",  # noqa: S608
+                params,
+            )
+        ]
+        chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
+        by_step: dict[int, list[Any]] = {}
+        for i in range(0, len(chosen), 500):
+            part = chosen[i : i + 500]
+            marks = ", ".join("?" for _ in part)
+            for step, data in self.query(
+                f"SELECT step, data FROM timesteps WHERE {where} AND step IN ({marks})",  # noqa: S608
+                (*params, *part),
+            ):
+                by_step[step] = [rows.scalar_out(v) for v in rows.unpack_series(bytes(data))]
+        values = [by_step[s] for s in chosen]
+        return {
+            "module": module,
+            "series": series,
+            "rank": rank,
+            "steps": chosen,
+            "total_steps": len(all_steps),
+            "values": values,
+            "max_timesteps": max((len(v) for v in values), default=0),
+        }
+
+    def epochs(self, run_id: str, rank: int = 0) -> list[dict[str, Any]]:
+        self.run_summary(run_id)
+        return [
+            json.loads(data)
+            for (data,) in self.query(
+                "SELECT data FROM epochs WHERE run_id = ? AND rank = ? ORDER BY epoch, step",
+                (run_id, rank),
+            )
+        ]
+
+    def alerts(self, run_id: str, rank: int | None = None) -> list[dict[str, Any]]:
+        self.run_summary(run_id)
+        sql = "SELECT rank, data FROM alerts WHERE run_id = ?"
+        params: tuple[Any, ...] = (run_id,)
+        if rank is not None:
+            sql += " AND rank = ?"
+            params = (run_id, rank)
+        out = []
+        for r, data in self.query(sql + " ORDER BY id", params):
+            record = json.loads(data)
+            record["rank"] = r
+            out.append(record)
+        return out
+
+
+def _number(value: Any) -> Any:
+    """A column value as the protocol writes it (JSON text from json paths included)."""
+    if isinstance(value, str):
+        if value in ("NaN", "Infinity", "-Infinity"):
+            return value
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return value
+    if isinstance(value, bool):
+        return int(value)
+    return rows.scalar_out(value)

@@ -1,0 +1,250 @@
+"""Validated records as table rows, and the tables themselves.
+
+Scalars go to their own columns (so the history API reads one column per series);
+dicts of names (``param_norms``, ``gate_norms``, ``profile``, ``nonfinite``) go to
+JSON text; each per-timestep series goes to its own row of ``timesteps`` as packed
+little-endian float64 (an ``array('d')`` blob): re-encoding 128 floats as JSON text
+cost ~10x more than packing them, and the heatmap reads one module's series without
+touching the others. NaN and infinities survive in the blob and in PostgreSQL's
+``double precision``; in SQLite the numeric columns carry no type affinity, so the
+strings ``"NaN"``/``"Infinity"`` are kept as they came.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradwatch.protocol.messages import NONFINITE_STRINGS
+
+# Numeric scalar columns of `steps`, in protocol names (docs/PROTOCOL.md).
+NUMBER_FIELDS = ("t", "duration_s", "loss", "total_norm", "overhead")
+INTEGER_FIELDS = ("graph_nodes", "rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes")
+JSON_FIELDS = ("param_norms", "gate_norms", "profile", "nonfinite")
+SCALAR_FIELDS = (
+    "loss",
+    "duration_s",
+    "total_norm",
+    "graph_nodes",
+    "rss_bytes",
+    "cuda_allocated_bytes",
+    "cuda_reserved_bytes",
+    "overhead",
+)
+_KNOWN_STEP = {
+    "kind",
+    "step",
+    "epoch",
+    "timesteps",
+    "graph_truncated",
+    *NUMBER_FIELDS,
+    *INTEGER_FIELDS,
+    *JSON_FIELDS,
+}
+
+STEP_COLUMNS = (
+    "run_id",
+    "rank",
+    "step",
+    "epoch",
+    *NUMBER_FIELDS,
+    *INTEGER_FIELDS,
+    "graph_truncated",
+    *JSON_FIELDS,
+    "extra",
+)
+STEP_INSERT = (
+    f"INSERT INTO steps ({', '.join(STEP_COLUMNS)})"  # noqa: S608
+    f" VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
+)
+TIMESTEP_INSERT = (
+    "INSERT INTO timesteps (run_id, rank, step, module, series, n, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+EPOCH_INSERT = (
+    "INSERT INTO epochs (run_id, rank, epoch, step, t, duration_s, steps, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+ALERT_INSERT = (
+    "INSERT INTO alerts (run_id, rank, step, code, severity, state, subject, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def schema(number: str, integer: str, blob: str, serial: str) -> list[str]:
+    """CREATE statements for one dialect's column types."""
+    step_cols = ", ".join(
+        [
+            "run_id TEXT NOT NULL",
+            f"rank {integer} NOT NULL",
+            f"step {integer} NOT NULL",
+            f"epoch {integer}",
+            *(f"{c} {number}" for c in NUMBER_FIELDS),
+            *(f"{c} {integer}" for c in INTEGER_FIELDS),
+            f"graph_truncated {integer}",
+            *(f"{c} TEXT" for c in JSON_FIELDS),
+            "extra TEXT",
+        ]
+    )
+    return [
+        "CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, name TEXT NOT NULL,"
+        f" world_size {integer} NOT NULL, started {number}, updated {number},"
+        f" last_step {integer}, last_epoch {integer}, alerts {integer} NOT NULL DEFAULT 0,"
+        " host TEXT, recurrent TEXT, modules TEXT)",
+        f"CREATE TABLE IF NOT EXISTS ranks (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
+        f" hello TEXT NOT NULL, connected_at {number}, end_status TEXT, end_step {integer},"
+        f" end_t {number}, PRIMARY KEY (run_id, rank))",
+        f"CREATE TABLE IF NOT EXISTS batches (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
+        f" seq {integer} NOT NULL, stored_at {number}, PRIMARY KEY (run_id, rank, seq))",
+        f"CREATE TABLE IF NOT EXISTS steps ({step_cols})",
+        "CREATE INDEX IF NOT EXISTS steps_run_rank_step ON steps (run_id, rank, step)",
+        f"CREATE TABLE IF NOT EXISTS timesteps (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
+        f" step {integer} NOT NULL, module TEXT NOT NULL, series TEXT NOT NULL, n {integer},"
+        f" data {blob})",
+        "CREATE INDEX IF NOT EXISTS timesteps_lookup"
+        " ON timesteps (run_id, module, series, rank, step)",
+        f"CREATE TABLE IF NOT EXISTS epochs (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
+        f" epoch {integer}, step {integer}, t {number}, duration_s {number}, steps {integer},"
+        " data TEXT)",
+        "CREATE INDEX IF NOT EXISTS epochs_run_rank ON epochs (run_id, rank, epoch)",
+        f"CREATE TABLE IF NOT EXISTS alerts (id {serial}, run_id TEXT NOT NULL,"
+        f" rank {integer} NOT NULL, step {integer}, code TEXT, severity TEXT, state TEXT,"
+        " subject TEXT, data TEXT)",
+        "CREATE INDEX IF NOT EXISTS alerts_run ON alerts (run_id, id)",
+        "CREATE TABLE IF NOT EXISTS run_keys (run_id TEXT NOT NULL, family TEXT NOT NULL,"
+        " key TEXT NOT NULL, sub TEXT NOT NULL, PRIMARY KEY (run_id, family, key, sub))",
+    ]
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON of stored values (non-finite numbers are already strings)."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+_LITTLE = sys.byteorder == "little"
+
+
+def pack_series(values: list[Any]) -> bytes:
+    """Float64 little-endian bytes; non-finite strings become NaN/inf floats."""
+    try:
+        packed = array("d", values)
+    except TypeError:
+        packed = array("d", [NONFINITE_STRINGS[v] if isinstance(v, str) else v for v in values])
+    if not _LITTLE:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_series(data: bytes) -> list[float]:
+    values = array("d")
+    values.frombytes(data)
+    if not _LITTLE:
+        values.byteswap()
+    return values.tolist()
+
+
+@dataclass
+class SplitBatch:
+    steps: list[tuple[Any, ...]] = field(default_factory=list)
+    timesteps: list[tuple[Any, ...]] = field(default_factory=list)
+    epochs: list[tuple[Any, ...]] = field(default_factory=list)
+    alerts: list[tuple[Any, ...]] = field(default_factory=list)
+    ends: list[tuple[str, int | None, Any]] = field(default_factory=list)
+    keys: set[tuple[str, str, str]] = field(default_factory=set)
+    last_step: int | None = None
+    last_epoch: int | None = None
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else dumps(value)
+
+
+def split_batch(batch: Any, scalar: Callable[[Any], Any]) -> SplitBatch:
+    """Rows of every table for one validated batch."""
+    out = SplitBatch()
+    run_id, rank = batch.run_id, batch.rank
+    last_step = -1
+    last_epoch = -1
+    for record in batch.records:
+        kind = record.kind
+        if kind == "step":
+            step = record.step
+            last_step = max(last_step, step)
+            last_epoch = max(last_epoch, record.epoch)
+            d = record.__dict__
+            extra = record.__pydantic_extra__
+            row = [run_id, rank, step, record.epoch]
+            row.extend(scalar(d[f]) for f in NUMBER_FIELDS)
+            row.extend(d[f] for f in INTEGER_FIELDS)
+            row.append(None if record.graph_truncated is None else int(record.graph_truncated))
+            row.append(_json_or_none(record.param_norms))
+            row.append(_json_or_none(record.gate_norms))
+            row.append(
+                None
+                if record.profile is None
+                else dumps({k: v.model_dump(exclude_unset=True) for k, v in record.profile.items()})
+            )
+            row.append(_json_or_none(record.nonfinite))
+            row.append(dumps(extra) if extra else None)
+            out.steps.append(tuple(row))
+            if record.timesteps:
+                for module, series_map in record.timesteps.items():
+                    for series, values in series_map.items():
+                        out.timesteps.append(
+                            (run_id, rank, step, module, series, len(values), pack_series(values))
+                        )
+                        out.keys.add(("timesteps", module, series))
+            if record.param_norms:
+                out.keys.update(("param_norms", p, "") for p in record.param_norms)
+            if record.gate_norms:
+                for p, gates in record.gate_norms.items():
+                    out.keys.update(("gate_norms", p, g) for g in gates)
+            if record.profile:
+                out.keys.update(("profile", mod, "") for mod in record.profile)
+        elif kind == "epoch":
+            last_epoch = max(last_epoch, record.epoch)
+            if record.step is not None:
+                last_step = max(last_step, record.step)
+            out.epochs.append(
+                (
+                    run_id,
+                    rank,
+                    record.epoch,
+                    record.step,
+                    scalar(record.t),
+                    scalar(record.duration_s),
+                    record.steps,
+                    record.model_dump_json(),
+                )
+            )
+        elif kind == "alert":
+            out.alerts.append(
+                (
+                    run_id,
+                    rank,
+                    record.step,
+                    record.code,
+                    record.severity,
+                    record.state,
+                    record.subject,
+                    record.model_dump_json(exclude_unset=True),
+                )
+            )
+        else:  # end
+            out.ends.append((record.status, record.step, record.t))
+    out.last_step = last_step if last_step >= 0 else None
+    out.last_epoch = last_epoch if last_epoch >= 0 else None
+    return out
+
+
+def scalar_out(value: Any) -> Any:
+    """A stored number as the protocol writes it: non-finite floats become strings."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        if value != value:
+            return "NaN"
+        return "Infinity" if value > 0 else "-Infinity"
+    return value

@@ -1,0 +1,69 @@
+"""``WS /ws/live``: viewers receive what is stored, as it is stored.
+
+``?run=<id>`` subscribes to one run's records; no ``run`` subscribes to the run
+list (``{"type": "run", "run": <summary>}`` on every change). The send half drains
+the viewer's bounded queue (see :mod:`gradwatch.server.live`); the receive half
+notices a closed browser at once, so its queue is released without waiting for a
+send to fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from gradwatch.protocol import messages as m
+from gradwatch.protocol.codec import dumps
+
+from .ingest import reject, websocket_problem
+from .live import RUNS_CHANNEL, Viewer
+from .state import AppState
+
+
+async def _send_loop(ws: WebSocket, viewer: Viewer) -> None:
+    while True:
+        await ws.send_text(await viewer.next())
+
+
+async def _receive_loop(ws: WebSocket) -> None:
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+
+
+async def live_endpoint(ws: WebSocket) -> None:
+    """The ``/ws/live`` handler."""
+    state: AppState = ws.app.state.gradwatch
+    await ws.accept()
+    problem = websocket_problem(ws, state, write=False)
+    if problem is not None:
+        await reject(ws, m.CLOSE_POLICY, problem)
+        return
+    run_id = ws.query_params.get("run") or None
+    if run_id is not None and len(run_id) > m.MAX_NAME_CHARS:
+        await reject(
+            ws, m.CLOSE_INVALID_DATA, f"run: expected at most {m.MAX_NAME_CHARS} characters"
+        )
+        return
+    viewer = state.hub.subscribe(run_id if run_id is not None else RUNS_CHANNEL)
+    try:
+        await ws.send_text(dumps({"type": "subscribed", "run_id": run_id}))
+        tasks = [
+            asyncio.create_task(_send_loop(ws, viewer)),
+            asyncio.create_task(_receive_loop(ws)),
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, Exception):
+                    await task
+    except WebSocketDisconnect:
+        pass
+    finally:
+        state.hub.unsubscribe(viewer)

@@ -18,3 +18,8 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
         "(for example `pip install torch`), then `pip install gradwatch`. "
         "The server alone needs no torch: `pip install 'gradwatch[server]'`."
     ) from e
+
+from .monitor import Monitor, watch
+from .warn import GradwatchWarning
+
+__all__ = ["GradwatchWarning", "Monitor", "watch"]

@@ -17,7 +17,10 @@ Life cycle, driven by the Monitor:
    not synchronise with the device (no ``.item()``, ``.tolist()``, ``.cpu()``): the
    Monitor moves every tensor leaf to the host in one non-blocking copy.
 4. ``encode(payload)`` on the background thread, with every tensor leaf now a host
-   tensor: returns the record fields (JSON-able: floats, ints, lists, dicts).
+   tensor (same shape and dtype): returns the record fields (JSON-able: floats, ints,
+   lists, dicts). Two keys are merged rather than copied: ``nonfinite`` dicts of all
+   quantities are deep-merged, and an ``alerts`` list holds alert records
+   (docs/PROTOCOL.md) that the Monitor sends right after the step record.
 5. ``detach()`` from ``monitor.remove()``: remove every hook; idempotent.
 """
 
@@ -49,6 +52,10 @@ class Quantity:
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []
         self.capturing = False
+        #: seconds this quantity's hooks spent on the training thread since the Monitor
+        #: last read it; hooks may add to it (``time.perf_counter()`` deltas) and the
+        #: Monitor sums it into the step's ``overhead`` and resets it.
+        self.cost_s = 0.0
 
     def attach(self, model: torch.nn.Module) -> None:
         """Register this quantity's hooks on ``model`` (keep them in ``self._handles``)."""

@@ -1,0 +1,88 @@
+"""Who is reporting: the ``hello`` message, run id, rank, default spool path.
+
+- ``run_id``: ``run_id=`` if given, else the environment variable
+  ``GRADWATCH_RUN_ID`` (set it to the same value on every rank of a distributed run
+  so their records join one run), else a fresh UUID4.
+- ``rank``/``world_size``: from ``torch.distributed`` when it is initialised, else the
+  ``RANK``/``WORLD_SIZE`` environment variables (torchrun sets them), else 0 and 1.
+- Default spool path (``server=None`` and no ``spool=``):
+  ``./gradwatch-<run>-<first 8 of run_id>-rank<rank>.jsonl``, so two runs of the same
+  name never write into one file.
+
+Example:
+    >>> import torch
+    >>> hello = make_hello(torch.nn.Linear(2, 1), run="demo", run_id="r1", config={})
+    >>> hello["type"], hello["run"], hello["model"]["parameters"]
+    ('hello', 'demo', 3)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import uuid
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradwatch.protocol.messages import MAX_NAME_CHARS, PROTOCOL_VERSION
+
+
+def run_identity(run_id: str | None) -> str:
+    """The run id: the argument, else ``$GRADWATCH_RUN_ID``, else a new UUID4."""
+    if run_id is not None:
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError(f"expected run_id= to be a non-empty string, got {run_id!r}")
+        return run_id
+    return os.environ.get("GRADWATCH_RUN_ID") or str(uuid.uuid4())
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of ranks."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+
+
+def default_spool_path(run: str, run_id: str, rank: int) -> str:
+    """``gradwatch-<run>-<run_id[:8]>-rank<rank>.jsonl`` in the working directory."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run).strip("._") or "run"
+    return os.path.join(os.getcwd(), f"gradwatch-{safe[:64]}-{run_id[:8]}-rank{rank}.jsonl")
+
+
+def make_hello(
+    model: nn.Module,
+    run: str,
+    run_id: str,
+    config: dict[str, Any],
+    recurrent: list[str] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, Any]:
+    """The ``hello`` message of docs/PROTOCOL.md for ``model``."""
+    modules = [
+        {"name": (name or type(module).__name__)[:MAX_NAME_CHARS], "type": type(module).__name__}
+        for name, module in model.named_modules()
+    ]
+    return {
+        "type": "hello",
+        "protocol": PROTOCOL_VERSION,
+        "run_id": run_id,
+        "run": run,
+        "rank": rank,
+        "world_size": world_size,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "model": {
+            "modules": modules,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "recurrent": list(recurrent or []),
+        },
+        "config": config,
+    }

@@ -1,0 +1,261 @@
+"""The background thread: host copies, encoding, diagnoses, batching, the sink.
+
+The training thread only ever calls :meth:`Pipeline.put`, which never blocks: when
+the bounded queue is full (the thread cannot keep up) the item is dropped and that
+is warned about once. Everything else happens here, off the training thread: wait
+for a step's host copy, let each quantity encode its part, merge the parts into one
+step record, run the diagnoses, and hand batches to the sink.
+
+Batching: records collect for at most ``flush_interval`` seconds (or ``max_batch``
+records, or about ``max_bytes`` of JSON) before one ``sink.send``, so a slow step
+rate gives low latency and a fast one few, larger batches.
+
+Example:
+    >>> from gradwatch.protocol.sink import SpoolSink
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "run.jsonl")
+    >>> sink = SpoolSink(path, {"type": "hello", "run_id": "r", "rank": 0})
+    >>> p = Pipeline(sink, quantities=[])
+    >>> p.put(Item({"kind": "epoch", "epoch": 0}))
+    True
+    >>> p.close(timeout=5)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gradwatch.protocol.codec import dumps
+from gradwatch.protocol.messages import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH
+from gradwatch.protocol.sink import Sink
+
+from .quantities.base import Quantity
+from .transfer import Packed
+from .warn import WarnOnce
+
+
+@dataclass
+class Item:
+    """One record to finish on the background thread.
+
+    ``record`` holds the fields known on the training thread; ``packed`` the step's
+    payloads (``{quantity name: payload}``) on their way to the host.
+    """
+
+    record: dict[str, Any]
+    packed: Packed | None = None
+
+
+@dataclass
+class _Flush:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_STOP = object()
+
+
+def merge_fields(
+    record: dict[str, Any], fields: dict[str, Any], alerts: list[dict[str, Any]]
+) -> None:
+    """Add one quantity's fields to ``record``: ``nonfinite`` deep-merged, ``alerts`` collected."""
+    for key, value in fields.items():
+        if key == "alerts":
+            alerts.extend(value)
+        elif key == "nonfinite":
+            _deep_merge(record.setdefault("nonfinite", {}), value)
+        else:
+            record[key] = value
+
+
+def _deep_merge(into: dict[str, Any], more: dict[str, Any]) -> None:
+    for key, value in more.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        elif isinstance(value, list) and isinstance(into.get(key), list):
+            into[key] = into[key] + [v for v in value if v not in into[key]]
+        else:
+            into[key] = value
+
+
+def _plain(value: Any) -> Any:
+    """A host tensor left in a record becomes a number or a list."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.dim() == 0 else value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class Pipeline:
+    """A bounded queue and one daemon thread that turns items into sent batches."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        quantities: Sequence[Quantity],
+        diagnoser: Any = None,
+        once: WarnOnce | None = None,
+        maxsize: int = 4096,
+        flush_interval: float = 0.02,
+        max_batch: int = 1000,
+        max_bytes: int = MAX_MESSAGE_BYTES // 2,
+    ) -> None:
+        self.sink = sink
+        self.quantities = list(quantities)
+        self.diagnoser = diagnoser
+        self.once = once or WarnOnce()
+        self.flush_interval = flush_interval
+        self.max_batch = min(max_batch, MAX_RECORDS_PER_BATCH)
+        self.max_bytes = max_bytes
+        self.dropped = 0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize)
+        self._closed = False
+        self._last: dict[str, Any] | None = None
+        self._thread = threading.Thread(target=self._run, name="gradwatch-pipeline", daemon=True)
+        self._thread.start()
+
+    def put(self, item: Item) -> bool:
+        """Queue one item; never blocks. False when dropped (queue full or closed)."""
+        if self._closed:
+            return False
+        try:
+            self._queue.put_nowait(item)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            self.once.warn(
+                "queue_full",
+                "gradwatch: the record queue is full (the background thread cannot keep "
+                "up); records are dropped until it catches up",
+            )
+            return False
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued so far has been handed to the sink."""
+        if self._closed or not self._thread.is_alive():
+            return False
+        marker = _Flush()
+        try:
+            self._queue.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        return marker.done.wait(timeout)
+
+    def close(self, timeout: float | None = None, last: dict[str, Any] | None = None) -> bool:
+        """Finish queued items, run the diagnoses' last word, send ``last``, close the sink.
+
+        True when every queued item was handled within ``timeout``.
+        """
+        if self._closed:
+            return True
+        self._closed = True
+        self._last = last
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with contextlib.suppress(queue.Full):
+            self._queue.put(_STOP, timeout=timeout)
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        finished = not self._thread.is_alive()
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            self.sink.close(remaining)
+        except Exception as e:
+            self.once.warn("sink_close", f"gradwatch: closing the sink failed: {e}")
+        return finished
+
+    # -- background thread ------------------------------------------------------
+
+    def _run(self) -> None:
+        batch: list[dict[str, Any]] = []
+        size = 0
+        opened = 0.0
+        while True:
+            wait = None if not batch else max(0.0, opened + self.flush_interval - time.monotonic())
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                batch, size = self._send(batch), 0
+                continue
+            if item is _STOP:
+                batch.extend(self._finish_diagnoses())
+                if self._last is not None:
+                    batch.append(self._last)
+                self._send(batch)
+                return
+            if isinstance(item, _Flush):
+                batch, size = self._send(batch), 0
+                item.done.set()
+                continue
+            for record in self._records(item):
+                n = self._size(record)
+                if batch and (len(batch) >= self.max_batch or size + n > self.max_bytes):
+                    batch, size = self._send(batch), 0
+                if not batch:
+                    opened = time.monotonic()
+                batch.append(record)
+                size += n
+
+    def _size(self, record: dict[str, Any]) -> int:
+        try:
+            return len(dumps(record))
+        except Exception:
+            return 0
+
+    def _send(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if batch:
+            try:
+                self.sink.send(batch)
+            except Exception as e:
+                self.once.warn("sink_send", f"gradwatch: the sink failed; records lost: {e}")
+        return []
+
+    def _records(self, item: Item) -> list[dict[str, Any]]:
+        record = dict(item.record)
+        alerts: list[dict[str, Any]] = []
+        if item.packed is not None:
+            try:
+                payloads = item.packed.unpack()
+            except Exception as e:
+                self.once.warn("host_copy", f"gradwatch: copying a step to the host failed: {e}")
+                payloads = {}
+            own = payloads.pop("_monitor", {})
+            record.update(_plain(own))
+            for q in self.quantities:
+                payload = payloads.get(q.name)
+                if not payload:
+                    continue
+                try:
+                    merge_fields(record, _plain(q.encode(payload)), alerts)
+                except Exception as e:
+                    self.once.warn(
+                        f"encode:{q.name}",
+                        f"gradwatch: encoding {q.name} failed and is left out: "
+                        f"{type(e).__name__}: {e}",
+                    )
+        out = [record, *alerts]
+        if self.diagnoser is not None:
+            for r in list(out):
+                try:
+                    out.extend(self.diagnoser.observe(r))
+                except Exception as e:
+                    self.once.warn("diagnoses", f"gradwatch: a diagnosis failed: {e}")
+        return out
+
+    def _finish_diagnoses(self) -> list[dict[str, Any]]:
+        if self.diagnoser is None:
+            return []
+        try:
+            return list(self.diagnoser.finish())
+        except Exception as e:
+            self.once.warn("diagnoses", f"gradwatch: a diagnosis failed: {e}")
+            return []

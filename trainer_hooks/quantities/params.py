@@ -1,0 +1,185 @@
+"""Per-parameter and per-gate gradient norms, the total norm, non-finite parameters.
+
+The norms are taken at the end of every backward pass of a heavy step (an autograd
+callback queued by a hook on the parameters), so they are the raw gradients as
+backward left them: before any clipping, before an optimizer or ``GradScaler.step``
+touches them, and, with gradient accumulation, summed over every backward of the
+step (the last callback wins). One ``torch._foreach_norm`` in float64 per device
+covers every parameter and every gate chunk; nothing reaches the host here.
+
+With ``scaler=`` (a ``torch.amp.GradScaler``), the norms are divided by the
+scaler's scale tensor on the device (no ``.item()``), so they are the unscaled
+gradient norms whatever the scale was.
+
+Example:
+    >>> import torch
+    >>> lstm = torch.nn.LSTM(2, 3)
+    >>> q = ParamNorms(); q.attach(lstm); q.start_step(True)
+    >>> lstm(torch.randn(5, 1, 2))[0].sum().backward()
+    >>> record = q.encode(q.finish_step(None))
+    >>> sorted(record["gate_norms"]["weight_ih_l0"])
+    ['f', 'g', 'i', 'o']
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd import Variable
+from torch.autograd.graph import register_multi_grad_hook
+
+from gradwatch.protocol.messages import GRU_GATES, LSTM_GATES
+
+from .base import Quantity
+
+_GATED_PREFIXES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+
+
+def gate_names(module: nn.Module) -> tuple[str, ...]:
+    """The gate names of a recurrent module's packed weights, or ``()``."""
+    if isinstance(module, (nn.LSTM, nn.LSTMCell)):
+        return LSTM_GATES
+    if isinstance(module, (nn.GRU, nn.GRUCell)):
+        return GRU_GATES
+    return ()
+
+
+class ParamNorms(Quantity):
+    """Fills ``param_norms``, ``gate_norms``, ``total_norm`` and ``nonfinite.parameters``.
+
+    ``total_norm`` is the L2 norm over every gradient (the norm of the per-parameter
+    norms). ``nonfinite.parameters`` lists, in ``named_parameters()`` order, the
+    parameters whose gradient holds a NaN or infinity.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 1)
+        >>> q = ParamNorms(); q.attach(model); q.start_step(True)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> q.encode(q.finish_step(None))["param_norms"]["bias"]
+        1.0
+    """
+
+    name = "param_norms"
+    heavy = True
+
+    def __init__(self, scaler: Any = None) -> None:
+        super().__init__()
+        self.scaler = scaler
+        self._names: list[str] = []
+        self._params: list[nn.Parameter] = []
+        # (index into self._params, gate names) for every packed recurrent weight
+        self._gated: list[tuple[int, tuple[str, ...]]] = []
+        self._pending: dict[str, Any] | None = None
+
+    def attach(self, model: nn.Module) -> None:
+        index: dict[int, int] = {}
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                index[id(p)] = len(self._params)
+                self._names.append(name)
+                self._params.append(p)
+        for _, module in model.named_modules():
+            gates = gate_names(module)
+            if not gates:
+                continue
+            for local, p in module.named_parameters(recurse=False):
+                if local.startswith(_GATED_PREFIXES) and id(p) in index:
+                    self._gated.append((index[id(p)], gates))
+        if self._params:
+            self._handles.append(
+                register_multi_grad_hook(self._params, self._on_first_grad, mode="any")
+            )
+
+    def _on_first_grad(self, grad: torch.Tensor) -> None:
+        # Runs once per backward pass; the norms are taken when the pass has finished.
+        if self.capturing:
+            Variable._execution_engine.queue_callback(self._capture)
+
+    def _capture(self) -> None:
+        started = time.perf_counter()
+        try:
+            with torch.no_grad():
+                self._pending = self._norms()
+        except Exception as e:  # never into the training loop
+            self._pending = {"error": f"{type(e).__name__}: {e}"}
+        self.cost_s += time.perf_counter() - started
+
+    def _norms(self) -> dict[str, Any]:
+        grads = [p.grad for p in self._params]
+        # per device: parameter slots, tensors to norm, and (slot, gate count) of the
+        # gate chunks that follow the parameters in that device's tensor list
+        groups: dict[torch.device, tuple[list[int], list[torch.Tensor], list[tuple[int, int]]]]
+        groups = {}
+        for i, g in enumerate(grads):
+            if g is not None:
+                slots, tensors, _ = groups.setdefault(g.device, ([], [], []))
+                slots.append(i)
+                tensors.append(g.detach())
+        for i, gates in self._gated:
+            g = grads[i]
+            if g is not None and g.shape[0] % len(gates) == 0:
+                _, tensors, gated = groups[g.device]
+                tensors.extend(g.detach().chunk(len(gates), dim=0))
+                gated.append((i, len(gates)))
+        scale = self._scale()
+        norms: list[torch.Tensor] = []
+        for device, (_, tensors, _) in groups.items():
+            vec = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))
+            if scale is not None:
+                vec = vec / scale.to(device=device, dtype=torch.float64, non_blocking=True)
+            norms.append(vec)
+        return {
+            "norms": norms,
+            "slots": [slots for slots, _, _ in groups.values()],
+            "gated": [gated for _, _, gated in groups.values()],
+        }
+
+    def _scale(self) -> torch.Tensor | None:
+        scaler = self.scaler
+        if scaler is None or not scaler.is_enabled():
+            return None
+        scale = getattr(scaler, "_scale", None)
+        return scale.detach() if isinstance(scale, torch.Tensor) else None
+
+    def start_step(self, capture: bool) -> None:
+        super().start_step(capture)
+        self._pending = None
+
+    def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
+        pending, self._pending = self._pending, None
+        return pending or {}
+
+    def encode(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if not payload:
+            return {}
+        if "error" in payload:
+            raise RuntimeError(payload["error"])
+        param_norms: dict[str, float] = {}
+        gate_norms: dict[str, dict[str, float]] = {}
+        gates_of = dict(self._gated)
+        for vec, slots, gated in zip(
+            payload["norms"], payload["slots"], payload["gated"], strict=True
+        ):
+            values = vec.tolist()
+            for slot, value in zip(slots, values, strict=False):
+                param_norms[self._names[slot]] = value
+            position = len(slots)
+            for i, count in gated:
+                chunk = values[position : position + count]
+                gate_norms[self._names[i]] = dict(zip(gates_of[i], chunk, strict=True))
+                position += count
+        fields: dict[str, Any] = {
+            "param_norms": param_norms,
+            "gate_norms": gate_norms,
+            "total_norm": math.sqrt(math.fsum(v * v for v in param_norms.values())),
+        }
+        bad = [name for name in self._names if name in param_norms
+               and not math.isfinite(param_norms[name])]
+        if bad:
+            fields["nonfinite"] = {"parameters": bad}
+        return fields

@@ -1,0 +1,315 @@
+"""The direct check for graph growth: state or losses kept attached across steps.
+
+Two quantities, both cheap and active on every step:
+
+- :class:`StaleState`: a forward pre-hook on every recurrent module (``nn.LSTM``,
+  ``nn.GRU``, ``nn.RNN``, the ``*Cell`` classes and the cells named with ``cells=``)
+  checks whether an incoming tensor (the hidden state, typically) was produced in an
+  earlier training step and is still attached to that step's autograd graph. That is
+  the bug behind "every epoch is slower than the last": each backward walks every
+  earlier step again. It emits one ``graph_growth`` alert naming the module and the fix.
+- :class:`LossRetention`: catches graphs kept alive by the losses themselves
+  (``total += loss``, ``losses.append(loss)``): when the loss node of two steps ago is
+  still alive, something holds it.
+
+How a node's step is known without tagging every output: autograd numbers its nodes
+in creation order (``grad_fn._sequence_nr()``, per thread). At the start of each step
+we read the next number from a one-element probe; a node numbered below that mark was
+built in an earlier step. The check reads the incoming tensor's ``grad_fn`` on every
+call and, on a module's first call in a step, walks at most ``WALK_LIMIT`` nodes
+upstream (the state may have passed through a few ops since it was produced).
+
+Example:
+    >>> import torch
+    >>> rnn = torch.nn.RNN(2, 3)
+    >>> q = StaleState(); q.attach(rnn)
+    >>> q.start_step(True); _, h = rnn(torch.randn(4, 1, 2))
+    >>> q.start_step(True); _ = rnn(torch.randn(4, 1, 2), h)   # h from the last step
+    >>> q.finish_step(None)["alerts"][0]["subject"]
+    'RNN'
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .base import Quantity
+
+#: nodes walked upstream of an incoming tensor on a module's first call in a step
+WALK_LIMIT = 32
+#: a node whose sequence number is this large is a leaf (AccumulateGrad), not an op
+_LEAF_SEQUENCE = 2**63
+
+CellSpec = nn.Module | str | type
+
+
+def find_recurrent(
+    model: nn.Module, cells: Sequence[CellSpec] | None = None
+) -> list[tuple[str, nn.Module]]:
+    """The recurrent modules of ``model``: fused layers, ``*Cell`` classes, named cells.
+
+    ``cells`` items are modules, names as in ``named_modules()``, or classes; one that
+    matches nothing raises ``ValueError``.
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.LSTM(2, 3), torch.nn.Linear(3, 1))
+        >>> [name for name, _ in find_recurrent(model)]
+        ['0']
+    """
+    named = list(model.named_modules())
+    chosen: dict[int, tuple[str, nn.Module]] = {}
+    for name, module in named:
+        if isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
+            chosen[id(module)] = (name, module)
+    for spec in cells or ():
+        hits = [
+            (name, module)
+            for name, module in named
+            if module is spec
+            or (isinstance(spec, str) and name == spec)
+            or (isinstance(spec, type) and isinstance(module, spec))
+        ]
+        if not hits:
+            listing = ", ".join(repr(name) for name, _ in named[1:21])
+            raise ValueError(
+                f"expected a module, name or class in the model, got {spec!r}; "
+                f"modules: {listing}"
+            )
+        for name, module in hits:
+            chosen[id(module)] = (name, module)
+    order = {id(module): i for i, (_, module) in enumerate(named)}
+    return sorted(chosen.values(), key=lambda item: order[id(item[1])])
+
+
+def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 3 and isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item, depth + 1)
+    elif depth < 3 and isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item, depth + 1)
+
+
+class _StepMarks:
+    """Maps autograd sequence numbers to the training step that created the node."""
+
+    def __init__(self) -> None:
+        self._probe = torch.zeros((), requires_grad=True)
+        self.marks: list[int] = []  # sequence number at the start of step i
+        self.steps: list[int] = []
+
+    def start(self, step: int) -> int | None:
+        with torch.enable_grad():
+            node = self._probe.view_as(self._probe).grad_fn
+        if node is None:  # inference mode: no numbering, keep the last mark
+            return self.marks[-1] if self.marks else None
+        mark = int(node._sequence_nr())
+        self.marks.append(mark)
+        self.steps.append(step)
+        if len(self.marks) > 4096:
+            del self.marks[:2048], self.steps[:2048]
+        return mark
+
+    def step_of(self, sequence: int) -> int:
+        """The step during which the node numbered ``sequence`` was built (-1: before)."""
+        i = bisect.bisect_right(self.marks, sequence) - 1
+        return self.steps[i] if i >= 0 else -1
+
+
+class StaleState(Quantity):
+    """Alerts ``graph_growth`` when a recurrent module gets state from an earlier step.
+
+    Example: see the module docstring.
+    """
+
+    name = "stale_state"
+    heavy = False
+
+    def __init__(self, cells: Sequence[CellSpec] | None = None) -> None:
+        super().__init__()
+        self.cells = cells
+        self.step = -1
+        self._mark: int | None = None
+        self._marks = _StepMarks()
+        self._thread = threading.get_ident()
+        self._names: dict[int, str] = {}
+        self._seen_this_step: set[int] = set()
+        self._alerted: set[str] = set()
+        self._alerts: list[dict[str, Any]] = []
+        self.modules: list[str] = []
+
+    def attach(self, model: nn.Module) -> None:
+        for name, module in find_recurrent(model, self.cells):
+            # the watched model itself has the empty name; alerts need a subject
+            name = name or type(module).__name__
+            self._names[id(module)] = name
+            self.modules.append(name)
+            self._handles.append(
+                module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+            )
+
+    def start_step(self, capture: bool) -> None:
+        super().start_step(capture)
+        self.step += 1
+        self._mark = self._marks.start(self.step)
+        self._seen_this_step.clear()
+
+    def _pre_forward(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        if self._mark is None or not torch.is_grad_enabled():
+            return None
+        if threading.get_ident() != self._thread:  # numbering is per thread
+            return None
+        started = time.perf_counter()
+        try:
+            key = id(module)
+            name = self._names.get(key, "")
+            if name not in self._alerted:
+                first = key not in self._seen_this_step
+                self._seen_this_step.add(key)
+                old = self._oldest(_tensors((args, kwargs)), walk=first)
+                if old is not None:
+                    self._raise(name, old)
+        except Exception:  # noqa: S110 - a failed check must never break training
+            pass
+        self.cost_s += time.perf_counter() - started
+        return None
+
+    def _oldest(self, tensors: Iterable[torch.Tensor], walk: bool) -> int | None:
+        """Sequence number of a node from an earlier step upstream of ``tensors``."""
+        assert self._mark is not None
+        mark = self._mark
+        roots = [t.grad_fn for t in tensors if t.grad_fn is not None]
+        for node in roots:
+            sequence = node._sequence_nr()
+            if sequence < mark:
+                return int(sequence)
+        if not walk:
+            return None
+        seen = set(roots)
+        queue = list(roots)
+        while queue and len(seen) < WALK_LIMIT:
+            node = queue.pop(0)
+            for child, _ in node.next_functions:
+                if child is None or child in seen:
+                    continue
+                sequence = child._sequence_nr()
+                if sequence < mark:
+                    return int(sequence)
+                if sequence < _LEAF_SEQUENCE:
+                    seen.add(child)
+                    queue.append(child)
+        return None
+
+    def _raise(self, name: str, sequence: int) -> None:
+        self._alerted.add(name)
+        then = self._marks.step_of(sequence)
+        when = f"step {then}'s" if then >= 0 else "a"
+        before = "" if then >= 0 else " built before watch()"
+        self._alerts.append(
+            {
+                "kind": "alert",
+                "step": self.step,
+                "code": "graph_growth",
+                "severity": "error",
+                "state": "raised",
+                "subject": name,
+                "message": (
+                    f"{name} received a hidden state still attached to "
+                    f"{when} autograd graph{before}: every backward walks the earlier "
+                    "steps again, so steps get slower and memory grows"
+                ),
+                "hint": (
+                    "Detach the carried state at the start of each sequence: "
+                    "h = h.detach() (for an LSTM, both h and c); then retain_graph=True "
+                    "is no longer needed"
+                ),
+                "evidence": {"state_step": then, "steps_back": self.step - then},
+                "t": time.time(),
+            }
+        )
+
+    def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
+        alerts, self._alerts = self._alerts, []
+        return {"alerts": alerts} if alerts else {}
+
+
+class _Sentinel:
+    """Lives in a loss node's metadata; its weakref says whether the node is alive."""
+
+
+class LossRetention(Quantity):
+    """Alerts ``graph_growth`` (subject ``loss``) when old loss graphs stay alive.
+
+    Example:
+        >>> import torch
+        >>> q = LossRetention(); w = torch.ones(1, requires_grad=True); total = 0
+        >>> for _ in range(3):
+        ...     q.start_step(True); loss = (w * 2).sum(); total = total + loss
+        ...     out = q.finish_step(loss)
+        >>> out["alerts"][0]["subject"]
+        'loss'
+    """
+
+    name = "loss_retention"
+    heavy = False
+    #: a loss node this many steps old and still alive is being held on purpose
+    AGE = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = -1
+        self._refs: list[tuple[int, weakref.ref[_Sentinel]]] = []
+        self._alerted = False
+
+    def start_step(self, capture: bool) -> None:
+        super().start_step(capture)
+        self.step += 1
+
+    def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
+        if self._alerted or not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+            return {}
+        sentinel = _Sentinel()
+        node: Any = loss.grad_fn
+        node.metadata["gradwatch_step"] = sentinel
+        self._refs.append((self.step, weakref.ref(sentinel)))
+        held = [(s, r) for s, r in self._refs if self.step - s >= self.AGE and r() is not None]
+        self._refs = [(s, r) for s, r in self._refs if self.step - s < self.AGE]
+        if not held:
+            return {}
+        self._alerted = True
+        oldest = held[0][0]
+        return {
+            "alerts": [
+                {
+                    "kind": "alert",
+                    "step": self.step,
+                    "code": "graph_growth",
+                    "severity": "error",
+                    "state": "raised",
+                    "subject": "loss",
+                    "message": (
+                        f"the loss graph of step {oldest} is still alive at step {self.step}: "
+                        "something keeps earlier losses (such as total += loss), and with "
+                        "them every earlier step's autograd graph"
+                    ),
+                    "hint": (
+                        "Accumulate plain numbers, not tensors: total += loss.item() "
+                        "(or loss.detach())"
+                    ),
+                    "evidence": {"held_step": oldest, "steps_back": self.step - oldest},
+                    "t": time.time(),
+                }
+            ]
+        }

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _scenario  # noqa: E402
+import _scenario
 
 TIMESTEPS = 121
 

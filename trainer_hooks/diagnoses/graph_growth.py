@@ -119,5 +119,9 @@ class GraphGrowthDetector(Detector):
             names = ", ".join(self._stale)
             evidence["stale_modules"] = list(self._stale)
             message += f"; {names} received a hidden state still attached to an earlier step"
-            hint = f"Detach the state {names} carries between steps: " + hint
+            hint = (
+                f"Detach the hidden state that {names} carried over from the last step, at "
+                "the start of each sequence (h, c = h.detach(), c.detach()); then "
+                "retain_graph=True is not needed"
+            )
         return Finding("error", message, hint, evidence)

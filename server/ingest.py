@@ -172,7 +172,9 @@ class IngestConnection:
         state = self.state
         if state.hub.has_viewers(batch.run_id):
             records = RECORDS.dump_json(batch.records, exclude_unset=True).decode()
-            head = dumps({"type": "records", "run_id": batch.run_id, "rank": batch.rank})
+            head = dumps(
+                {"type": "records", "run_id": batch.run_id, "rank": batch.rank, "seq": batch.seq}
+            )
             state.hub.publish(batch.run_id, head[:-1] + ',"records":' + records + "}")
         urgent = any(r.kind in (m.END, m.ALERT) for r in batch.records)
         state.run_changed(batch.run_id, urgent=urgent)

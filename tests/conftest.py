@@ -223,3 +223,16 @@ def gradwatch_server(
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_gradwatch_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> _Iterator[ServerProcess]:
+    """One SQLite server for a whole test module, for tests that each use fresh run ids
+    (rejections, hostile input): saves a server start per test."""
+    folder = tmp_path_factory.mktemp("shared-server")
+    server = ServerProcess(str(folder / "gradwatch.db"), folder / "server.log")
+    server.start()
+    yield server
+    server.stop()

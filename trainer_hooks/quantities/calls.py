@@ -19,7 +19,9 @@ The rule (docs/CAPTURE.md, "Several calls in one step"):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,6 +38,11 @@ def in_backward() -> bool:
     (its hooks fire, and it is kept).
     """
     return bool(torch._C._current_graph_task_id() != -1)
+
+
+def hook_tensor(tensor: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> Any:
+    """``tensor.register_hook`` with a type (torch leaves it untyped)."""
+    return tensor.register_hook(hook)  # type: ignore[no-untyped-call]
 
 
 @dataclass(eq=False)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .calls import F64, in_backward
+from .calls import F64, hook_tensor, in_backward
 
 if TYPE_CHECKING:
     from .timesteps import RecurrentTimesteps
@@ -76,10 +76,10 @@ class CellCapture:
         self.count += 1
         self._ensure(k + 1, h.device)
         step = self.owner.generation
-        h.register_hook(lambda g: self._write(step, "hidden", k, g))
+        hook_tensor(h, lambda g: self._write(step, "hidden", k, g))
         self.used.add("hidden")
         if c is not None and c.requires_grad:
-            c.register_hook(lambda g: self._write(step, "cell", k, g))
+            hook_tensor(c, lambda g: self._write(step, "cell", k, g))
             self.used.add("cell")
         if in_backward():
             self.recomputed[k] = False

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from .calls import F64, Call, in_backward
+from .calls import F64, Call, hook_tensor, in_backward
 from .unrolled import unrolled_forward
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class FusedCapture:
     def _swap_input(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        x = args[0] if args else kwargs.get("input")
+        x: Any = args[0] if args else kwargs.get("input")
         hx = args[1] if len(args) > 1 else kwargs.get("hx")
         packed = isinstance(x, PackedSequence)
         data = x.data if packed else x
@@ -105,9 +105,9 @@ class FusedCapture:
         step = self.owner.generation
         if packed:
             index = self._index_for(x.batch_sizes, probe.device)
-            probe.register_hook(lambda g: self._on_packed_grad(step, call, index, g))
+            hook_tensor(probe, lambda g: self._on_packed_grad(step, call, index, g))
         else:
-            probe.register_hook(lambda g: self._on_grad(step, call, time_dim, g))
+            hook_tensor(probe, lambda g: self._on_grad(step, call, time_dim, g))
         if self.owner.exact_now and not packed and self._can_unroll():
             self._pending = (call, probe)
         new_x: Any = (

@@ -129,14 +129,15 @@ class RecurrentTimesteps(Quantity):
         for name, module in model.named_modules():
             label = name or type(module).__name__
             if isinstance(module, FUSED_TYPES):
-                capture: FusedCapture | CellCapture = FusedCapture(self, module, label)
-                self._fused.append(capture)
+                fused = FusedCapture(self, module, label)
+                self._fused.append(fused)
+                self._handles.extend(fused.register())
             elif isinstance(module, CELL_TYPES) or name in named_cells:
-                capture = CellCapture(self, module, label)
-                self._cells.append(capture)
+                cell = CellCapture(self, module, label)
+                self._cells.append(cell)
+                self._handles.extend(cell.register())
             else:
                 continue
-            self._handles.extend(capture.register())
             self.modules.append(label)
 
     def detach(self) -> None:

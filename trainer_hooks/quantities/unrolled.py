@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .calls import F64, Call
+from .calls import F64, Call, hook_tensor
 
 
 def _writer(buffer: torch.Tensor, call: Call) -> Any:
@@ -105,7 +105,7 @@ def unrolled_forward(module: nn.RNNBase, x: torch.Tensor, hx: Any, call: Call) -
             if module.dropout and module.training:
                 layer_input = F.dropout(layer_input, module.dropout, training=True)
             call.series[f"layer{layer}"] = None
-            layer_input.register_hook(_layer_input_hook(call, f"layer{layer}"))
+            hook_tensor(layer_input, _layer_input_hook(call, f"layer{layer}"))
         outputs: list[torch.Tensor] = []
         for direction in range(dirs):
             sfx = f"l{layer}" + ("_reverse" if direction else "")
@@ -121,9 +121,9 @@ def unrolled_forward(module: nn.RNNBase, x: torch.Tensor, hx: Any, call: Call) -
             for t in order:
                 h, c = _cell_step(mode, xw[t], h, c, w_hh, b_hh)
                 if top:
-                    h.register_hook(_writer(hidden_norms[direction, t], call))
+                    hook_tensor(h, _writer(hidden_norms[direction, t], call))
                     if c is not None and cell_norms is not None:
-                        c.register_hook(_writer(cell_norms[direction, t], call))
+                        hook_tensor(c, _writer(cell_norms[direction, t], call))
                 hs[t] = h
             outputs.append(torch.stack(hs))
             last_h.append(h)

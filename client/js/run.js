@@ -154,9 +154,10 @@ export class RunView {
         el("a", { href: href(`#/?compare=${encodeURIComponent(this.runId)}`) }, "compare with…")),
       this.replay ? el("div", { id: "replay-controls" }) : null,
       this.statsNode,
+      alertsSection,
       el("div", { class: "grid" }, heat.length ? heat : el("section", { class: "panel" },
         el("p", { class: "empty" }, "This run has no recurrent modules with per-timestep capture, so there is no heatmap.")),
-      prof.section, alertsSection),
+      prof.section),
       el("div", { class: "grid" }, lines));
     this.renderHeader();
   }
@@ -285,7 +286,12 @@ export class RunView {
     }
     if (profileChanged) this.profile.view.redraw();
     if (alertsChanged) this.alertsPanel.render();
-    if (lastStep) this.renderStats(lastStep);
+    if (lastStep) {
+      this.renderStats(lastStep);
+      this.summary.last_step = Math.max(num(this.summary.last_step) ?? -1, lastStep.step);
+    }
+    if (alertsChanged) this.summary.alerts = Math.max(num(this.summary.alerts) ?? 0, this.alertsPanel.size);
+    if (lastStep || alertsChanged) this.renderHeader();
     this.updateNoData();
   }
 

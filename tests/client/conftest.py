@@ -1,0 +1,151 @@
+"""Browser-test plumbing: headless Chromium through Playwright, a page that records
+console errors and every request, and a trainer-like websocket client that streams
+protocol-valid records into a real gradwatch server.
+
+Chromium is Debian's (`chromium_path` fixture: skips loudly on a dev box without it,
+fails in CI); Playwright never downloads a browser here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path: str) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@dataclass
+class Watched:
+    """A page plus what it did: console errors, page errors, every request URL."""
+
+    page: Any
+    origin: str
+    errors: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+
+    def foreign_requests(self) -> list[str]:
+        """Requests that left the server's origin (data: URLs are in-page, not requests)."""
+        out = []
+        for url in self.requests:
+            parts = urlsplit(url)
+            if parts.scheme in ("data", "blob"):
+                continue
+            if f"{parts.hostname}:{parts.port}" != self.origin:
+                out.append(url)
+        return out
+
+    def screenshot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+
+@pytest.fixture
+def open_page(browser: Any) -> Iterator[Any]:
+    """open_page(server, "#/run/ID") -> Watched, at 1440x900, errors recorded."""
+    contexts: list[Any] = []
+
+    def open_(server: Any, hash_: str = "#/", query: str = "", **context_args: Any) -> Watched:
+        ctx = browser.new_context(viewport={"width": 1440, "height": 900}, **context_args)
+        contexts.append(ctx)
+        page = ctx.new_page()
+        watched = Watched(page, f"127.0.0.1:{server.port}")
+        page.on("console", lambda m: watched.errors.append(f"console.{m.type}: {m.text}")
+                if m.type == "error" else None)  # fmt: skip
+        page.on("pageerror", lambda e: watched.errors.append(f"pageerror: {e}"))
+        page.on("request", lambda r: watched.requests.append(r.url))
+        page.on("websocket", lambda w: watched.requests.append(w.url))
+        page.goto(f"{server.http}/{query}{hash_}")
+        return watched
+
+    yield open_
+    for ctx in contexts:
+        ctx.close()
+
+
+def vanishing_profile(n: int = 121, factor: float = 0.78) -> list[float]:
+    """Per-timestep norms of an LSTM with the loss on its last step: early ones vanish."""
+    return [0.5 * factor ** (n - 1 - t) for t in range(n)]
+
+
+def step_record(step: int, *, timesteps: int = 121, nonfinite: bool = False) -> dict[str, Any]:
+    """A protocol-valid step record with every field the dashboard draws."""
+    profile: list[Any] = vanishing_profile(timesteps)
+    total: Any = 0.8 + 0.1 * math.sin(step / 5)
+    rec: dict[str, Any] = {
+        "kind": "step", "step": step, "epoch": step // 20, "t": time.time(),
+        "duration_s": 0.01 + 0.0002 * step, "loss": 1.0 / (1 + step), "overhead": 0.03,
+        "timesteps": {"lstm": {"input": profile}},
+        "param_norms": {"lstm.weight_ih_l0": 0.3, "lstm.weight_hh_l0": 0.5, "head.weight": 0.2},
+        "gate_norms": {"lstm.weight_hh_l0": {"i": 0.1, "f": 0.2, "g": 0.3, "o": 0.15}},
+        "total_norm": total, "graph_nodes": 40 + step, "rss_bytes": 200_000_000 + step * 1000,
+    }  # fmt: skip
+    if nonfinite:
+        rec["total_norm"] = "NaN"
+        rec["nonfinite"] = {"parameters": ["lstm.weight_hh_l0"], "timesteps": {"lstm": {"input": 3}}}
+    return rec
+
+
+class RawTrainer:
+    """A trainer-like client speaking protocol v1 on /ws/ingest, waiting for each ack."""
+
+    def __init__(self, server: Any, name: str, run_id: str | None = None) -> None:
+        from websockets.sync.client import connect
+
+        self.run_id = run_id or str(uuid.uuid4())
+        self.seq = 0
+        self.ws = connect(server.url + "/ws/ingest")
+        self.ws.send(json.dumps({
+            "type": "hello", "protocol": 1, "run_id": self.run_id, "run": name, "rank": 0,
+            "world_size": 1, "host": "test-box", "pid": 1,
+            "model": {"modules": [{"name": "lstm", "type": "LSTM"}], "parameters": 100,
+                      "recurrent": ["lstm"]},
+            "config": {"every": 1},
+        }))  # fmt: skip
+
+    def send(self, records: list[dict[str, Any]]) -> None:
+        self.ws.send(json.dumps({"type": "batch", "run_id": self.run_id, "rank": 0,
+                                 "seq": self.seq, "records": records}))  # fmt: skip
+        answer = json.loads(self.ws.recv(timeout=30))
+        assert answer == {"type": "ack", "seq": self.seq}, answer
+        self.seq += 1
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+@pytest.fixture
+def raw_trainer() -> Iterator[Any]:
+    made: list[RawTrainer] = []
+
+    def make(server: Any, name: str, run_id: str | None = None) -> RawTrainer:
+        t = RawTrainer(server, name, run_id)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()

@@ -1,0 +1,446 @@
+"""The websocket sink: records from the Monitor to the server, acknowledged and resent.
+
+``WebSocketSink`` implements :class:`~gradwatch.protocol.sink.Sink`. The Monitor's
+background thread calls ``send(records)``; that only encodes and queues (in a bounded
+memory window, or appends to the spool file) and never touches the network. A
+dedicated thread owns the connection: it sends ``hello``, then every batch in ``seq``
+order, several in flight at once, and drops a batch once the server's ``ack`` says
+it is committed. After a reconnect it sends ``hello`` again and every batch not yet
+acknowledged (the server stores each ``seq`` once). While the server is away,
+batches go to the spool on disk and reconnects back off exponentially with full
+jitter. Nothing raises into the caller; each kind of trouble is warned about once
+(:class:`~gradwatch.protocol.warnings.GradwatchWarning`).
+
+``close(timeout)`` tries to deliver everything within ``timeout`` seconds; whatever is
+left stays in the spool file (``hello`` first, then the unacknowledged batches in
+order), one warning says where, and ``gradwatch upload SPOOL`` sends it later.
+
+Example:
+    >>> sink = WebSocketSink("ws://127.0.0.1:8765", hello, token=None,
+    ...                      spool="run.jsonl")                      # doctest: +SKIP
+    >>> sink.send([{"kind": "step", "step": 0, "epoch": 0, "t": 0.0}])  # doctest: +SKIP
+    >>> sink.close(timeout=5)                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
+
+from .backoff import Backoff
+from .codec import dumps, loads
+from .messages import (
+    CLOSE_INVALID_DATA,
+    CLOSE_TOO_BIG,
+    MAX_MESSAGE_BYTES,
+    MAX_RECORDS_PER_BATCH,
+)
+from .outbox import Outbox
+from .warnings import WarnOnce
+from .wsclient import ingest_url, open_ingest
+
+# Room for the batch envelope ({"type":"batch","run_id":...,"seq":...}) within the limit.
+_ENVELOPE_BYTES = 1024
+DEFAULT_CLOSE_TIMEOUT = 10.0
+
+
+def default_spool_path(hello: dict[str, Any]) -> Path:
+    """``.gradwatch/spool/<run_id>-rank<rank>.jsonl`` under the working directory."""
+    return Path(".gradwatch") / "spool" / f"{hello['run_id']}-rank{int(hello['rank'])}.jsonl"
+
+
+def rejected_path(spool: Path) -> Path:
+    """Where batches the server refused for good go: ``run.jsonl`` -> ``run.rejected.jsonl``."""
+    name = spool.name[: -len(".jsonl")] if spool.name.endswith(".jsonl") else spool.name
+    return spool.with_name(name + ".rejected.jsonl")
+
+
+def _fresh(path: Path) -> Path:
+    """``path``, or ``stem-2.jsonl``, ``stem-3.jsonl``... when it already holds data.
+
+    A non-empty spool at start is someone's undelivered data (an earlier run): this
+    sink removes its spool once delivered, so it must never share a file.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return path
+    stem = path.name[: -len(".jsonl")] if path.name.endswith(".jsonl") else path.name
+    n = 2
+    while True:
+        candidate = path.with_name(f"{stem}-{n}.jsonl")
+        if not candidate.exists() or candidate.stat().st_size == 0:
+            return candidate
+        n += 1
+
+
+def encode_records(
+    records: list[dict[str, Any]], max_bytes: int
+) -> tuple[list[tuple[str, int]], list[dict[str, Any]]]:
+    """Records as JSON array insides of at most ``max_bytes`` / 10,000 records each.
+
+    Returns (chunks as (text, count), records too big for any message).
+    """
+    whole = dumps(records)
+    if len(whole) - 2 <= max_bytes and len(records) <= MAX_RECORDS_PER_BATCH:
+        return [(whole[1:-1], len(records))], []
+    hard = MAX_MESSAGE_BYTES - _ENVELOPE_BYTES
+    chunks: list[tuple[str, int]] = []
+    too_big: list[dict[str, Any]] = []
+    parts: list[str] = []
+    size = 0
+    for record in records:
+        text = dumps(record)
+        if len(text) > hard:
+            too_big.append(record)
+            continue
+        if parts and (size + 1 + len(text) > max_bytes or len(parts) >= MAX_RECORDS_PER_BATCH):
+            chunks.append((",".join(parts), len(parts)))
+            parts, size = [], 0
+        parts.append(text)
+        size += len(text) + (1 if len(parts) > 1 else 0)
+    if parts:
+        chunks.append((",".join(parts), len(parts)))
+    return chunks, too_big
+
+
+class WebSocketSink:
+    """Streams batches to ``/ws/ingest`` with acks, resend, a disk spool and backoff.
+
+    Args:
+        url: ``ws://host:port`` (``/ws/ingest`` is appended when no path is given).
+        hello: the run's ``hello`` message (docs/PROTOCOL.md); needs ``run_id``, ``rank``.
+        token: sent as ``Authorization: Bearer <token>``.
+        spool: the spool file; default ``.gradwatch/spool/<run_id>-rank<rank>.jsonl``.
+        window_batches, window_bytes: how much may be unacknowledged in memory.
+        max_batch_bytes: records queued while a batch waits are merged up to this size.
+        backoff_base, backoff_cap: reconnect delays (seconds), full jitter.
+        connect_timeout: seconds for one connection attempt.
+
+    Example:
+        >>> sink = WebSocketSink("ws://127.0.0.1:8765", hello)   # doctest: +SKIP
+        >>> sink.send(records); sink.flush(timeout=5)             # doctest: +SKIP
+        True
+        >>> sink.close(timeout=5)                                 # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        url: str,
+        hello: dict[str, Any],
+        token: str | None = None,
+        spool: str | os.PathLike[str] | None = None,
+        *,
+        window_batches: int = 64,
+        window_bytes: int = 8 << 20,
+        max_batch_bytes: int = 1 << 20,
+        backoff_base: float = 0.05,
+        backoff_cap: float = 5.0,
+        connect_timeout: float = 5.0,
+        start: bool = True,
+    ) -> None:
+        self.url = ingest_url(url)
+        if not isinstance(hello, dict) or "run_id" not in hello or "rank" not in hello:
+            raise ValueError(f"expected a hello message with run_id and rank, got {hello!r}")
+        self.token = token
+        self.hello = hello
+        self.spool_path = _fresh(Path(spool) if spool is not None else default_spool_path(hello))
+        self.rejected_path = rejected_path(self.spool_path)
+        self.max_batch_bytes = min(max_batch_bytes, MAX_MESSAGE_BYTES - _ENVELOPE_BYTES)
+        self.connect_timeout = connect_timeout
+        self._box = Outbox(
+            self.spool_path,
+            hello,
+            window_batches=window_batches,
+            window_bytes=window_bytes,
+            max_batch_bytes=self.max_batch_bytes,
+        )
+        self._backoff = Backoff(backoff_base, backoff_cap)
+        self._warn = WarnOnce()
+        self._cond = threading.Condition()
+        self._connected = False
+        self._session = 0
+        self._ws: ClientConnection | None = None
+        self._server_error: tuple[int, str] | None = None
+        self._closing = False
+        self._closed = False
+        self._stop = False
+        self._deadline = float("inf")
+        self.connections = 0
+        self.resent_batches = 0
+        self.rejected_batches = 0
+        self.dropped_records = 0
+        self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
+        if start:
+            self._thread.start()
+
+    # -- the Sink interface ------------------------------------------------------------
+
+    def send(self, records: list[dict[str, Any]]) -> None:
+        """Queue one batch of records; returns at once, never raises."""
+        if not records:
+            return
+        try:
+            chunks, too_big = encode_records(records, self.max_batch_bytes)
+        except Exception as e:
+            self.dropped_records += len(records)
+            self._warn.warn("encode", f"gradwatch: records could not be encoded as JSON ({e}); "
+                            "they are dropped, training goes on")
+            return
+        if too_big:
+            self.dropped_records += len(too_big)
+            self._warn.warn("too_big", f"gradwatch: {len(too_big)} record(s) exceed the "
+                            f"{MAX_MESSAGE_BYTES} byte message limit and are dropped")
+        with self._cond:
+            if self._closed:
+                self.dropped_records += sum(n for _, n in chunks)
+                self._warn.warn("closed", "gradwatch: send() after close(); records dropped")
+                return
+            for body, n in chunks:
+                try:
+                    self._box.add(body, n, direct=self._connected)
+                except OSError as e:
+                    self.dropped_records += n
+                    self._warn.warn("spool", f"gradwatch: cannot write the spool "
+                                    f"{self.spool_path} ({e}); records that cannot be sent "
+                                    "now are dropped, training goes on")
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every batch so far is acknowledged; False if ``timeout`` ran out."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._box.empty, timeout=timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Deliver within ``timeout`` seconds (default 10); spool the rest, say where.
+
+        Idempotent. Never raises.
+        """
+        limit = DEFAULT_CLOSE_TIMEOUT if timeout is None else max(0.0, timeout)
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._deadline = time.monotonic() + limit
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(limit)
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+            ws = self._ws
+        if ws is not None:
+            _abort(ws)
+        if self._thread.is_alive():
+            self._thread.join(1.0)
+        with self._cond:
+            self._closed = True
+            try:
+                batches, records = self._box.persist()
+            except OSError as e:
+                batches, records = self._box.pending_batches, -1
+                self._warn.warn("spool", f"gradwatch: cannot write the spool "
+                                f"{self.spool_path} ({e}); {batches} batch(es) are lost")
+                return
+        if batches:
+            self._warn.warn(
+                "undelivered",
+                f"gradwatch: {batches} batch(es) ({records} records) were not acknowledged by "
+                f"{self.url} within {limit:g} s; they are kept in {self.spool_path}. "
+                f"Send them later with: gradwatch upload {self.spool_path} --server {self.url}",
+            )
+
+    # -- introspection -----------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def stats(self) -> dict[str, int]:
+        """Counters: batches acked/spooled/resent/rejected/pending, records dropped."""
+        with self._cond:
+            return {
+                "acked_batches": self._box.acked_batches,
+                "acked_records": self._box.acked_records,
+                "spooled_batches": self._box.spooled_batches,
+                "pending_batches": self._box.pending_batches,
+                "memory_batches": len(self._box.memory),
+                "resent_batches": self.resent_batches,
+                "rejected_batches": self.rejected_batches,
+                "dropped_records": self.dropped_records,
+                "connections": self.connections,
+            }
+
+    # -- the connection thread ---------------------------------------------------------
+
+    def _finished(self) -> bool:
+        if self._stop:
+            return True
+        return self._closing and (self._box.empty or time.monotonic() >= self._deadline)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._finished():
+                    return
+                remaining = self._deadline - time.monotonic()
+            try:
+                ws = open_ingest(self.url, self.token, min(self.connect_timeout, remaining))
+            except Exception as e:
+                self._warn.warn("unreachable", f"gradwatch: cannot reach {self.url} ({e}); "
+                                f"training goes on, records wait in {self.spool_path} and "
+                                "are sent when the server is back")
+                self._pause()
+                continue
+            outcome = "lost"
+            try:
+                outcome = self._serve(ws)
+            except Exception as e:  # a bug here must not end delivery for good
+                self._warn.warn("internal", f"gradwatch: sender error {e!r}; reconnecting")
+            finally:
+                if outcome == "done" and self._box.empty:
+                    with contextlib.suppress(Exception):
+                        ws.close()  # a clean goodbye: everything is acknowledged
+                _abort(ws)
+                with self._cond:
+                    self._connected = False
+                    self._ws = None
+            if outcome == "rejected":
+                continue  # the server is fine; go on with the next batch at once
+            if outcome != "done":
+                self._pause()
+
+    def _pause(self) -> None:
+        delay = self._backoff.next_delay()
+        with self._cond:
+            self._cond.wait_for(self._finished, timeout=delay)
+
+    def _serve(self, ws: ClientConnection) -> str:
+        """One connection: hello, then batches in order until it ends. Returns why."""
+        with self._cond:
+            if self._finished():
+                return "done"
+            self._session += 1
+            session = self._session
+            self._ws = ws
+            self._server_error = None
+            self.resent_batches += sum(1 for b in self._box.memory if b.sent)
+            self._box.restart()
+            self.connections += 1
+            acked_before = self._box.acked_batches
+        reader = threading.Thread(
+            target=self._read, args=(ws, session), name="gradwatch-acks", daemon=True
+        )
+        try:
+            ws.send(self._box.hello_text)
+            with self._cond:
+                self._connected = True
+            reader.start()
+            while True:
+                with self._cond:
+                    while True:
+                        if self._finished():
+                            return "done"
+                        if not self._connected or self._session != session:
+                            return self._why_ended(acked_before)
+                        batch = self._box.next_to_send()
+                        if batch is not None:
+                            break
+                        self._cond.wait(self._wait_bound())
+                    assert batch.text is not None
+                    text = batch.text
+                ws.send(text)
+        except (ConnectionClosed, OSError):
+            if reader.ident is None:  # refused right after the handshake
+                reader.start()
+            # Let the reader record an error message the server sent before closing.
+            reader.join(2.0)
+            with self._cond:
+                return self._why_ended(acked_before)
+        finally:
+            with self._cond:
+                self._connected = False
+                self._cond.notify_all()
+
+    def _wait_bound(self) -> float | None:
+        if not self._closing:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
+
+    def _why_ended(self, acked_before: int) -> str:
+        """Called under the lock once a connection ended."""
+        if self._box.acked_batches > acked_before:
+            self._backoff.reset()  # it worked for a while: reconnect quickly
+        error = self._server_error
+        if error is None:
+            self._warn.warn("lost", f"gradwatch: lost the connection to {self.url}; "
+                            "reconnecting, nothing acknowledged is lost")
+            return "lost"
+        code, message = error
+        if code in (CLOSE_INVALID_DATA, CLOSE_TOO_BIG):
+            batch = self._box.reject_oldest_sent()
+            if batch is not None:
+                self._reject(batch, code, message)
+                return "rejected"
+        self._warn.warn("refused", f"gradwatch: {self.url} refused the connection "
+                        f"(code {code}: {message}); retrying with backoff, records are kept")
+        return "refused"
+
+    def _reject(self, batch: Any, code: int, message: str) -> None:
+        self.rejected_batches += 1
+        try:
+            self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.rejected_path, "a", encoding="utf-8") as f:
+                f.write(batch.text + "\n")
+            where = f"kept in {self.rejected_path}"
+        except OSError as e:
+            where = f"could not be kept ({e})"
+        self._warn.warn("rejected", f"gradwatch: the server refused batch seq {batch.seq} "
+                        f"for good (code {code}: {message}); it is {where}; "
+                        "the following batches are sent on")
+
+    def _read(self, ws: ClientConnection, session: int) -> None:
+        """Reader of one connection: acks, and the server's error before it closes."""
+        try:
+            for raw in ws:
+                try:
+                    message = loads(raw)
+                    kind = message.get("type") if isinstance(message, dict) else None
+                except ValueError:
+                    kind = None
+                if kind == "ack" and isinstance(message.get("seq"), int):
+                    with self._cond:
+                        self._box.ack(message["seq"])
+                        self._cond.notify_all()
+                elif kind == "error":
+                    with self._cond:
+                        self._server_error = (
+                            int(message.get("code", 0) or 0),
+                            str(message.get("message", "")),
+                        )
+        except (ConnectionClosed, OSError):
+            pass
+        finally:
+            if ws.close_code is not None and ws.close_code in (1007, 1008, 1009):
+                with self._cond:
+                    if self._server_error is None:
+                        self._server_error = (ws.close_code, ws.close_reason or "")
+            with self._cond:
+                if self._session == session:
+                    self._connected = False
+                self._cond.notify_all()
+
+
+def _abort(ws: ClientConnection) -> None:
+    """Drop a connection now, without waiting for a closing handshake a dead server
+    would never answer."""
+    with contextlib.suppress(Exception):
+        ws.socket.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):
+        ws.close()

@@ -1,0 +1,184 @@
+"""``gradwatch upload SPOOL``: send a spool file to a server, idempotently.
+
+A spool holds ``hello`` then ``batch`` messages (possibly several runs or ranks, each
+starting with its own ``hello``), exactly as they would have travelled. Upload replays
+each part on its own connection with the original ``seq`` numbers, several batches in
+flight, and waits for every ``ack``. The server stores each ``(run_id, rank, seq)``
+once, so uploading the same file twice, or a file whose batches partly reached the
+server already, stores everything exactly once.
+
+A batch the server refuses for good (``error`` with 1007/1009) is set aside in
+``<spool>.rejected.jsonl`` and the rest goes on; a refused connection (1008: token,
+protocol) or an unreachable server ends the upload with :class:`UploadError`.
+
+Example:
+    >>> result = upload("run.jsonl", "ws://127.0.0.1:8765")   # doctest: +SKIP
+    >>> result.acked, result.rejected
+    (120, [])
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
+
+from .backoff import Backoff
+from .codec import dumps, loads
+from .messages import CLOSE_INVALID_DATA, CLOSE_TOO_BIG
+from .sender import rejected_path
+from .spool import SpoolError, read_spool
+from .wsclient import ingest_url, open_ingest
+
+
+class UploadError(RuntimeError):
+    """The server could not be reached, or refused the connection; says which and why."""
+
+
+@dataclass
+class UploadResult:
+    """What an upload did: ``parts`` (hello sections), batches acknowledged and refused."""
+
+    parts: int = 0
+    batches: int = 0
+    records: int = 0
+    acked: int = 0
+    rejected: list[tuple[int, int, str]] = field(default_factory=list)  # (seq, code, why)
+    rejected_file: Path | None = None
+
+
+def split_parts(path: str | os.PathLike[str]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """The spool as ``[(hello, [batch, ...]), ...]``; raises SpoolError when malformed."""
+    parts: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    for number, message in enumerate(read_spool(path), start=1):
+        kind = message["type"]
+        if kind == "hello":
+            parts.append((message, []))
+        elif kind == "batch":
+            if not parts:
+                raise SpoolError(
+                    f"{path}: expected a hello before the first batch (message {number})"
+                )
+            seq, records = message.get("seq"), message.get("records")
+            if not isinstance(seq, int) or not isinstance(records, list):
+                raise SpoolError(
+                    f"{path}: message {number}: expected a batch with an integer seq and a "
+                    f"records list, got keys {sorted(message)}"
+                )
+            parts[-1][1].append(message)
+        else:
+            raise SpoolError(f"{path}: message {number}: expected 'hello' or 'batch', got {kind!r}")
+    return parts
+
+
+def upload(
+    path: str | os.PathLike[str],
+    server: str,
+    token: str | None = None,
+    *,
+    timeout: float = 30.0,
+    window: int = 64,
+) -> UploadResult:
+    """Send every part of the spool at ``path`` to ``server``; see the module docstring.
+
+    ``timeout`` bounds the whole upload's waiting for a server that is away or silent.
+    """
+    url = ingest_url(server)
+    parts = split_parts(path)
+    result = UploadResult(parts=len(parts))
+    deadline = time.monotonic() + timeout
+    for hello, batches in parts:
+        result.batches += len(batches)
+        result.records += sum(len(b["records"]) for b in batches)
+        _upload_part(url, token, hello, batches, result, deadline, window, Path(path))
+    return result
+
+
+def _upload_part(
+    url: str, token: str | None, hello: dict[str, Any], batches: list[dict[str, Any]],
+    result: UploadResult, deadline: float, window: int, path: Path,
+) -> None:
+    todo = deque((b["seq"], dumps(b)) for b in batches)
+    backoff = Backoff(0.05, 2.0)
+    last_trouble = ""
+    while todo:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise UploadError(
+                f"{len(todo)} batch(es) of run {hello.get('run_id')} not acknowledged by {url} "
+                f"in time ({last_trouble or 'no answer'}); run the upload again to send them"
+            )
+        try:
+            ws = open_ingest(url, token, min(10.0, remaining))
+        except Exception as e:
+            last_trouble = f"cannot reach the server: {e}"
+            time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
+            continue
+        try:
+            error = _send_in_order(ws, hello, todo, result, deadline, window)
+        finally:
+            ws.close()
+        if error is None:
+            if todo:
+                last_trouble = "the connection was lost"
+            continue
+        code, message = error
+        if code in (CLOSE_INVALID_DATA, CLOSE_TOO_BIG) and todo:
+            seq, text = todo.popleft()
+            result.rejected.append((seq, code, message))
+            result.rejected_file = rejected_path(path)
+            with open(result.rejected_file, "a", encoding="utf-8") as f:
+                f.write(text + "\n")
+            backoff.reset()
+            continue
+        raise UploadError(f"{url} refused the upload (code {code}: {message})")
+
+
+def _send_in_order(
+    ws: ClientConnection, hello: dict[str, Any], todo: deque[tuple[int, str]],
+    result: UploadResult, deadline: float, window: int,
+) -> tuple[int, str] | None:
+    """Hello, then the batches of ``todo`` pipelined; acked ones leave ``todo``.
+
+    Returns the server's (code, message) when it refused something, else None.
+    """
+    try:
+        ws.send(dumps(hello))
+        sent = 0
+        while todo:
+            while sent < min(window, len(todo)):
+                ws.send(todo[sent][1])
+                sent += 1
+            raw = ws.recv(timeout=max(0.0, deadline - time.monotonic()))
+            message = loads(raw)
+            if message.get("type") == "error":
+                return int(message.get("code", 0)), str(message.get("message", ""))
+            if message.get("type") == "ack":
+                seq = message.get("seq")
+                # Acks come in order on one connection; a repeat of an acked seq is fine.
+                for index, (pending, _) in enumerate(todo):
+                    if pending == seq:
+                        del todo[index]
+                        sent -= 1
+                        result.acked += 1
+                        break
+    except TimeoutError:
+        return None
+    except ConnectionClosed as e:
+        # The server may have explained itself before closing: read what it sent.
+        try:
+            while True:
+                message = loads(ws.recv(timeout=2.0))
+                if isinstance(message, dict) and message.get("type") == "error":
+                    return int(message.get("code", 0)), str(message.get("message", ""))
+        except (ConnectionClosed, TimeoutError, ValueError):
+            pass
+        if e.rcvd is not None and e.rcvd.code in (1007, 1008, 1009):
+            return e.rcvd.code, e.rcvd.reason
+    return None

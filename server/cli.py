@@ -88,6 +88,33 @@ def _report(args: argparse.Namespace) -> int:
     return report_main(args)
 
 
+def _upload(args: argparse.Namespace) -> int:
+    """Exit 0: all acknowledged; 1: some batches refused for good (set aside);
+    2: the file is missing or not a spool; 3: server unreachable or refused us."""
+    from gradwatch.protocol.spool import SpoolError
+    from gradwatch.protocol.upload import UploadError, upload
+
+    try:
+        result = upload(args.spool, args.server, args.token, timeout=args.timeout)
+    except (OSError, SpoolError, ValueError) as e:
+        print(f"gradwatch upload: {e}", file=sys.stderr)
+        return 2
+    except UploadError as e:
+        print(f"gradwatch upload: {e}", file=sys.stderr)
+        return 3
+    print(
+        f"gradwatch upload: {result.acked} of {result.batches} batches "
+        f"({result.records} records, {result.parts} part(s)) acknowledged by {args.server}"
+    )
+    if result.rejected:
+        for seq, code, message in result.rejected:
+            print(f"gradwatch upload: batch seq {seq} refused (code {code}): {message}",
+                  file=sys.stderr)
+        print(f"gradwatch upload: refused batches are in {result.rejected_file}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradwatch",
@@ -135,7 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     upload.add_argument("spool", help="JSON Lines spool written by watch(..., server=None)")
     upload.add_argument("--server", default="ws://127.0.0.1:8765")
     upload.add_argument("--token", default=None)
-    upload.set_defaults(handler=_not_built("upload", "the transport is issue #5"))
+    upload.add_argument(
+        "--timeout", type=float, default=30.0,
+        help="seconds to wait for an unreachable or silent server (default 30)",
+    )
+    upload.set_defaults(handler=_upload)
     return parser
 
 

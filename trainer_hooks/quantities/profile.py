@@ -1,21 +1,21 @@
 """Opt-in (``profile=True``): per-module forward and backward time and calls per step.
 
-Forward pre/post hooks time each call; full backward pre/post hooks time the
-module's backward, from the moment the gradient of its output is ready to the
-moment the gradient of its input is computed (for a module whose inputs need no
-gradient, such as the first layer fed raw data or the model itself, to the end of
-the backward pass, where its parameters' gradients are complete). A module's backward
-is seen through its top-level tensor outputs: when only tensors nested deeper are
-used (``nn.LSTM``'s ``(h, c)``), its ``backward_s`` stays 0. Times are inclusive (a
-module's time contains its children's) and summed over all calls in the step; ``calls`` counts
-forward calls, so a decoder run once per target token shows ``calls: 20`` and where
-the time goes. Forward calls made while backward runs (activation checkpointing
-recomputing a segment) are not counted as calls and their time is not added.
+Forward pre/post hooks time each call. For the backward, the forward post-hook of a
+captured call puts two hooks on the autograd graph (not on the model): a pre-hook on
+the nodes that made the call's outputs starts the clock when their gradient is ready,
+and a pre-hook on the nodes that made its inputs stops it when the gradient reaches
+them (for a module whose inputs need no gradient, such as the first layer fed raw
+data or the model itself, the clock stops when the backward pass ends). Times are
+inclusive (a module's time contains its children's) and summed over all calls in the
+step; ``calls`` counts forward calls, so a decoder run once per target token shows
+``calls: 20`` and where the time goes. Forward calls made while backward runs
+(activation checkpointing recomputing a segment) are not counted. An input that
+also feeds later modules stops the clock only when all of them have passed their
+gradient back, so times of modules that share inputs overlap.
 
-Cost: four Python hooks per module call, and full backward hooks insert an identity
-autograd node around each module's inputs and outputs (values and gradients are
-unchanged). On CUDA, each hook synchronises the device so that times are real: that
-is why profiling is opt-in and, like every heavy quantity, follows ``every=``.
+Cost: two Python hooks per module call and two per call in backward. On CUDA each of
+them synchronises the device so that times are real: that is why profiling is opt-in
+and, like every heavy quantity, follows ``every=``.
 
 Example:
     >>> import torch
@@ -42,6 +42,44 @@ def _in_backward() -> bool:
     return int(torch._C._current_graph_task_id()) != -1
 
 
+def _grad_fns(value: Any, depth: int = 0) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        return [value.grad_fn] if value.grad_fn is not None else []
+    if depth < 3 and isinstance(value, (tuple, list)):
+        return [n for item in value for n in _grad_fns(item, depth + 1)]
+    if depth < 3 and isinstance(value, dict):
+        return [n for item in value.values() for n in _grad_fns(item, depth + 1)]
+    return []
+
+
+class _BackwardClock:
+    """Times one module call's backward; lives only as long as that call's graph."""
+
+    __slots__ = ("generation", "key", "profile", "started", "waits_for_end")
+
+    def __init__(self, key: int, profile: ModuleProfile, waits_for_end: bool) -> None:
+        self.key = key
+        self.profile = profile
+        self.generation = profile.generation
+        self.started: float | None = None
+        self.waits_for_end = waits_for_end
+
+    def start(self, grad_outputs: Any) -> None:
+        p = self.profile
+        if self.started is None and p.capturing and p.generation == self.generation:
+            self.started = p.now()
+            if self.waits_for_end:
+                Variable._execution_engine.queue_callback(self.stop_at_end)
+
+    def stop(self, grad_outputs: Any) -> None:
+        if self.started is not None:
+            self.profile.add_backward(self.key, self.profile.now() - self.started)
+            self.started = None
+
+    def stop_at_end(self) -> None:
+        self.stop(None)
+
+
 class ModuleProfile(Quantity):
     """Fills ``profile``: ``{module: {"forward_s", "backward_s", "calls"}}``."""
 
@@ -50,12 +88,12 @@ class ModuleProfile(Quantity):
 
     def __init__(self) -> None:
         super().__init__()
+        self.generation = 0  # bumps every step: graph hooks of an earlier step stay quiet
         self._names: dict[int, str] = {}
         self._forward: dict[int, float] = {}
         self._backward: dict[int, float] = {}
         self._calls: dict[int, int] = {}
         self._started_f: dict[int, list[float]] = {}
-        self._started_b: dict[int, list[float]] = {}
         self._sync = False
 
     def attach(self, model: nn.Module) -> None:
@@ -65,55 +103,46 @@ class ModuleProfile(Quantity):
             self._handles += [
                 module.register_forward_pre_hook(self._pre_forward),
                 module.register_forward_hook(self._post_forward),
-                module.register_full_backward_pre_hook(self._pre_backward),
-                module.register_full_backward_hook(self._post_backward),
             ]
+
+    def detach(self) -> None:
+        super().detach()
+        self.capturing = False
 
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
-        for d in (self._forward, self._backward, self._calls, self._started_f, self._started_b):
+        self.generation += 1
+        for d in (self._forward, self._backward, self._calls, self._started_f):
             d.clear()
 
-    def _now(self) -> float:
+    def now(self) -> float:
         if self._sync:
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    def add_backward(self, key: int, seconds: float) -> None:
+        self._backward[key] = self._backward.get(key, 0.0) + seconds
+
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
         if self.capturing and torch.is_grad_enabled() and not _in_backward():
-            self._started_f.setdefault(id(module), []).append(self._now())
+            self._started_f.setdefault(id(module), []).append(self.now())
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         stack = self._started_f.get(id(module))
-        if self.capturing and stack:
-            key = id(module)
-            self._forward[key] = self._forward.get(key, 0.0) + self._now() - stack.pop()
-            self._calls[key] = self._calls.get(key, 0) + 1
-
-    def _pre_backward(self, module: nn.Module, grad_output: Any) -> None:
-        if self.capturing:
-            if not any(self._started_b.values()):
-                # first module of this backward pass: close what is still open at its end
-                Variable._execution_engine.queue_callback(self._close_open)
-            self._started_b.setdefault(id(module), []).append(self._now())
-
-    def _post_backward(self, module: nn.Module, grad_input: Any, grad_output: Any) -> None:
-        if all(g is None for g in grad_input):
-            # No input needs a gradient (raw data in, or the root): PyTorch calls this
-            # hook as soon as the output gradient exists; the module's backward really
-            # ends with the pass, so _close_open times it then.
+        if not (self.capturing and stack):
             return
-        stack = self._started_b.get(id(module))
-        if self.capturing and stack:
-            self._add_backward(id(module), stack.pop())
-
-    def _add_backward(self, key: int, started: float) -> None:
-        self._backward[key] = self._backward.get(key, 0.0) + self._now() - started
-
-    def _close_open(self) -> None:
-        for key, stack in self._started_b.items():
-            while stack:
-                self._add_backward(key, stack.pop())
+        key = id(module)
+        self._forward[key] = self._forward.get(key, 0.0) + self.now() - stack.pop()
+        self._calls[key] = self._calls.get(key, 0) + 1
+        outputs = set(_grad_fns(output))
+        if not outputs:
+            return
+        inputs = set(_grad_fns(args)) - outputs
+        clock = _BackwardClock(key, self, waits_for_end=not inputs)
+        for node in outputs:
+            node.register_prehook(clock.start)
+        for node in inputs:
+            node.register_prehook(clock.stop)
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
         if not self.capturing or not self._calls:

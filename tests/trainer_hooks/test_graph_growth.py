@@ -1,0 +1,216 @@
+"""graph_nodes, and the direct graph_growth checks: stale hidden state, kept losses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from gradwatch.protocol import read_spool
+from gradwatch.trainer_hooks import watch
+from gradwatch.trainer_hooks.quantities.graph import count_nodes
+
+
+def records_of(path: Path) -> list[dict[str, Any]]:
+    return [r for m in read_spool(path) if m["type"] == "batch" for r in m["records"]]
+
+
+def independent_count(root: Any) -> int:
+    """Nodes reachable from root, counted by recursion over names (not our walker)."""
+    found: dict[int, Any] = {}
+
+    def visit(node: Any) -> None:
+        if node is None or id(node) in found:
+            return
+        found[id(node)] = node
+        for child, _ in node.next_functions:
+            visit(child)
+
+    visit(root)
+    return len(found)
+
+
+def test_graph_nodes_of_a_known_tiny_graph() -> None:
+    w = torch.ones(3, requires_grad=True)
+    b = torch.ones(1, requires_grad=True)
+    loss = ((w * 2.0).sum() + b).pow(2).sum()
+    # SumBackward0(outer), PowBackward0, AddBackward0, SumBackward0, MulBackward0,
+    # AccumulateGrad(w), AccumulateGrad(b)
+    assert count_nodes(loss.grad_fn) == (7, False)
+    assert independent_count(loss.grad_fn) == 7
+
+
+def test_shared_nodes_are_counted_once_and_the_walk_is_bounded() -> None:
+    w = torch.ones(3, requires_grad=True)
+    h = w * 2.0
+    loss = (h * h + h).sum()  # h's node is reached three times
+    assert count_nodes(loss.grad_fn) == (independent_count(loss.grad_fn), False)
+    assert count_nodes(loss.grad_fn, limit=2) == (2, True)
+
+
+class Carrier(nn.Module):
+    """Keeps (h, c) on the module across iterations, like the rotation-LSTM report."""
+
+    def __init__(self, detach: bool) -> None:
+        super().__init__()
+        self.lstm1 = nn.LSTM(3, 6)
+        self.lstm2 = nn.LSTM(6, 3)
+        self.detach_state = detach
+        self.hidden1: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.hidden2: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.detach_state and self.hidden1 is not None and self.hidden2 is not None:
+            self.hidden1 = (self.hidden1[0].detach(), self.hidden1[1].detach())
+            self.hidden2 = (self.hidden2[0].detach(), self.hidden2[1].detach())
+        out, self.hidden1 = self.lstm1(x, self.hidden1)
+        out, self.hidden2 = self.lstm2(out, self.hidden2)
+        return out
+
+
+def run_carrier(path: Path, detach: bool, steps: int = 4) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    model = Carrier(detach)
+    with watch(model, run="carrier", spool=path, diagnose=False) as monitor:
+        for _ in range(steps):
+            loss = model(torch.randn(5, 1, 3)).pow(2).mean()
+            # retain_graph because the next step backpropagates into this graph again;
+            # updates through .data keep PyTorch's in-place check quiet (issue #4 notes)
+            loss.backward(retain_graph=not detach)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.data -= 0.01 * p.grad  # type: ignore[operator]
+                    p.grad = None
+            monitor.step(loss)
+    return records_of(path)
+
+
+def test_stale_hidden_state_raises_graph_growth_naming_the_module(tmp_path: Path) -> None:
+    records = run_carrier(tmp_path / "bug.jsonl", detach=False)
+    alerts = [r for r in records if r["kind"] == "alert"]
+    assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [
+        ("graph_growth", "lstm1", 1),
+        ("graph_growth", "lstm2", 1),
+    ]
+    first = alerts[0]
+    assert first["severity"] == "error" and first["state"] == "raised"
+    assert first["message"].startswith(
+        "lstm1 received a hidden state still attached to step 0's autograd graph"
+    )
+    assert "h.detach()" in first["hint"]
+    assert first["evidence"] == {"state_step": 0, "steps_back": 1}
+    # the alert follows the step record it belongs to
+    kinds = [(r["kind"], r.get("step")) for r in records]
+    assert kinds.index(("alert", 1)) == kinds.index(("step", 1)) + 1
+    nodes = [r["graph_nodes"] for r in records if r["kind"] == "step"]
+    assert nodes == sorted(nodes) and nodes[-1] > nodes[0]
+    assert len(set(nodes)) == len(nodes)  # grows every step
+
+
+def test_detached_state_raises_nothing_and_the_graph_stays_the_same_size(tmp_path: Path) -> None:
+    records = run_carrier(tmp_path / "fixed.jsonl", detach=True)
+    assert [r for r in records if r["kind"] == "alert"] == []
+    nodes = [r["graph_nodes"] for r in records if r["kind"] == "step"]
+    assert len(set(nodes[1:])) == 1
+
+
+class TreeCell(nn.Module):
+    """A hand-written GRU-like cell called per node; named with cells=[...]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.z = nn.Linear(4, 4)
+
+    def forward(self, h_left: torch.Tensor, h_right: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.z(h_left + h_right))
+
+
+class Tree(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = TreeCell()
+        self.leaf = nn.Parameter(torch.zeros(1, 4))
+
+    def forward(self, kept: torch.Tensor | None) -> torch.Tensor:
+        left = self.cell(self.leaf, self.leaf)
+        right = kept if kept is not None else self.cell(self.leaf, self.leaf)
+        return self.cell(left, right)
+
+
+def test_user_named_cell_receiving_state_from_an_earlier_step_is_named(tmp_path: Path) -> None:
+    model = Tree()
+    path = tmp_path / "tree.jsonl"
+    with watch(model, run="tree", spool=path, cells=["cell"], diagnose=False) as monitor:
+        kept = None
+        for _ in range(3):
+            root = model(kept)
+            loss = root.pow(2).sum()
+            loss.backward(retain_graph=True)
+            model.zero_grad()
+            kept = root  # state kept on the "tree" across steps, still attached
+            monitor.step(loss)
+    alerts = [r for r in records_of(path) if r["kind"] == "alert"]
+    assert [(a["subject"], a["step"], a["evidence"]["state_step"]) for a in alerts] == [
+        ("cell", 1, 0)
+    ]
+
+
+def test_state_passed_through_a_few_ops_is_still_traced(tmp_path: Path) -> None:
+    rnn = nn.GRU(2, 3)
+    path = tmp_path / "ops.jsonl"
+    with watch(rnn, run="ops", spool=path, diagnose=False) as monitor:
+        h = None
+        for _ in range(3):
+            out, h_new = rnn(torch.randn(4, 1, 2), h)
+            loss = out.sum()
+            loss.backward(retain_graph=True)
+            h = (h_new * 0.5 + 0.1).tanh()  # new nodes, but upstream is the old graph
+            monitor.step(loss)
+    alerts = [r for r in records_of(path) if r["kind"] == "alert"]
+    assert [(a["subject"], a["step"]) for a in alerts] == [("GRU", 1)]
+
+
+def run_losses(path: Path, keep_tensor: bool) -> list[dict[str, Any]]:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    total: Any = 0.0
+    with watch(model, run="total", spool=path, diagnose=False) as monitor:
+        for _ in range(4):
+            loss = model(torch.randn(2, 3)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss if keep_tensor else loss.item()
+            monitor.step(loss)
+    return records_of(path)
+
+
+def test_total_plus_equals_loss_is_caught(tmp_path: Path) -> None:
+    records = run_losses(tmp_path / "t.jsonl", keep_tensor=True)
+    alerts = [r for r in records if r["kind"] == "alert"]
+    assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("graph_growth", "loss", 2)]
+    assert "total += loss.item()" in alerts[0]["hint"]
+
+
+def test_total_plus_equals_loss_item_is_silent(tmp_path: Path) -> None:
+    records = run_losses(tmp_path / "t.jsonl", keep_tensor=False)
+    assert [r for r in records if r["kind"] == "alert"] == []
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_graph_nodes_follow_the_schedule(tmp_path: Path, every: int) -> None:
+    model = nn.Linear(2, 1)
+    path = tmp_path / "g.jsonl"
+    with watch(model, run="g", spool=path, every=every, diagnose=False) as monitor:
+        for _ in range(4):
+            loss = model(torch.ones(1, 2)).sum()
+            loss.backward()
+            monitor.step(loss)
+    steps = [r for r in records_of(path) if r["kind"] == "step"]
+    # AddmmBackward0 -> (AccumulateGrad bias, TBackward0 -> AccumulateGrad weight), SumBackward0
+    assert [r.get("graph_nodes") for r in steps] == [
+        5 if r["step"] % every == 0 else None for r in steps
+    ]

@@ -1,0 +1,182 @@
+"""watch(..., server=None, spool=...): what lands in the spool file, end to end."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from gradwatch.protocol import messages, read_spool
+from gradwatch.trainer_hooks import Monitor, watch
+
+STEP_FIELDS = set(messages.StepRecord.__annotations__)
+CHEAP_FIELDS = {"kind", "step", "epoch", "t", "duration_s", "loss", "overhead", "rss_bytes"}
+
+
+def spool_records(path: Path) -> list[dict[str, Any]]:
+    return [r for m in read_spool(path) if m["type"] == "batch" for r in m["records"]]
+
+
+class Tagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 5, batch_first=True)
+        self.head = nn.Linear(5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+def train(model: nn.Module, monitor: Monitor, steps: int, epochs: int = 1) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(epochs):
+        for _ in range(steps):
+            x = torch.randn(2, 4, 3)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            monitor.step(loss)
+            losses.append(loss.item())
+        monitor.epoch()
+    return losses
+
+
+def test_spool_holds_hello_then_batches_of_protocol_records(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Tagger()
+    path = tmp_path / "run.jsonl"
+    with watch(model, run="tagger", spool=path, diagnose=False) as monitor:
+        losses = train(model, monitor, steps=3, epochs=2)
+    messages_ = list(read_spool(path))
+    hello = messages_[0]
+    assert hello["type"] == "hello" and hello["protocol"] == 1
+    assert hello["run"] == "tagger" and hello["rank"] == 0 and hello["world_size"] == 1
+    assert hello["model"]["parameters"] == sum(p.numel() for p in model.parameters())
+    assert {"name": "lstm", "type": "LSTM"} in hello["model"]["modules"]
+    assert hello["model"]["recurrent"] == ["lstm"]
+    assert all(m["type"] == "batch" for m in messages_[1:])
+    assert [m["seq"] for m in messages_[1:]] == list(range(len(messages_) - 1))
+    assert {m["run_id"] for m in messages_} == {hello["run_id"]}
+
+    records = spool_records(path)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(6))
+    assert [r["epoch"] for r in steps] == [0, 0, 0, 1, 1, 1]
+    assert [r["loss"] for r in steps] == pytest.approx(losses)
+    for r in steps:
+        assert set(r) <= STEP_FIELDS, set(r) - STEP_FIELDS
+        assert set(r) >= CHEAP_FIELDS
+        assert {"param_norms", "gate_norms", "total_norm", "graph_nodes", "timesteps"} <= set(r)
+        assert r["duration_s"] > 0 and 0 <= r["overhead"] < 1
+        assert r["graph_truncated"] is False
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert [(e["epoch"], e["step"], e["steps"]) for e in epochs] == [(0, 2, 3), (1, 5, 3)]
+    assert all(e["duration_s"] > 0 for e in epochs)
+    assert records[-1]["kind"] == "end" and records[-1]["status"] == "finished"
+    assert records[-1]["step"] == 5
+
+
+def test_every_spool_line_validates_against_the_server_schema(tmp_path: Path) -> None:
+    schema = pytest.importorskip("gradwatch.server.schema")
+    model = Tagger()
+    path = tmp_path / "run.jsonl"
+    with watch(model, run="contract", spool=path, profile=True, every=2) as monitor:
+        train(model, monitor, steps=4)
+    lines = path.read_text().splitlines()
+    assert len(lines) >= 2
+    for line in lines:
+        schema.parse_message(line)
+
+
+def test_every_n_captures_heavy_fields_on_every_nth_step_only(tmp_path: Path) -> None:
+    model = Tagger()
+    path = tmp_path / "run.jsonl"
+    with watch(model, run="every", spool=path, every=3, diagnose=False) as monitor:
+        train(model, monitor, steps=7)
+    steps = [r for r in spool_records(path) if r["kind"] == "step"]
+    heavy = [r["step"] for r in steps if "param_norms" in r]
+    assert heavy == [0, 3, 6]
+    assert [r["step"] for r in steps if "graph_nodes" in r] == [0, 3, 6]
+    assert [r["step"] for r in steps if "timesteps" in r] == [0, 3, 6]
+    for r in steps:
+        assert set(r) >= CHEAP_FIELDS
+
+
+def test_crash_inside_the_with_block_ends_the_run_as_crashed(tmp_path: Path) -> None:
+    model = Tagger()
+    path = tmp_path / "run.jsonl"
+    with pytest.raises(RuntimeError, match="boom"), watch(
+        model, run="crash", spool=path, diagnose=False
+    ) as monitor:
+        train(model, monitor, steps=1, epochs=1)
+        raise RuntimeError("boom")
+    end = spool_records(path)[-1]
+    assert end == {"kind": "end", "status": "crashed", "step": 0, "t": end["t"]}
+
+
+def test_run_id_comes_from_the_environment_and_names_the_default_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GRADWATCH_RUN_ID", "0f0e0d0c-aaaa-bbbb-cccc-000000000001")
+    monitor = watch(nn.Linear(2, 1), run="my run/1", diagnose=False)
+    monitor.close()
+    assert monitor.run_id == "0f0e0d0c-aaaa-bbbb-cccc-000000000001"
+    expected = os.path.join(str(tmp_path), "gradwatch-my_run_1-0f0e0d0c-rank0.jsonl")
+    assert monitor.spool_path == expected
+    hello = next(iter(read_spool(monitor.spool_path)))
+    assert hello["run_id"] == "0f0e0d0c-aaaa-bbbb-cccc-000000000001"
+
+
+def test_rank_and_world_size_come_from_torchrun_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    path = tmp_path / "r.jsonl"
+    watch(nn.Linear(2, 1), run="ddp", spool=path, diagnose=False).close()
+    hello = next(iter(read_spool(path)))
+    assert (hello["rank"], hello["world_size"]) == (3, 4)
+
+
+def test_close_and_remove_twice_are_harmless_and_later_steps_are_ignored(tmp_path: Path) -> None:
+    model = nn.Linear(2, 1)
+    monitor = watch(model, run="twice", spool=tmp_path / "t.jsonl", diagnose=False)
+    monitor.remove()
+    monitor.remove()
+    assert monitor.close() is True
+    assert monitor.close() is True
+    with pytest.warns(UserWarning, match="after close"):
+        monitor.step(model(torch.ones(1, 2)).sum())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"every": 0}, "expected every= to be an integer >= 1, got 0"),
+        ({"overhead": 2.0}, "expected overhead= to be a fraction between 0 and 1"),
+        ({"server": "http://x"}, "expected server= to be a ws:// or wss:// URL"),
+        ({"run": ""}, "expected run= to be a non-empty name"),
+        ({"cells": ["decodr"]}, "expected a module, name or class in the model, got 'decodr'"),
+    ],
+)
+def test_bad_arguments_say_what_was_expected(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    model = Tagger()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        watch(model, spool=tmp_path / "x.jsonl", diagnose=False, **kwargs)
+    assert not model.lstm._forward_pre_hooks and not model.lstm._forward_hooks
+
+
+def test_watch_refuses_what_is_not_a_module() -> None:
+    with pytest.raises(TypeError, match=r"expected a torch\.nn\.Module to watch, got function"):
+        watch(lambda x: x)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ fails in CI); Playwright never downloads a browser here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -105,19 +106,56 @@ def step_record(step: int, *, timesteps: int = 121, nonfinite: bool = False) -> 
     }  # fmt: skip
     if nonfinite:
         rec["total_norm"] = "NaN"
-        rec["nonfinite"] = {"parameters": ["lstm.weight_hh_l0"], "timesteps": {"lstm": {"input": 3}}}
+        rec["nonfinite"] = {
+            "parameters": ["lstm.weight_hh_l0"],
+            "timesteps": {"lstm": {"input": 3}},
+        }
     return rec
+
+
+def alert_record(step: int, code: str = "vanishing", subject: str = "lstm") -> dict[str, Any]:
+    """An alert as the diagnoses emit it (docs/PROTOCOL.md)."""
+    return {
+        "kind": "alert", "step": step, "code": code, "severity": "warning", "state": "raised",
+        "subject": subject, "t": time.time(),
+        "message": f"{subject}: gradient reaches back only 20 of 121 timesteps",
+        "hint": "Train with truncated BPTT in chunks of about 20 timesteps",
+        "evidence": {"horizon": 101, "reach": 20, "suggested_truncation": 20},
+    }  # fmt: skip
+
+
+def end_record(step: int, status: str = "finished") -> dict[str, Any]:
+    return {"kind": "end", "status": status, "step": step, "t": time.time()}
+
+
+def wait_js(page: Any, predicate: str, timeout_s: float = 30.0) -> Any:
+    """Wait until the JS arrow function ``predicate`` is truthy in the page.
+
+    A function (not an expression string) because the server's CSP forbids eval,
+    and Playwright evaluates expression strings with eval.
+    """
+    return page.wait_for_function(predicate, timeout=timeout_s * 1000)
+
+
+def chart(page: Any, chart_id: str, expr: str) -> Any:
+    """Evaluate ``expr`` on the Plotly div ``chart_id`` (its data/layout), as `d`."""
+    find = f"document.getElementById({json.dumps(chart_id)})"
+    return page.evaluate(f"() => {{ const d = {find}; return {expr}; }}")
 
 
 class RawTrainer:
     """A trainer-like client speaking protocol v1 on /ws/ingest, waiting for each ack."""
 
-    def __init__(self, server: Any, name: str, run_id: str | None = None) -> None:
+    def __init__(
+        self, server: Any, name: str, run_id: str | None = None, token: str | None = None
+    ) -> None:
         from websockets.sync.client import connect
 
         self.run_id = run_id or str(uuid.uuid4())
         self.seq = 0
-        self.ws = connect(server.url + "/ws/ingest")
+        query = f"?token={token}" if token else ""
+        self._stack = contextlib.ExitStack()
+        self.ws = self._stack.enter_context(connect(server.url + "/ws/ingest" + query))
         self.ws.send(json.dumps({
             "type": "hello", "protocol": 1, "run_id": self.run_id, "run": name, "rank": 0,
             "world_size": 1, "host": "test-box", "pid": 1,
@@ -134,15 +172,17 @@ class RawTrainer:
         self.seq += 1
 
     def close(self) -> None:
-        self.ws.close()
+        self._stack.close()
 
 
 @pytest.fixture
 def raw_trainer() -> Iterator[Any]:
     made: list[RawTrainer] = []
 
-    def make(server: Any, name: str, run_id: str | None = None) -> RawTrainer:
-        t = RawTrainer(server, name, run_id)
+    def make(
+        server: Any, name: str, run_id: str | None = None, token: str | None = None
+    ) -> RawTrainer:
+        t = RawTrainer(server, name, run_id, token)
         made.append(t)
         return t
 

@@ -1,0 +1,226 @@
+"""The dashboard in a real headless Chromium against a real gradwatch server.
+
+Records come from a trainer-like websocket client speaking protocol v1 (or, in
+test_real_training.py, from a real training run through watch()). Every test checks
+that the console stayed clean and that no request left the server's origin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .conftest import alert_record, chart, end_record, step_record, wait_js
+
+pytestmark = pytest.mark.browser
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def assert_clean(w: Any) -> None:
+    assert w.errors == [], w.errors
+    assert w.foreign_requests() == [], w.foreign_requests()
+
+
+def test_runs_list_updates_live_with_status_last_step_and_alerts(
+    gradwatch_server, open_page, raw_trainer
+):
+    server = gradwatch_server()
+    first = raw_trainer(server, "first-run")
+    first.send([step_record(0)])
+    w = open_page(server)
+    row = f"tr[data-run-id='{first.run_id}']"
+    w.page.wait_for_selector(row)
+    assert w.page.inner_text(f"{row} a.run-link") == "first-run"
+
+    second = raw_trainer(server, "second-run")  # created while the page is open
+    second.send([step_record(s) for s in range(5)] + [alert_record(3)])
+    row2 = f"tr[data-run-id='{second.run_id}']"
+    w.page.wait_for_selector(row2)
+    wait_js(w.page, f"""() => {{
+        const r = document.querySelector("{row2}");
+        const alerts = r && r.querySelector(".count-alerts");
+        return r && r.querySelector("[data-field=last_step]").textContent === "4"
+            && alerts && alerts.textContent === "1";
+    }}""")
+    first.send([step_record(1), end_record(1)])
+    w.page.wait_for_selector(f"{row} .badge[data-status=finished]")
+    # Newest first: the second run sits above the first.
+    ids = w.page.eval_on_selector_all("#runs-body tr", "rows => rows.map(r => r.dataset.runId)")
+    assert ids.index(second.run_id) < ids.index(first.run_id)
+    w.screenshot("runs-list")
+    assert_clean(w)
+
+
+def test_run_named_script_tag_shows_as_text_everywhere(gradwatch_server, open_page, raw_trainer):
+    server = gradwatch_server()
+    trainer = raw_trainer(server, HOSTILE)
+    trainer.send([step_record(s) for s in range(3)] + [alert_record(1, subject=HOSTILE)])
+    w = open_page(server)
+    dialogs: list[str] = []
+    w.page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    w.page.wait_for_selector("#runs-body a.run-link")
+    assert w.page.inner_text("#runs-body a.run-link") == HOSTILE
+    w.page.click("#runs-body a.run-link")
+    w.page.wait_for_selector("body[data-painted='1'] #run-name")
+    assert w.page.inner_text("#run-name") == HOSTILE
+    assert HOSTILE in w.page.inner_text("#crumbs")
+    assert HOSTILE in w.page.inner_text("#alerts-list")
+    # Nothing the trainer named became an element.
+    scripts = "() => document.querySelectorAll('main script, header script').length"
+    assert w.page.evaluate(scripts) == 0
+    assert dialogs == []
+    w.screenshot("hostile-name")
+    assert_clean(w)
+
+
+def test_heatmap_gains_rows_and_profile_and_timing_have_points_while_a_run_streams(
+    gradwatch_server, open_page, raw_trainer
+):
+    server = gradwatch_server()
+    trainer = raw_trainer(server, "streaming")
+    trainer.send([step_record(s) for s in range(10)])
+    w = open_page(server, f"#/run/{trainer.run_id}")
+    w.page.wait_for_selector("body[data-painted='1']")
+    heat = "chart-heatmap-lstm-input"
+    assert chart(w.page, heat, "d.data[0].z.length") == 10
+    for start in (10, 15, 20):  # live batches while the page is open
+        trainer.send([step_record(s) for s in range(start, start + 5)])
+    wait_js(w.page, f"() => document.getElementById('{heat}').data[0].z.length === 25")
+    assert chart(w.page, heat, "d.data[0].y.slice(-3)") == [22, 23, 24]
+    assert chart(w.page, heat, "d.data[0].z[24].length") == 121
+    # The fixed log scale, and the colour bar says what the colours mean.
+    assert chart(w.page, heat, "[d.data[0].zmin, d.data[0].zmax]") == [-30, 3]
+    assert "log10" in chart(w.page, heat, "d.data[0].colorbar.title.text")
+    # Latest profile: 121 points, the latest step's values.
+    assert chart(w.page, "chart-profile", "d.data[0].y.length") == 121
+    wait_js(w.page, "() => document.getElementById('chart-time').data[0].x.length === 25")
+    assert chart(w.page, "chart-time", "d.layout.yaxis.title.text") == "step time (ms)"
+    assert chart(w.page, "chart-norms", "d.data.map(t => t.name)")[0] == "total norm"
+    stats = w.page.evaluate("() => window.gradwatch.stats")
+    # Appended, not redrawn: extendTraces ran, batched per frame (never more frames than records).
+    assert stats["extendCalls"] > 0
+    assert stats["flushes"] <= stats["records"] == 15
+    titles = "ds => ds.filter(d => d.layout).map(d => [d.id, d.layout.xaxis.title.text])"
+    for chart_id, title in w.page.eval_on_selector_all(".chart:not([hidden])", titles):
+        assert title, f"{chart_id} has no x axis title"
+    w.screenshot("run-view-streaming")
+    assert_clean(w)
+
+
+def test_nonfinite_steps_are_marked_on_the_norm_chart_from_history_and_live(
+    gradwatch_server, open_page, raw_trainer
+):
+    server = gradwatch_server()
+    trainer = raw_trainer(server, "nan-run")
+    trainer.send([step_record(s, nonfinite=s == 4) for s in range(8)])
+    w = open_page(server, f"#/run/{trainer.run_id}")
+    w.page.wait_for_selector("body[data-painted='1']")
+    marks = "d.data.filter(t => t.name === 'non-finite').flatMap(t => Array.from(t.x))"
+    assert chart(w.page, "chart-norms", marks) == [4]
+    trainer.send([step_record(8), step_record(9, nonfinite=True)])
+    wait_js(w.page, """() => document.getElementById('chart-norms').data
+        .filter(t => t.name === 'non-finite').flatMap(t => Array.from(t.x)).includes(9)""")
+    assert chart(w.page, "chart-norms", marks) == [4, 9]
+    assert_clean(w)
+
+
+def test_alert_shows_message_evidence_fix_and_links_to_its_step(
+    gradwatch_server, open_page, raw_trainer
+):
+    server = gradwatch_server()
+    trainer = raw_trainer(server, "alerting")
+    trainer.send([step_record(s) for s in range(6)])
+    w = open_page(server, f"#/run/{trainer.run_id}")
+    w.page.wait_for_selector("body[data-painted='1']")
+    assert "No alerts" in w.page.inner_text("#alerts-list")
+    trainer.send([step_record(6), alert_record(6)])  # arrives live
+    w.page.wait_for_selector("#alerts-list article.alert[data-code=vanishing]")
+    text = w.page.inner_text("#alerts-list article.alert")
+    assert "gradient reaches back only 20 of 121 timesteps" in text
+    assert "truncated BPTT" in w.page.inner_text("#alerts-list .fix")
+    assert "suggested_truncation" in text
+    # The profile takes the horizon from the alert's evidence.
+    wait_js(w.page, """() => document.getElementById('chart-profile').data
+        .some(t => t.name.startsWith('horizon') && t.x[0] === 101)""")
+    w.page.click("#alerts-list button.goto")
+    panel = "#panel-heatmap-lstm-input"
+    w.page.wait_for_selector(f"{panel}[data-marked='6']")
+    assert chart(w.page, "chart-heatmap-lstm-input", "d.layout.shapes[0].y0") == 6
+    assert_clean(w)
+
+
+def test_compare_overlays_two_runs_and_appends_live(gradwatch_server, open_page, raw_trainer):
+    server = gradwatch_server()
+    bug = raw_trainer(server, "long-lstm")
+    fixed = raw_trainer(server, "long-lstm --fixed")
+    bug.send([step_record(s) for s in range(12)])
+    fixed.send([step_record(s, timesteps=60) for s in range(12)])
+    w = open_page(server)
+    w.page.wait_for_selector(f"tr[data-run-id='{fixed.run_id}']")
+    w.page.check(f"tr[data-run-id='{bug.run_id}'] input[type=checkbox]")
+    w.page.check(f"tr[data-run-id='{fixed.run_id}'] input[type=checkbox]")
+    w.page.click("#compare-button")
+    w.page.wait_for_selector("body[data-painted='1'] #cmp-name-a")
+    names = chart(w.page, "chart-cmp-loss", "d.data.map(t => t.name).sort()")
+    assert names == ["long-lstm", "long-lstm --fixed"]
+    profiles = "d.data.filter(t => t.mode === 'lines+markers').length"
+    assert chart(w.page, "chart-cmp-profile", profiles) == 2
+    fixed.send([step_record(12, timesteps=60)])
+    wait_js(w.page, """() => document.getElementById('chart-cmp-loss').data
+        .some(t => t.name === 'long-lstm --fixed' && t.x.length === 13)""")
+    w.screenshot("compare")
+    assert_clean(w)
+
+
+def test_replay_draws_a_finished_run_from_history(gradwatch_server, open_page, raw_trainer):
+    server = gradwatch_server()
+    trainer = raw_trainer(server, "finished-run")
+    trainer.send([step_record(s) for s in range(40)] + [alert_record(20), end_record(39)])
+    w = open_page(server, f"#/replay/{trainer.run_id}")
+    w.page.wait_for_selector("#replay-label")
+    label = "document.getElementById('replay-label').textContent"
+    wait_js(w.page, f"() => {label}.startsWith('replayed all')")
+    assert chart(w.page, "chart-heatmap-lstm-input", "d.data[0].z.length") == 40
+    assert chart(w.page, "chart-time", "d.data[0].x.length") == 40
+    w.page.wait_for_selector("#alerts-list article.alert[data-code=vanishing]")
+    # Seek back to the start: the charts are drawn again from nothing.
+    w.page.eval_on_selector(
+        "#replay-position", "e => { e.value = '5'; e.dispatchEvent(new Event('change')); }"
+    )
+    wait_js(w.page, """() => {
+        const d = document.getElementById('chart-heatmap-lstm-input');
+        return d && d.data && d.data[0].z && d.data[0].z.length === 5;
+    }""")
+    assert_clean(w)
+
+
+def test_theme_toggle_switches_dark_and_recolours_charts(gradwatch_server, open_page, raw_trainer):
+    server = gradwatch_server()
+    trainer = raw_trainer(server, "themed")
+    trainer.send([step_record(s) for s in range(5)])
+    w = open_page(server, f"#/run/{trainer.run_id}", color_scheme="light")
+    w.page.wait_for_selector("body[data-painted='1']")
+    light = chart(w.page, "chart-loss", "d.layout.font.color")
+    w.page.click("#theme-toggle")
+    assert w.page.evaluate("() => document.documentElement.dataset.theme") == "dark"
+    wait_js(w.page, f"() => document.getElementById('chart-loss').layout.font.color !== {light!r}")
+    dark = chart(w.page, "chart-loss", "d.layout.font.color")
+    assert dark.lower() != light.lower()
+    w.screenshot("run-view-dark")
+    assert_clean(w)
+
+
+def test_view_token_from_the_page_url_rides_on_every_request(
+    gradwatch_server, open_page, raw_trainer
+):
+    server = gradwatch_server(token="ingest-secret", view_token="view-only")
+    trainer = raw_trainer(server, "private", token="ingest-secret")
+    trainer.send([step_record(s) for s in range(3)])
+    w = open_page(server, f"#/run/{trainer.run_id}", query="?token=view-only")
+    w.page.wait_for_selector("body[data-painted='1']")
+    data = [u for u in w.requests if "/api/" in u or "/ws/" in u]
+    assert data, w.requests
+    assert all("token=view-only" in u for u in data), data
+    assert_clean(w)

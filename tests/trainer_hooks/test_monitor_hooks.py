@@ -1,0 +1,172 @@
+"""What watch() does to the model: nothing that changes it, nothing left after remove()."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from gradwatch.protocol import read_spool
+from gradwatch.protocol.sink import SpoolSink
+from gradwatch.trainer_hooks import GradwatchWarning, watch
+from gradwatch.trainer_hooks.pipeline import Item, Pipeline
+
+
+def records_of(path: Path) -> list[dict[str, Any]]:
+    return [r for m in read_spool(path) if m["type"] == "batch" for r in m["records"]]
+
+
+class Seq2Seq(nn.Module):
+    """An encoder LSTM and a decoder cell called once per target token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.LSTM(3, 6, batch_first=True)
+        self.decoder = nn.LSTMCell(6, 6)
+        self.out = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor, steps: int = 5) -> torch.Tensor:
+        enc, (h, c) = self.encoder(x)
+        h, c = h[0], c[0]
+        ys = []
+        for _ in range(steps):
+            attn = torch.softmax((enc * h[:, None]).sum(-1), dim=1)
+            context = (attn[..., None] * enc).sum(1)
+            h, c = self.decoder(context, (h, c))
+            ys.append(self.out(h))
+        return torch.stack(ys, 1)
+
+
+def outputs_and_grads(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    y = model(x)
+    y.pow(2).sum().backward()
+    return y.detach().clone(), [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+
+
+def hook_state(model: nn.Module) -> list[Any]:
+    state: list[Any] = []
+    for module in model.modules():
+        state += [
+            dict(module._forward_hooks),
+            dict(module._forward_pre_hooks),
+            dict(module._backward_hooks),
+            dict(module._backward_pre_hooks),
+            module._is_full_backward_hook,
+        ]
+    for p in model.parameters():
+        post = getattr(p, "_post_accumulate_grad_hooks", None)
+        state += [dict(p._backward_hooks or {}), dict(post or {})]
+    return state
+
+
+def test_hooks_never_change_outputs_or_gradients_and_remove_leaves_no_trace(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Seq2Seq().double()
+    x = torch.randn(2, 7, 3, dtype=torch.float64)
+    before_state = hook_state(model)
+    y0, g0 = outputs_and_grads(model, x)
+
+    monitor = watch(model, run="rm", spool=tmp_path / "rm.jsonl", profile=True, diagnose=False)
+    y1, g1 = outputs_and_grads(model, x)  # a captured step, every hook active
+    monitor.step(y1.sum())
+    assert any(module._forward_pre_hooks for module in model.modules())
+    monitor.remove()
+    y2, g2 = outputs_and_grads(model, x)
+    monitor.close()
+
+    for y in (y1, y2):
+        assert torch.equal(y, y0)
+    for grads in (g1, g2):
+        assert all(torch.equal(a, b) for a, b in zip(grads, g0, strict=True))
+    assert hook_state(model) == before_state
+    records = records_of(tmp_path / "rm.jsonl")
+    assert "profile" in records[0] and "param_norms" in records[0]
+
+
+def test_no_grad_and_inference_mode_passes_capture_nothing(tmp_path: Path) -> None:
+    model = Seq2Seq()
+    path = tmp_path / "eval.jsonl"
+    with watch(model, run="eval", spool=path, profile=True, diagnose=False) as monitor:
+        with torch.no_grad():
+            y = model(torch.randn(2, 4, 3))
+        assert y.grad_fn is None and not y._backward_hooks
+        monitor.step(None)
+        with torch.inference_mode():
+            y = model(torch.randn(2, 4, 3))
+        monitor.step(None)
+        loss = model(torch.randn(2, 4, 3)).sum()
+        loss.backward()
+        monitor.step(loss)
+    steps = [r for r in records_of(path) if r["kind"] == "step"]
+    heavy = {"param_norms", "timesteps", "profile", "graph_nodes"}
+    assert [sorted(heavy & set(r)) for r in steps] == [[], [], sorted(heavy)]
+    assert steps[0]["loss"] is None
+    assert [r for r in records_of(path) if r["kind"] == "alert"] == []
+
+
+def test_profile_shows_calls_per_step_and_where_the_time_goes(tmp_path: Path) -> None:
+    model = Seq2Seq()
+    path = tmp_path / "prof.jsonl"
+    with watch(model, run="prof", spool=path, profile=True, diagnose=False) as monitor:
+        for _ in range(2):
+            loss = model(torch.randn(2, 4, 3), steps=9).sum()
+            loss.backward()
+            monitor.step(loss)
+    for record in (r for r in records_of(path) if r["kind"] == "step"):
+        profile = record["profile"]
+        assert profile["decoder"]["calls"] == 9 and profile["out"]["calls"] == 9
+        assert profile["encoder"]["calls"] == 1 and profile["Seq2Seq"]["calls"] == 1
+        for name in ("decoder", "out", "encoder", "Seq2Seq"):
+            assert profile[name]["forward_s"] > 0 and profile[name]["backward_s"] > 0
+        # inclusive times: the model's forward contains its decoder's
+        assert profile["Seq2Seq"]["forward_s"] >= profile["decoder"]["forward_s"]
+
+
+def test_overhead_budget_makes_heavy_captures_rarer(tmp_path: Path) -> None:
+    model = Seq2Seq()
+    plain, tight = tmp_path / "plain.jsonl", tmp_path / "tight.jsonl"
+    for path, budget in ((plain, None), (tight, 1e-9)):
+        with watch(model, run="budget", spool=path, overhead=budget, diagnose=False) as monitor:
+            for _ in range(6):
+                loss = model(torch.randn(2, 4, 3)).sum()
+                loss.backward()
+                monitor.step(loss)
+    heavy = {
+        path: [r["step"] for r in records_of(path) if r["kind"] == "step" and "param_norms" in r]
+        for path in (plain, tight)
+    }
+    assert heavy[plain] == [0, 1, 2, 3, 4, 5]
+    assert heavy[tight] == [0]  # no interval fits a budget of 1e-9: the longest one is used
+
+
+class SlowSink:
+    """A real sink that holds the background thread until released."""
+
+    def __init__(self, path: Path) -> None:
+        self.inner = SpoolSink(path, {"type": "hello", "run_id": "r", "rank": 0})
+        self.release = threading.Event()
+
+    def send(self, records: list[dict[str, Any]]) -> None:
+        self.release.wait(30)
+        self.inner.send(records)
+
+    def close(self, timeout: float | None = None) -> None:
+        self.inner.close()
+
+
+def test_a_full_queue_drops_records_with_one_warning_and_never_blocks(tmp_path: Path) -> None:
+    sink = SlowSink(tmp_path / "slow.jsonl")
+    pipeline = Pipeline(sink, quantities=[], maxsize=4, flush_interval=0.0)
+    with pytest.warns(GradwatchWarning, match="queue is full") as caught:
+        accepted = [pipeline.put(Item({"kind": "epoch", "epoch": i})) for i in range(50)]
+    assert len(caught) == 1
+    assert pipeline.dropped == accepted.count(False) > 0
+    sink.release.set()
+    assert pipeline.close(timeout=30)
+    sent = [r["epoch"] for r in records_of(tmp_path / "slow.jsonl")]
+    assert sent == [i for i, ok in enumerate(accepted) if ok]

@@ -218,7 +218,7 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any]) -> SplitBatch:
                     scalar(record.t),
                     scalar(record.duration_s),
                     record.steps,
-                    record.model_dump_json(),
+                    record.model_dump_json(exclude_none=True),
                 )
             )
         elif kind == "alert":
@@ -231,7 +231,7 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any]) -> SplitBatch:
                     record.severity,
                     record.state,
                     record.subject,
-                    record.model_dump_json(exclude_unset=True),
+                    record.model_dump_json(),
                 )
             )
         else:  # end

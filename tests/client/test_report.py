@@ -1,0 +1,113 @@
+"""`gradwatch report RUN -o run.html`: a standalone file that draws in Chromium with
+every network request blocked, shows the alerts with their fixes, and keeps names as text.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ARTIFACTS, CHROMIUM_ARGS, alert_record, end_record, step_record
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gradwatch.server.cli", "report", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def finished_run(gradwatch_server, raw_trainer, tmp_path: Path) -> tuple[Any, Any]:
+    server = gradwatch_server(db=str(tmp_path / "runs.db"))
+    trainer = raw_trainer(server, HOSTILE)
+    records = [step_record(s, nonfinite=s == 7) for s in range(30)]
+    records += [alert_record(12), {"kind": "epoch", "epoch": 0, "step": 19, "t": 0.0,
+                                   "duration_s": 0.4, "steps": 20}, end_record(29)]  # fmt: skip
+    trainer.send(records)
+    return server, trainer
+
+
+@pytest.mark.browser
+def test_report_draws_offline_with_alerts_and_names_as_text(
+    finished_run, chromium_path: str, tmp_path: Path
+):
+    server, trainer = finished_run
+    out = tmp_path / "run.html"
+    done = report(trainer.run_id, "-o", str(out), "--db", server.db)
+    assert done.returncode == 0, done.stderr
+    html = out.read_text(encoding="utf-8")
+    assert HOSTILE not in html  # escaped wherever it appears
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<script src=" not in html  # Plotly is inline
+
+    from playwright.sync_api import sync_playwright
+
+    requests: list[str] = []
+    errors: list[str] = []
+    dialogs: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS
+        )
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+
+        def block(route: Any) -> None:
+            requests.append(route.request.url)
+            if route.request.url.startswith("file://"):
+                route.continue_()
+            else:
+                route.abort()
+
+        page.route("**/*", block)
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(out.as_uri())
+        page.wait_for_selector("body[data-painted='1']", timeout=60_000)
+        assert page.inner_text("#run-name") == HOSTILE
+        rows = "d => d.data[0].z.length"
+        assert page.eval_on_selector("[id^=chart-heatmap]", rows) == 30
+        assert page.eval_on_selector("#chart-profile", "d => d.data[0].y.length") == 121
+        marks = "d => d.data.filter(t => t.name === 'non-finite').flatMap(t => t.x)"
+        assert page.eval_on_selector("#chart-norms", marks) == [7]
+        assert page.eval_on_selector("#chart-time", "d => d.data[0].x.length") == 30
+        alert = page.inner_text("#panel-alerts")
+        assert "gradient reaches back only 20 of 121 timesteps" in alert
+        assert "truncated BPTT" in page.inner_text("#panel-alerts .fix")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        browser.close()
+    assert [u for u in requests if not u.startswith("file://")] == []
+    assert errors == []
+    assert dialogs == []
+
+
+def test_report_finds_a_run_by_name(finished_run, tmp_path: Path):
+    server, trainer = finished_run
+    out = tmp_path / "by-name.html"
+    done = report(HOSTILE, "-o", str(out), "--db", server.db)
+    assert done.returncode == 0, done.stderr
+    assert trainer.run_id in out.read_text(encoding="utf-8")
+
+
+def test_report_of_an_unknown_run_says_what_it_expected(finished_run, tmp_path: Path):
+    server, _ = finished_run
+    done = report("no-such-run", "-o", str(tmp_path / "x.html"), "--db", server.db)
+    assert done.returncode == 2
+    assert "expected a run id or name in the database, got 'no-such-run'" in done.stderr
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_report_without_a_database_file_says_so(tmp_path: Path):
+    missing = tmp_path / "missing.db"
+    done = report("any", "-o", str(tmp_path / "x.html"), "--db", str(missing))
+    assert done.returncode == 2
+    assert "expected a gradwatch database" in done.stderr
+    assert not missing.exists()  # reading a report never creates a database

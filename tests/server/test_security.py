@@ -1,0 +1,157 @@
+"""Tokens, Origin and Host checks, the CSP of pages, and `gradwatch serve`'s refusal
+of an unprotected public bind."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from websockets.sync.client import connect
+
+INGEST, VIEW = "ingest-secret", "view-secret"
+
+
+@pytest.fixture
+def locked(gradwatch_server):
+    return gradwatch_server(token=INGEST, view_token=VIEW)
+
+
+def test_ingest_needs_the_ingest_token(locked, wire):
+    for token, says in ((None, "got none"), ("guess", "got a wrong one"), (VIEW, "wrong one")):
+        with wire.connect(locked, token=token) as ws:
+            error, code, _ = wire.expect_error(ws)
+        assert code == 1008
+        assert error["message"].startswith("expected the ingest token")
+        assert says in error["message"]
+    run_id = wire.run_id()
+    assert wire.send_run(locked, run_id, [[wire.step(0)]], token=INGEST) == [
+        {"type": "ack", "seq": 0}
+    ]
+    # ?token= works too: browsers and some proxies cannot set headers.
+    with connect(f"{locked.url}/ws/ingest?token={INGEST}") as ws:
+        ws.send(json.dumps(wire.hello(run_id)))
+        ws.send(json.dumps(wire.batch(run_id, 1, [wire.step(1)])))
+        assert wire.recv(ws) == {"type": "ack", "seq": 1}
+
+
+def test_view_token_reads_but_cannot_write(locked, wire):
+    run_id = wire.run_id()
+    wire.send_run(locked, run_id, [[wire.step(0)]], token=INGEST)
+    assert wire.get(locked, "/api/runs")[0] == 401
+    assert wire.get(locked, "/api/runs", token="guess")[0] == 401
+    status, body, _ = wire.get(locked, f"/api/runs/{run_id}")
+    assert status == 401 and body["detail"].startswith("expected a view token")
+    assert [r["id"] for r in wire.get_ok(locked, "/api/runs", token=VIEW)] == [run_id]
+    assert wire.get_ok(locked, f"/api/runs?token={VIEW}")[0]["id"] == run_id
+    assert wire.get_ok(locked, "/api/runs", token=INGEST)[0]["id"] == run_id
+    with wire.connect(locked, f"/ws/live?run={run_id}&token={VIEW}") as viewer:
+        assert wire.recv(viewer)["type"] == "subscribed"
+    with wire.connect(locked, f"/ws/live?run={run_id}") as viewer:
+        assert wire.expect_error(viewer)[1] == 1008
+    # The page needs the link with its token; the health check stays open.
+    assert wire.get(locked, "/")[0] == 401
+    assert wire.get(locked, f"/?token={VIEW}")[0] == 200
+    assert wire.get_ok(locked, "/api/health")["status"] == "ok"
+
+
+def test_websocket_from_another_sites_page_is_refused(shared_gradwatch_server, wire):
+    server = shared_gradwatch_server
+    for path in ("/ws/ingest", "/ws/live"):
+        with connect(server.url + path, origin="http://evil.example") as ws:
+            error, code, _ = wire.expect_error(ws)
+        assert code == 1008
+        assert error["message"].startswith("Origin: expected http://127.0.0.1:")
+    # The dashboard's own origin is fine.
+    with connect(server.url + "/ws/live", origin=server.http) as ws:
+        assert wire.recv(ws)["type"] == "subscribed"
+
+
+def test_foreign_host_header_is_refused_against_dns_rebinding(shared_gradwatch_server, wire):
+    server = shared_gradwatch_server
+    status, body, _ = wire.get(server, "/api/runs", headers={"Host": "evil.example:8765"})
+    assert status == 421
+    assert "--allowed-host evil.example" in body["detail"]
+    assert wire.get(server, "/api/runs", headers={"Host": f"localhost:{server.port}"})[0] == 200
+    # A websocket handshake as a rebinding page's browser would send it.
+    message = _first_websocket_message(server.port, host="evil.example", path="/ws/live")
+    assert message["code"] == 1008
+    assert message["message"].startswith("Host 'evil.example' is not allowed")
+
+
+def _first_websocket_message(port: int, host: str, path: str) -> dict:
+    """Handshake with an arbitrary Host header on a raw socket; the first text frame."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request.encode())
+        stream = sock.makefile("rb")
+        assert stream.readline().startswith(b"HTTP/1.1 101")
+        while stream.readline() not in (b"\r\n", b""):
+            pass
+        first, size = stream.read(2)
+        assert first == 0x81  # one unfragmented text frame, unmasked from the server
+        if size == 126:
+            size = int.from_bytes(stream.read(2), "big")
+        return dict(json.loads(stream.read(size)))
+
+
+def test_allowed_host_is_accepted(gradwatch_server, wire):
+    server = gradwatch_server(args=("--allowed-host", "gradwatch.lab"))
+    assert wire.get(server, "/api/runs", headers={"Host": "gradwatch.lab"})[0] == 200
+    assert wire.get(server, "/api/runs", headers={"Host": "other.lab"})[0] == 421
+
+
+def test_pages_carry_a_content_security_policy(shared_gradwatch_server, wire):
+    for path in ("/", "/api/runs", "/static/vendor/plotly.min.js"):
+        status, _, headers = wire.get(shared_gradwatch_server, path)
+        assert status == 200, path
+        csp = headers["content-security-policy"]
+        assert "default-src 'self'" in csp and "script-src 'self'" in csp
+        assert "frame-ancestors 'none'" in csp
+        assert "unsafe-eval" not in csp
+        assert headers["referrer-policy"] == "no-referrer"
+        assert headers["x-content-type-options"] == "nosniff"
+
+
+def test_plotly_is_served_from_the_installed_package(shared_gradwatch_server, wire):
+    import plotly
+
+    bundle = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    status, body, headers = wire.get(shared_gradwatch_server, "/static/vendor/plotly.min.js")
+    assert status == 200
+    assert headers["content-type"].startswith("text/javascript")
+    assert body == bundle.read_text()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::"])
+def test_serve_refuses_a_public_bind_without_a_token(host, tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gradwatch.server.cli",
+            "serve",
+            "--host",
+            host,
+            "--port",
+            "9",
+            "--db",
+            str(tmp_path / "never.db"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert f"--host {host} is reachable from other machines" in done.stderr
+    assert "expected --token" in done.stderr
+    assert not (tmp_path / "never.db").exists()

@@ -252,7 +252,7 @@ class WebSocketSink:
             self._warn.warn(
                 "undelivered",
                 f"gradwatch: {batches} batch(es) ({records} records) were not acknowledged by "
-                f"{self.url} within {limit:g} s; they are kept in {self.spool_path}. "
+                f"{self.url} within {limit:.1f} s; they are kept in {self.spool_path}. "
                 f"Send them later with: gradwatch upload {self.spool_path} --server {self.url}",
             )
 

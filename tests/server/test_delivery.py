@@ -1,0 +1,177 @@
+"""End to end delivery: watch() in a training loop -> WebSocketSink -> a real
+`gradwatch serve` process (tests/conftest.py), checked over the REST API.
+
+Every test checks the whole step sequence: each step stored exactly once, none missing,
+whatever happened to the server in between (kill -9, down at the start, never up).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from gradwatch.protocol.spool import read_spool
+from gradwatch.protocol.warnings import GradwatchWarning
+from gradwatch.trainer_hooks import watch
+
+pytestmark = pytest.mark.slow
+
+
+class TinyLSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 8, batch_first=True)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+class Trainer:
+    """A real training loop under watch(); `train(n)` runs n steps."""
+
+    def __init__(self, server: str, run_id: str, spool: Path | None = None) -> None:
+        torch.manual_seed(0)
+        self.model = TinyLSTM()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.monitor = watch(self.model, run="delivery", server=server, spool=spool,
+                             run_id=run_id, diagnose=False)
+        self.steps = 0
+
+    def train(self, n: int) -> None:
+        for _ in range(n):
+            x, y = torch.randn(4, 6, 3), torch.randn(4, 1)
+            loss = nn.functional.mse_loss(self.model(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            self.monitor.step(loss)
+            self.steps += 1
+
+    @property
+    def sink(self) -> Any:
+        return self.monitor._pipeline.sink
+
+    def delivered(self, timeout: float = 60.0) -> bool:
+        """Every record so far handed to the sink and acknowledged by the server."""
+        return bool(self.monitor.flush(timeout)) and bool(self.sink.flush(timeout))
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A loopback port nothing listens on (yet)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def get(server: Any, path: str) -> Any:
+    with urllib.request.urlopen(server.http + path, timeout=30) as answer:  # noqa: S310
+        return json.loads(answer.read())
+
+
+def stored_steps(server: Any, run_id: str) -> list[int]:
+    answer = get(server, f"/api/runs/{run_id}/steps?fields=loss&max_points=1000000")
+    assert answer["downsampled"] is False
+    steps: list[int] = answer["fields"]["loss"]["step"]
+    assert answer["total"] == len(steps)
+    return steps
+
+
+def run_id_for(name: str) -> str:
+    import uuid
+
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gradwatch-test-{name}-{uuid.uuid4()}"))
+
+
+def test_watched_training_run_end_to_end(gradwatch_server: Any, tmp_path: Path) -> None:
+    server = gradwatch_server()
+    run_id = run_id_for("e2e")
+    trainer = Trainer(server.url, run_id, spool=tmp_path / "run.jsonl")
+    trainer.train(40)
+    trainer.monitor.epoch()
+    trainer.train(10)
+    assert trainer.monitor.close(timeout=60)
+    assert stored_steps(server, run_id) == list(range(50))
+    summary = get(server, f"/api/runs/{run_id}")
+    assert summary["status"] == "finished" and summary["last_step"] == 49
+    assert [e["epoch"] for e in get(server, f"/api/runs/{run_id}/epochs")] == [0]
+    assert trainer.sink.stats()["pending_batches"] == 0
+    assert not (tmp_path / "run.jsonl").exists()  # everything acknowledged: no spool left
+
+
+def test_kill_9_mid_run_and_restart_stores_every_step_exactly_once(
+    gradwatch_server: Any, gradwatch_db: str, tmp_path: Path
+) -> None:
+    server = gradwatch_server(db=gradwatch_db)
+    run_id = run_id_for("kill9")
+    with pytest.warns(GradwatchWarning) as caught:
+        trainer = Trainer(server.url, run_id, spool=tmp_path / "run.jsonl")
+        trainer.train(30)
+        assert trainer.delivered()
+        trainer.train(15)  # some of these are in flight when the server dies
+        server.kill()
+        trainer.train(40)  # training goes on while the server is gone
+        assert trainer.sink.stats()["spooled_batches"] > 0
+        server.restart()
+        trainer.train(15)
+        assert trainer.monitor.close(timeout=60)
+    assert stored_steps(server, run_id) == list(range(100))
+    assert get(server, f"/api/runs/{run_id}")["status"] == "finished"
+    assert trainer.sink.stats()["connections"] >= 2
+    assert any("lost the connection" in str(w.message) for w in caught)
+
+
+def test_server_down_at_start_then_up_delivers_everything(
+    gradwatch_server: Any, unused_port: int, tmp_path: Path
+) -> None:
+    run_id = run_id_for("down-at-start")
+    spool = tmp_path / "run.jsonl"
+    with pytest.warns(GradwatchWarning, match="cannot reach"):
+        trainer = Trainer(f"ws://127.0.0.1:{unused_port}", run_id, spool=spool)
+        trainer.train(50)  # nothing waits on the network: every step completes
+        assert trainer.monitor.flush(30)
+        assert trainer.sink.stats()["memory_batches"] == 0
+        assert next(m["type"] for m in read_spool(spool)) == "hello"  # on disk meanwhile
+        server = gradwatch_server(port=unused_port)
+        trainer.train(20)
+        assert trainer.monitor.close(timeout=60)
+    assert stored_steps(server, run_id) == list(range(70))
+    assert not spool.exists()
+
+
+def test_server_never_up_then_gradwatch_upload_twice_stores_once(
+    gradwatch_server: Any, unused_port: int, tmp_path: Path
+) -> None:
+    run_id = run_id_for("upload")
+    spool = tmp_path / "run.jsonl"
+    with pytest.warns(GradwatchWarning) as caught:
+        trainer = Trainer(f"ws://127.0.0.1:{unused_port}", run_id, spool=spool)
+        trainer.train(60)
+        trainer.monitor.close(timeout=0.5)
+    assert any("gradwatch upload" in str(w.message) and str(spool) in str(w.message)
+               for w in caught)
+    messages = list(read_spool(spool))
+    assert messages[0]["type"] == "hello" and messages[0]["run_id"] == run_id
+    assert [m["seq"] for m in messages[1:]] == list(range(len(messages) - 1))
+    server = gradwatch_server()
+    for _ in range(2):  # idempotent
+        done = subprocess.run(
+            [sys.executable, "-m", "gradwatch.server.cli", "upload", str(spool),
+             "--server", server.url],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+    assert stored_steps(server, run_id) == list(range(60))
+    assert get(server, f"/api/runs/{run_id}")["status"] == "finished"

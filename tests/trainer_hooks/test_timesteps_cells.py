@@ -190,19 +190,53 @@ def test_many_calls_grow_the_buffer_and_keep_earlier_norms() -> None:
 def test_a_named_cell_that_matches_nothing_says_what_it_expected() -> None:
     model = Loop(HandGRU(2, 3))
     q = RecurrentTimesteps(cells=["decodr"])
-    with pytest.raises(ValueError, match=r"expected a module, name or class in the model, "
-                       r"got 'decodr'; modules: 'cell'"):
+    with pytest.raises(
+        ValueError,
+        match=r"expected a module, name or class in the model, "
+        r"got 'decodr'; modules: 'cell'",
+    ):
         q.attach(model)
     with pytest.raises(ValueError, match=r"got a Linear module"):
         RecurrentTimesteps(cells=[nn.Linear(1, 1)]).attach(model)
-    with pytest.raises(TypeError, match=r"expected cells to be modules, module names or "
-                       r"nn.Module classes, got 3 \(int\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"expected cells to be modules, module names or "
+        r"nn.Module classes, got 3 \(int\)",
+    ):
         RecurrentTimesteps(cells=[3]).attach(model)  # type: ignore[list-item]
 
 
 def test_a_bad_exact_hidden_value_says_what_it_expected() -> None:
-    with pytest.raises(ValueError, match=r"expected exact_hidden to be True, False or an int "
-                       r">= 0, got 0.5"):
+    with pytest.raises(
+        ValueError,
+        match=r"expected exact_hidden to be True, False or an int "
+        r">= 0, got 0.5",
+    ):
         RecurrentTimesteps(exact_hidden=0.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"got -2"):
         RecurrentTimesteps(exact_hidden=-2)
+
+
+def test_a_decoder_with_a_shrinking_batch_keeps_call_order_across_shapes() -> None:
+    torch.manual_seed(5)
+    model = Loop(nn.LSTMCell(2, 3).double())
+    x = torch.randn(7, 5, 2, dtype=F64)
+    sizes = [5, 5, 4, 4, 4, 2, 1]  # batch_size_t: sequences end at different steps
+
+    def run(keep: list[Any] | None = None) -> torch.Tensor:
+        h = c = x.new_zeros(5, 3)
+        loss = x.new_zeros(())
+        for t, b in enumerate(sizes):
+            h, c = model.cell(x[t, :b], (h[:b], c[:b]))
+            if keep is not None:
+                h.retain_grad()
+                keep.append(h)
+            loss = loss + (t % 3) * h.sin().sum()
+        return loss
+
+    record = captured_step(model, lambda: run().backward())
+    kept: list[torch.Tensor] = []
+    run(kept).backward()
+    got = series(record, "cell", "hidden")
+    torch.testing.assert_close(got, norms(kept), rtol=1e-12, atol=0.0)
+    assert bool((got[:6] > 0).all()) and got[6] == 0.0  # the last call feeds nothing

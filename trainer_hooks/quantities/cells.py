@@ -2,11 +2,14 @@
 
 A forward hook on the cell runs at every call. It fixes the call's index ``k`` right
 then (backward fires hooks in reverse order, so the index cannot be counted there)
-and registers a tensor hook on the returned h_k (and c_k when the cell returns
-``(h, c)``). In backward that hook receives the total derivative ∂L/∂h_k, through
-every later call, and writes its float64 norm into a device buffer at index k: one
-tensor op, no Python float per call, no host sync. The buffer is allocated once per
-step with the capacity the previous step needed (doubling when a step needs more).
+and hooks the autograd node that produced h_k (and c_k when the cell returns
+``(h, c)``; one hook when both come from one node, as with CUDA's fused cell). In
+backward that hook receives the total derivative ∂L/∂h_k, through every later call,
+and only keeps a reference to it; ``finish_step`` turns all of a step's gradients
+into float64 norms with one stack and one norm per shape (a seq2seq decoder with a
+shrinking batch has a few shapes), so the cost per call is one hook and no tensor
+op, and nothing waits for the device. The gradients are held until the step closes:
+about the memory of the hidden states the graph held anyway.
 
 What a cell returns: a tensor is h; a tuple or list whose first two items are
 tensors is ``(h, c)``; otherwise its first tensor item is h. A module that returns
@@ -16,6 +19,8 @@ through the cell inside it instead.
 
 from __future__ import annotations
 
+import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,18 +46,18 @@ def _split_output(output: Any) -> tuple[torch.Tensor | None, torch.Tensor | None
 
 
 class CellCapture:
-    """The hook on one cell; this step's norms live in ``buffers``."""
+    """The hook on one cell; ``grads[series][k]`` is ∂L/∂h_k once backward reached it."""
 
     def __init__(self, owner: RecurrentTimesteps, module: nn.Module, name: str) -> None:
         self.owner = owner
         self.module = module
         self.name = name
-        self.capacity = 64
         self.reset()
 
     def reset(self) -> None:
         self.count = 0
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.device: torch.device | None = None
+        self.grads: dict[str, list[torch.Tensor | None]] = {"hidden": [], "cell": []}
         self.used: set[str] = set()
         # calls made during backward (checkpoint recomputation) -> did a hook fire?
         self.recomputed: dict[int, bool] = {}
@@ -63,10 +68,12 @@ class CellCapture:
     def _post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if not self.owner.capturing or not torch.is_grad_enabled():
             return
+        started = time.perf_counter()
         try:
             self._watch_call(output)
         except Exception as e:  # monitoring must never break the training step
             self.owner.warn_failure("cell capture", e)
+        self.owner.cost_s += time.perf_counter() - started
 
     def _watch_call(self, output: Any) -> None:
         h, c = _split_output(output)
@@ -74,53 +81,101 @@ class CellCapture:
             return
         k = self.count
         self.count += 1
-        self._ensure(k + 1, h.device)
+        self.device = h.device
+        hidden, cell = self.grads["hidden"], self.grads["cell"]
+        hidden.append(None)
+        cell.append(None)
         step = self.owner.generation
-        hook_tensor(h, lambda g: self._write(step, "hidden", k, g))
+        targets: list[tuple[torch.Tensor, list[torch.Tensor | None]]] = [(h, hidden)]
         self.used.add("hidden")
         if c is not None and c.requires_grad:
-            hook_tensor(c, lambda g: self._write(step, "cell", k, g))
+            targets.append((c, cell))
             self.used.add("cell")
         if in_backward():
             self.recomputed[k] = False
+        by_node: dict[Any, list[tuple[int, list[torch.Tensor | None]]]] = {}
+        for tensor, slots in targets:
+            node = tensor.grad_fn
+            if node is None:  # a leaf: only a tensor hook can see its gradient
+                hook_tensor(tensor, partial(self._keep_leaf, step, k, slots))
+            else:
+                by_node.setdefault(node, []).append((tensor.output_nr, slots))
+        for node, wanted in by_node.items():
+            node.register_prehook(partial(self._keep_node, step, k, wanted))
 
-    def _ensure(self, size: int, device: torch.device) -> None:
-        if self.buffers and size <= self.buffers["hidden"].shape[0]:
-            return
-        while self.capacity < size:
-            self.capacity *= 2
-        for series in SERIES:
-            grown = torch.zeros(self.capacity, dtype=F64, device=device)
-            old = self.buffers.get(series)
-            if old is not None:  # norms an earlier backward of this step already wrote
-                grown[: old.shape[0]] = old
-            self.buffers[series] = grown
+    def _keep_leaf(
+        self, step: int, k: int, slots: list[torch.Tensor | None], grad: torch.Tensor
+    ) -> None:
+        self._keep(step, k, [(grad, slots)])
 
-    def _write(self, step: int, series: str, k: int, grad: torch.Tensor) -> None:
+    def _keep_node(
+        self,
+        step: int,
+        k: int,
+        wanted: list[tuple[int, list[torch.Tensor | None]]],
+        grads: tuple[torch.Tensor | None, ...],
+    ) -> None:
+        self._keep(step, k, [(grads[i], slots) for i, slots in wanted])
+
+    def _keep(
+        self, step: int, k: int, received: list[tuple[torch.Tensor | None, list[Any]]]
+    ) -> None:
+        # only a reference: the norm is computed for all calls at once in series()
         if step != self.owner.generation:
             return  # a late backward of an earlier step
-        try:
-            with torch.no_grad():
-                torch.linalg.vector_norm(grad.detach(), dtype=F64, out=self.buffers[series][k])
-            if k in self.recomputed:
-                self.recomputed[k] = True
-        except Exception as e:
-            self.owner.warn_failure("cell gradient norm", e)
+        started = time.perf_counter()
+        for grad, slots in received:
+            if grad is not None:
+                slots[k] = grad
+        if k in self.recomputed:
+            self.recomputed[k] = True
+        self.owner.cost_s += time.perf_counter() - started
 
     def series(self) -> dict[str, torch.Tensor]:
-        """This step's series (views of the step's own buffers; never reused)."""
-        if self.count == 0:
+        """This step's float64 series, one entry per kept call (device ops, no sync)."""
+        if self.count == 0 or self.device is None:
             return {}
-        dropped = [k for k, fired in self.recomputed.items() if not fired]
-        keep: torch.Tensor | None = None
-        if dropped:
-            gone = set(dropped)
-            index = [k for k in range(self.count) if k not in gone]
-            keep = torch.tensor(index, dtype=torch.long).to(self.buffers["hidden"].device)
+        dropped = {k for k, fired in self.recomputed.items() if not fired}
         result = {}
-        for series in SERIES:
-            if series not in self.used:
-                continue
-            values = self.buffers[series][: self.count]
-            result[series] = values if keep is None else values.index_select(0, keep)
+        with torch.no_grad():
+            for series in SERIES:
+                if series in self.used:
+                    grads = self.grads[series]
+                    if dropped:
+                        grads = [g for k, g in enumerate(grads) if k not in dropped]
+                    result[series] = norms_in_order(grads, self.device)
         return result
+
+
+def norms_in_order(grads: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
+    """‖g‖₂ in float64 for each entry (0 for None), one stack and norm per shape."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for k, g in enumerate(grads):
+        if g is not None:
+            groups.setdefault((g.shape, g.dtype, g.device), []).append(k)
+    results: list[torch.Tensor] = []
+    position: dict[int, tuple[int, int]] = {}  # call -> (group, row in its norms)
+    for members in groups.values():
+        stacked = torch.stack([grads[k] for k in members])  # type: ignore[misc]
+        dims = tuple(range(1, stacked.dim()))
+        results.append(torch.linalg.vector_norm(stacked.detach(), dim=dims, dtype=F64))
+        for row, k in enumerate(members):
+            position[k] = (len(results) - 1, row)
+    # stitch runs of consecutive calls from one group as slices (views, no copies)
+    pieces: list[torch.Tensor] = []
+    k, total = 0, len(grads)
+    while k < total:
+        end = k + 1
+        if k not in position:
+            while end < total and end not in position:
+                end += 1
+            pieces.append(torch.zeros(end - k, dtype=F64, device=device))
+        else:
+            group, row = position[k]
+            while end < total and position.get(end) == (group, row + end - k):
+                end += 1
+            pieces.append(results[group][row : row + end - k])
+        k = end
+    if not pieces:
+        return torch.zeros(0, dtype=F64, device=device)
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)

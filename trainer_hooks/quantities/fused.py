@@ -17,6 +17,7 @@ output with an unrolled re-computation (:mod:`.unrolled`) that exposes every h_t
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -70,11 +71,14 @@ class FusedCapture:
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if not self.owner.capturing or not torch.is_grad_enabled():
             return None
+        started = time.perf_counter()
         try:
             return self._swap_input(args, kwargs)
         except Exception as e:  # monitoring must never break the training step
             self.owner.warn_failure("fused input capture", e)
             return None
+        finally:
+            self.owner.cost_s += time.perf_counter() - started
 
     def _swap_input(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -135,6 +139,7 @@ class FusedCapture:
         pending, self._pending = self._pending, None
         if not self.owner.capturing or not torch.is_grad_enabled():
             return None
+        started = time.perf_counter()
         try:
             replaced = None
             if pending is not None:
@@ -148,12 +153,15 @@ class FusedCapture:
         except Exception as e:
             self.owner.warn_failure("exact hidden capture", e)
             return None
+        finally:
+            self.owner.cost_s += time.perf_counter() - started
 
     # -- backward (tensor hooks: they only read, and return None) --------------------
 
     def _on_grad(self, step: int, call: Call, time_dim: int, grad: torch.Tensor) -> None:
         if step != self.owner.generation:
             return  # a late backward of an earlier step
+        started = time.perf_counter()
         try:
             with torch.no_grad():
                 dims = [d for d in range(grad.dim()) if d != time_dim]
@@ -161,12 +169,14 @@ class FusedCapture:
                 call.fired = True
         except Exception as e:
             self.owner.warn_failure("fused input gradient norm", e)
+        self.owner.cost_s += time.perf_counter() - started
 
     def _on_packed_grad(
         self, step: int, call: Call, index: torch.Tensor, grad: torch.Tensor
     ) -> None:
         if step != self.owner.generation:
             return
+        started = time.perf_counter()
         try:
             with torch.no_grad():
                 rows = torch.linalg.vector_norm(grad.detach(), dim=1, dtype=F64).square_()
@@ -175,6 +185,7 @@ class FusedCapture:
                 call.fired = True
         except Exception as e:
             self.owner.warn_failure("packed input gradient norm", e)
+        self.owner.cost_s += time.perf_counter() - started
 
     def _index_for(self, batch_sizes: torch.Tensor, device: torch.device) -> torch.Tensor:
         # batch_sizes lives on the CPU, so reading it never waits for the device

@@ -123,9 +123,11 @@ def sig(value: float, digits: int = 3) -> float:
 
 
 def fmt(value: float) -> str:
-    """A number for a message: 0.0123, 4.5e-27, 1.7e+05."""
+    """A number for a message: 0.0123, 4.5e-27, 3530, 1.7e+05."""
     if value == 0 or not math.isfinite(value):
         return str(value)
-    if 1e-3 <= abs(value) < 1e4:
+    if 100 <= abs(value) < 1e5:
+        return f"{value:.0f}"
+    if 1e-3 <= abs(value) < 100:
         return f"{value:.3g}"
     return f"{value:.2g}"

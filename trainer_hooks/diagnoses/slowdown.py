@@ -30,21 +30,10 @@ from typing import Any
 
 from .base import Detector, Finding, Verdicts, as_float, fmt, rising_fraction, sig, theil_sen
 from .graph_growth import trend_ratio
+from .profiles import module_rows
 
 #: a correlate "explains" the slowdown when it grew at least this much over the window
 _GREW = {"graph_nodes": 1.2, "rss_bytes": 1.1}
-
-
-def module_times(profile: Any) -> dict[str, float]:
-    """Forward + backward seconds per module from a ``profile`` field."""
-    out: dict[str, float] = {}
-    if isinstance(profile, Mapping):
-        for name, entry in profile.items():
-            if isinstance(entry, Mapping):
-                f = as_float(entry.get("forward_s")) or 0.0
-                b = as_float(entry.get("backward_s")) or 0.0
-                out[str(name)] = f + b
-    return out
 
 
 class SlowdownDetector(Detector):
@@ -72,7 +61,9 @@ class SlowdownDetector(Detector):
                 "duration_s": duration,
                 "graph_nodes": record.get("graph_nodes"),
                 "rss_bytes": record.get("rss_bytes"),
-                "profile": module_times(record.get("profile")),
+                "profile": {
+                    n: r.total_s for n, r in module_rows(record.get("profile"), duration).items()
+                },
             }
         )
         if len(self._rows) < int(self.config["slowdown_min_points"]):

@@ -1,0 +1,315 @@
+"""Ingest throughput: step records stored and acknowledged per second.
+
+N concurrent raw-protocol trainers (websocket clients speaking protocol v1 directly,
+no gradwatch sender) each send `hello`, then batches of step records with 2 recurrent
+modules x 128 timesteps and 20 parameter norms, up to `--window` batches in flight,
+and wait for every ack. An ack means "committed", so records/s is stored AND
+acknowledged. 1, 4 and 16 trainers run side by side in one run, against SQLite (and
+PostgreSQL with --postgres URL); medians of --repeat rounds. The server is a real
+`gradwatch serve` process on 127.0.0.1; clients share the machine with it.
+
+Also printed: where the server's time goes for one such record (in-process: JSON
+validation, row building, SQLite insert) and how long the history API takes to
+downsample a long run (--history-steps, default 1e6; 0 skips it).
+
+    .venv/bin/python bench/ingest.py                     # SQLite
+    .venv/bin/python bench/ingest.py --postgres postgresql://postgres@127.0.0.1:54329/postgres
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import connect
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def step_record(step: int, rng: random.Random, timesteps: int, params: int) -> dict[str, Any]:
+    return {
+        "kind": "step",
+        "step": step,
+        "epoch": step // 1000,
+        "t": time.time(),
+        "duration_s": 0.01 + rng.random() * 1e-3,
+        "loss": rng.random(),
+        "timesteps": {
+            "lstm1": {"input": [rng.random() * 10.0 ** -(k % 30) for k in range(timesteps)]},
+            "lstm2": {"input": [rng.random() for _ in range(timesteps)]},
+        },
+        "param_norms": {f"lstm{1 + j % 2}.weight_{j}": rng.random() for j in range(params)},
+        "total_norm": rng.random(),
+        "graph_nodes": 1000,
+        "rss_bytes": 123456789,
+        "overhead": 0.01,
+    }
+
+
+class Server:
+    """A real `gradwatch serve` subprocess."""
+
+    def __init__(self, db: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.http = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "gradwatch.server.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--db",
+            db,
+            "--log-level",
+            "warning",
+        ]
+        self.process = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.http + "/api/health", timeout=2):  # noqa: S310
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit("server did not start")
+
+    def get(self, path: str) -> tuple[float, Any]:
+        start = time.perf_counter()
+        with urllib.request.urlopen(self.http + path, timeout=600) as answer:  # noqa: S310
+            body = answer.read()
+        return time.perf_counter() - start, json.loads(body)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def encode_batches(
+    run_id: str, batches: int, per_batch: int, args: argparse.Namespace
+) -> list[str]:
+    rng = random.Random(run_id)
+    texts = []
+    for seq in range(batches):
+        records = [
+            step_record(seq * per_batch + i, rng, args.timesteps, args.params)
+            for i in range(per_batch)
+        ]
+        texts.append(
+            json.dumps(
+                {"type": "batch", "run_id": run_id, "rank": 0, "seq": seq, "records": records},
+                separators=(",", ":"),
+            )
+        )
+    return texts
+
+
+async def trainer(
+    url: str, run_id: str, texts: list[str], window: int, start: asyncio.Event
+) -> None:
+    hello = {
+        "type": "hello",
+        "protocol": 1,
+        "run_id": run_id,
+        "run": "bench",
+        "rank": 0,
+        "world_size": 1,
+        "host": "bench",
+        "pid": os.getpid(),
+        "model": {"modules": [], "recurrent": ["lstm1", "lstm2"]},
+        "config": {},
+    }
+    async with connect(url + "/ws/ingest", compression=None, max_size=None) as ws:
+        await ws.send(json.dumps(hello))
+        await start.wait()
+        in_flight = asyncio.Semaphore(window)
+
+        async def sender() -> None:
+            for text in texts:
+                await in_flight.acquire()
+                await ws.send(text)
+
+        task = asyncio.create_task(sender())
+        for expected in range(len(texts)):
+            ack = json.loads(await ws.recv())
+            if ack != {"type": "ack", "seq": expected}:
+                raise SystemExit(f"expected ack {expected}, got {ack}")
+            in_flight.release()
+        await task
+
+
+async def one_round(url: str, trainers: int, records: int, args: argparse.Namespace) -> float:
+    per_trainer = records // trainers
+    batches = max(1, per_trainer // args.batch)
+    payloads = [
+        encode_batches(str(uuid.uuid4()), batches, args.batch, args) for _ in range(trainers)
+    ]
+    start = asyncio.Event()
+    tasks = [
+        asyncio.create_task(trainer(url, str(json.loads(p[0])["run_id"]), p, args.window, start))
+        for p in payloads
+    ]
+    await asyncio.sleep(0.2)  # let every hello land before the clock starts
+    began = time.perf_counter()
+    start.set()
+    await asyncio.gather(*tasks)
+    return trainers * batches * args.batch / (time.perf_counter() - began)
+
+
+def breakdown(args: argparse.Namespace) -> dict[str, float]:
+    """Microseconds per record of each server-side stage, in this process."""
+    from gradwatch.server.schema import parse_message
+    from gradwatch.server.settings import Settings
+    from gradwatch.server.store import open_store
+    from gradwatch.server.store.rows import split_batch
+
+    run_id = str(uuid.uuid4())
+    texts = encode_batches(run_id, 10, args.batch, args)
+    n = 10 * args.batch
+    t0 = time.perf_counter()
+    parsed = [parse_message(t) for t in texts]
+    t1 = time.perf_counter()
+    for b in parsed:
+        split_batch(b, lambda v: v)
+    t2 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        store = open_store(Settings(db=str(Path(folder) / "b.db")))
+        hello = parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": run_id}))
+        store.submit_hello(hello).result()
+        t3 = time.perf_counter()
+        for b in parsed:
+            store.submit_batch(b).result()
+        t4 = time.perf_counter()
+        store.close()
+    return {
+        "json parse + validate": (t1 - t0) / n * 1e6,
+        "build rows (pack floats, dump JSON)": (t2 - t1) / n * 1e6,
+        "store (rows + SQLite insert + commit)": (t4 - t3) / n * 1e6,
+        "json.loads alone": _json_loads_us(texts, n),
+    }
+
+
+def _json_loads_us(texts: list[str], n: int) -> float:
+    t0 = time.perf_counter()
+    for t in texts:
+        json.loads(t)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+async def fill_history(url: str, steps: int) -> None:
+    run_id = "history-" + str(uuid.uuid4())
+    per = 5000
+    texts = []
+    rng = random.Random(1)
+    for seq in range(steps // per):
+        records = [
+            {"kind": "step", "step": s, "loss": rng.random() + (1e3 if s == 777_777 else 0)}
+            for s in range(seq * per, (seq + 1) * per)
+        ]
+        texts.append(
+            json.dumps(
+                {"type": "batch", "run_id": run_id, "rank": 0, "seq": seq, "records": records}
+            )
+        )
+    await trainer(url, run_id, texts, 8, _set_event())
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+def bench_backend(name: str, db: str, args: argparse.Namespace) -> None:
+    server = Server(db)
+    url = server.http.replace("http://", "ws://")
+    try:
+        rates: dict[int, list[float]] = {}
+        for _ in range(args.repeat):
+            for n in args.trainers:
+                rates.setdefault(n, []).append(asyncio.run(one_round(url, n, args.records, args)))
+        line = "  ".join(
+            f"{n:>2} trainers: {statistics.median(r):>8,.0f} rec/s" for n, r in rates.items()
+        )
+        print(f"{name:<10} {line}")
+        if args.history_steps:
+            asyncio.run(fill_history(url, args.history_steps))
+            _, runs = server.get("/api/runs")
+            run_id = next(r["id"] for r in runs if r["id"].startswith("history-"))
+            times = []
+            for _ in range(3):
+                elapsed, answer = server.get(
+                    f"/api/runs/{run_id}/steps?fields=loss&max_points=2000"
+                )
+                times.append(elapsed)
+            points = len(answer["fields"]["loss"]["step"])
+            spike = 777_777 in answer["fields"]["loss"]["step"]
+            print(
+                f"{name:<10} history: {answer['total']:,} steps -> {points} points (min/max),"
+                f" median {statistics.median(times) * 1000:,.0f} ms; spike kept: {spike}"
+            )
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trainers", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--records", type=int, default=16_000, help="records per round")
+    parser.add_argument("--batch", type=int, default=100, help="records per batch")
+    parser.add_argument("--window", type=int, default=8, help="batches in flight per trainer")
+    parser.add_argument("--timesteps", type=int, default=128)
+    parser.add_argument("--params", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--history-steps", type=int, default=1_000_000)
+    parser.add_argument("--postgres", default=None, help="also run against this PostgreSQL URL")
+    args = parser.parse_args()
+    example = json.dumps(step_record(0, random.Random(0), args.timesteps, args.params))
+    print(
+        f"record: 2 modules x {args.timesteps} timesteps, {args.params} parameter norms,"
+        f" {len(example):,} bytes of JSON; {args.batch} records per batch,"
+        f" {args.window} batches in flight per trainer; median of {args.repeat} rounds"
+        f" of {args.records:,} records; {os.cpu_count()} CPUs"
+    )
+    stages = breakdown(args)
+    print(
+        "server time per record (in-process): "
+        + ", ".join(f"{k} {v:.1f} us" for k, v in stages.items())
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        bench_backend("sqlite", str(Path(folder) / "bench.db"), args)
+    if args.postgres:
+        import psycopg
+
+        schema = "bench_" + uuid.uuid4().hex[:8]
+        with psycopg.connect(args.postgres, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        try:
+            sep = "&" if "?" in args.postgres else "?"
+            bench_backend(
+                "postgresql", f"{args.postgres}{sep}options=-csearch_path%3D{schema}", args
+            )
+        finally:
+            with psycopg.connect(args.postgres, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+if __name__ == "__main__":
+    main()

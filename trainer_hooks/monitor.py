@@ -35,7 +35,6 @@ from .identity import default_spool_path, make_hello, rank_and_world, run_identi
 from .pipeline import Item, Pipeline
 from .quantities.base import Quantity
 from .quantities.graph import DEFAULT_LIMIT, GraphSize
-from .quantities.memory import Memory
 from .quantities.params import ParamNorms
 from .quantities.profile import ModuleProfile
 from .quantities.stale import CellSpec, LossRetention, StaleState
@@ -155,7 +154,8 @@ class Monitor:
             return
         now = time.perf_counter()
         self._pipeline.put(
-            Item(
+            urgent=True,
+            item=Item(
                 {
                     "kind": "epoch",
                     "epoch": self.epoch_index,
@@ -234,14 +234,25 @@ class Monitor:
     def _record_step(self, loss: torch.Tensor | float | None, entered: float) -> None:
         duration = entered - self._step_started
         self._step_started = entered
-        own: dict[str, Any] = {}
+        record: dict[str, Any] = {
+            "kind": "step",
+            "step": self.step_index,
+            "epoch": self.epoch_index,
+            "t": time.time(),
+            "duration_s": duration,
+        }
+        payloads: dict[str, Any] = {}
         if isinstance(loss, torch.Tensor):
-            own["loss"] = loss.detach().reshape(-1)[0] if loss.numel() else None
-        elif loss is not None:
-            own["loss"] = float(loss)
+            value = loss.detach()
+            if value.numel() != 1:
+                # not a scalar: its mean stands for it (an empty one for nothing)
+                value = value.double().mean() if value.numel() else None
+            if value is not None and value.device.type != "cpu":
+                payloads["_monitor"] = {"loss": value}  # to the host with the rest
+            else:
+                record["loss"] = value  # a CPU scalar is read on the background thread
         else:
-            own["loss"] = None
-        payloads: dict[str, Any] = {"_monitor": own}
+            record["loss"] = None if loss is None else float(loss)
         hooks_cost = 0.0
         tensor_loss = loss if isinstance(loss, torch.Tensor) else None
         for q in self.quantities:
@@ -258,17 +269,10 @@ class Monitor:
                 continue
             if payload:
                 payloads[q.name] = payload
-        packed = pack(payloads)
+        packed = pack(payloads) if payloads else None
         spent = hooks_cost + self._carry + (time.perf_counter() - entered)
         overhead = spent / duration if duration > 0 else 0.0
-        record = {
-            "kind": "step",
-            "step": self.step_index,
-            "epoch": self.epoch_index,
-            "t": time.time(),
-            "duration_s": duration,
-            "overhead": overhead if math.isfinite(overhead) else 0.0,
-        }
+        record["overhead"] = overhead if math.isfinite(overhead) else 0.0
         self._pipeline.put(Item(record, packed))
         self.schedule.observe(self.step_index, self._heavy, overhead)
 
@@ -342,7 +346,7 @@ def watch(
     quantities: list[Quantity] = [ParamNorms(scaler=scaler)]
     if timesteps is not None:
         quantities.append(timesteps)
-    quantities += [GraphSize(graph_limit), StaleState(cells), LossRetention(), Memory()]
+    quantities += [GraphSize(graph_limit), StaleState(cells), LossRetention()]
     if profile:
         quantities.append(ModuleProfile())
     attached: list[Quantity] = []

@@ -6,9 +6,13 @@ is warned about once. Everything else happens here, off the training thread: wai
 for a step's host copy, let each quantity encode its part, merge the parts into one
 step record, run the diagnoses, and hand batches to the sink.
 
-Batching: records collect for at most ``flush_interval`` seconds (or ``max_batch``
-records, or about ``max_bytes`` of JSON) before one ``sink.send``, so a slow step
-rate gives low latency and a fast one few, larger batches.
+Batching: on the training thread, items collect in a plain list and are handed to
+the thread at most every ``flush_interval`` seconds (or every ``handover`` items):
+waking a thread costs tens of microseconds and, worse, makes the training thread
+wait for the GIL, so a fast training loop must not wake it on every step. The
+thread then sends what it has (at most ``max_batch`` records, about ``max_bytes`` of
+JSON per batch), so a slow step rate gives low latency and a fast one few, larger
+batches.
 
 Example:
     >>> from gradwatch.protocol.sink import SpoolSink
@@ -16,7 +20,7 @@ Example:
     >>> path = os.path.join(tempfile.mkdtemp(), "run.jsonl")
     >>> sink = SpoolSink(path, {"type": "hello", "run_id": "r", "rank": 0})
     >>> p = Pipeline(sink, quantities=[])
-    >>> p.put(Item({"kind": "epoch", "epoch": 0}))
+    >>> p.put(Item({"kind": "epoch", "epoch": 0}), urgent=True)
     True
     >>> p.close(timeout=5)
     True
@@ -34,11 +38,11 @@ from typing import Any
 
 import torch
 
-from gradwatch.protocol.codec import dumps
 from gradwatch.protocol.messages import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH
 from gradwatch.protocol.sink import Sink
 
 from .quantities.base import Quantity
+from .quantities.memory import memory_fields
 from .transfer import Packed
 from .warn import WarnOnce
 
@@ -108,6 +112,7 @@ class Pipeline:
         once: WarnOnce | None = None,
         maxsize: int = 4096,
         flush_interval: float = 0.02,
+        handover: int = 256,
         max_batch: int = 1000,
         max_bytes: int = MAX_MESSAGE_BYTES // 2,
     ) -> None:
@@ -116,24 +121,42 @@ class Pipeline:
         self.diagnoser = diagnoser
         self.once = once or WarnOnce()
         self.flush_interval = flush_interval
+        self.handover = handover
         self.max_batch = min(max_batch, MAX_RECORDS_PER_BATCH)
         self.max_bytes = max_bytes
         self.dropped = 0
+        self._pending: list[Item] = []
+        self._handed = time.monotonic()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize)
         self._closed = False
         self._last: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._run, name="gradwatch-pipeline", daemon=True)
         self._thread.start()
 
-    def put(self, item: Item) -> bool:
-        """Queue one item; never blocks. False when dropped (queue full or closed)."""
+    def put(self, item: Item, urgent: bool = False) -> bool:
+        """Queue one item; never blocks. False when dropped (queue full or closed).
+
+        Call from the training thread only (with flush and close).
+        """
         if self._closed:
             return False
+        self._pending.append(item)
+        now = time.monotonic()
+        due = now - self._handed >= self.flush_interval
+        if urgent or due or len(self._pending) >= self.handover:
+            return self._hand_over(now)
+        return True
+
+    def _hand_over(self, now: float) -> bool:
+        items, self._pending = self._pending, []
+        self._handed = now
+        if not items:
+            return True
         try:
-            self._queue.put_nowait(item)
+            self._queue.put_nowait(items)
             return True
         except queue.Full:
-            self.dropped += 1
+            self.dropped += len(items)
             self.once.warn(
                 "queue_full",
                 "gradwatch: the record queue is full (the background thread cannot keep "
@@ -145,6 +168,7 @@ class Pipeline:
         """Wait until everything queued so far has been handed to the sink."""
         if self._closed or not self._thread.is_alive():
             return False
+        self._hand_over(time.monotonic())
         marker = _Flush()
         try:
             self._queue.put(marker, timeout=timeout)
@@ -159,6 +183,8 @@ class Pipeline:
         """
         if self._closed:
             return True
+        with contextlib.suppress(queue.Full):
+            self._hand_over(time.monotonic())
         self._closed = True
         self._last = last
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -176,40 +202,44 @@ class Pipeline:
     # -- background thread ------------------------------------------------------
 
     def _run(self) -> None:
-        batch: list[dict[str, Any]] = []
-        size = 0
-        opened = 0.0
         while True:
-            wait = None if not batch else max(0.0, opened + self.flush_interval - time.monotonic())
-            try:
-                item = self._queue.get(timeout=wait)
-            except queue.Empty:
-                batch, size = self._send(batch), 0
-                continue
-            if item is _STOP:
-                batch.extend(self._finish_diagnoses())
-                if self._last is not None:
-                    batch.append(self._last)
-                self._send(batch)
-                return
-            if isinstance(item, _Flush):
-                batch, size = self._send(batch), 0
-                item.done.set()
-                continue
-            for record in self._records(item):
-                n = self._size(record)
-                if batch and (len(batch) >= self.max_batch or size + n > self.max_bytes):
+            batch: list[dict[str, Any]] = []
+            size = 0
+            item = self._queue.get()
+            while True:
+                if item is _STOP:
+                    batch.extend(self._finish_diagnoses())
+                    if self._last is not None:
+                        batch.append(self._last)
+                    self._send(batch)
+                    return
+                if isinstance(item, _Flush):
                     batch, size = self._send(batch), 0
-                if not batch:
-                    opened = time.monotonic()
-                batch.append(record)
-                size += n
+                    item.done.set()
+                else:
+                    for one in item:
+                        for record in self._records(one):
+                            n = self._size(record)
+                            full = len(batch) >= self.max_batch or size + n > self.max_bytes
+                            if batch and full:
+                                batch, size = self._send(batch), 0
+                            batch.append(record)
+                            size += n
+                try:  # take whatever else is already waiting into the same batch
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._send(batch)
 
-    def _size(self, record: dict[str, Any]) -> int:
-        try:
-            return len(dumps(record))
-        except Exception:
-            return 0
+    @staticmethod
+    def _size(record: dict[str, Any]) -> int:
+        """A cheap upper estimate of the record's JSON size (no encoding)."""
+        n = 200
+        for key in ("param_norms", "gate_norms", "profile"):
+            n += 120 * len(record.get(key) or ())
+        for series in (record.get("timesteps") or {}).values():
+            n += 100 + sum(28 * len(values) for values in series.values())
+        return n
 
     def _send(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if batch:
@@ -228,8 +258,7 @@ class Pipeline:
             except Exception as e:
                 self.once.warn("host_copy", f"gradwatch: copying a step to the host failed: {e}")
                 payloads = {}
-            own = payloads.pop("_monitor", {})
-            record.update(_plain(own))
+            record.update(_plain(payloads.pop("_monitor", {})))
             for q in self.quantities:
                 payload = payloads.get(q.name)
                 if not payload:
@@ -242,6 +271,9 @@ class Pipeline:
                         f"gradwatch: encoding {q.name} failed and is left out: "
                         f"{type(e).__name__}: {e}",
                     )
+        if record.get("kind") == "step":
+            record.update(memory_fields())
+            record = _plain(record)
         out = [record, *alerts]
         if self.diagnoser is not None:
             for r in list(out):

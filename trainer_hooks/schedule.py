@@ -28,7 +28,8 @@ class Schedule:
     Args:
         every: capture heavy quantities every ``every`` steps (1 = every step).
         overhead: optional budget, a fraction of step time (``0.02`` = 2 %).
-        max_interval: the budget never stretches the interval beyond this.
+        max_interval: the budget never stretches the interval beyond this
+            (default: 1000, or ``every`` when larger).
 
     Example:
         >>> s = Schedule(every=1, overhead=0.05)
@@ -41,7 +42,9 @@ class Schedule:
     #: weight of the newest observation in the running means
     SMOOTHING = 0.2
 
-    def __init__(self, every: int = 1, overhead: float | None = None, max_interval: int = 1000):
+    def __init__(
+        self, every: int = 1, overhead: float | None = None, max_interval: int | None = None
+    ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"expected every= to be an integer >= 1, got {every!r}")
         if overhead is not None and (
@@ -53,6 +56,8 @@ class Schedule:
                 "expected overhead= to be a fraction between 0 and 1 (such as 0.02), "
                 f"got {overhead!r}"
             )
+        if max_interval is None:
+            max_interval = max(1000, every)
         if max_interval < every:
             raise ValueError(f"expected max_interval >= every ({every}), got {max_interval!r}")
         self.every = every

@@ -57,7 +57,7 @@ def _flatten(
             groups[t.device] = []
             devices.append(t.device)
         parts = groups[t.device]
-        offset = sum(p.numel() for p in parts)
+        offset = sum(p.numel() for p in parts) if parts else 0
         parts.append(t.reshape(-1).to(torch.float64))
         return _Leaf(devices.index(t.device), offset, t.shape, t.dtype)
     if isinstance(value, dict):

@@ -15,7 +15,10 @@ Two quantities, both cheap and active on every step:
 How a node's step is known without tagging every output: autograd numbers its nodes
 in creation order (``grad_fn._sequence_nr()``, per thread). At the start of each step
 we read the next number from a one-element probe; a node numbered below that mark was
-built in an earlier step. The check reads the incoming tensor's ``grad_fn`` on every
+built in an earlier step. (When the step's loss has a ``grad_fn``, the number after
+the loss's serves as the mark and the probe is skipped: it is the cheaper read, and
+only a node built after the loss, outside it, would be counted to the next step.)
+The check reads the incoming tensor's ``grad_fn`` on every
 call and, on a module's first call in a step, walks at most ``WALK_LIMIT`` nodes
 upstream (the state may have passed through a few ops since it was produced).
 
@@ -108,12 +111,16 @@ class _StepMarks:
         self.marks: list[int] = []  # sequence number at the start of step i
         self.steps: list[int] = []
 
-    def start(self, step: int) -> int | None:
-        with torch.enable_grad():
-            node = self._probe.view_as(self._probe).grad_fn
-        if node is None:  # inference mode: no numbering, keep the last mark
-            return self.marks[-1] if self.marks else None
-        mark = int(node._sequence_nr())
+    def start(self, step: int, after: Any = None) -> int | None:
+        """Record where ``step`` starts: after node ``after``, else at a fresh probe node."""
+        if after is not None:
+            mark = int(after._sequence_nr()) + 1
+        else:
+            with torch.enable_grad():
+                node = self._probe.view_as(self._probe).grad_fn
+            if node is None:  # inference mode: no numbering, keep the last mark
+                return self.marks[-1] if self.marks else None
+            mark = int(node._sequence_nr())
         self.marks.append(mark)
         self.steps.append(step)
         if len(self.marks) > 4096:
@@ -141,6 +148,7 @@ class StaleState(Quantity):
         self.step = -1
         self._mark: int | None = None
         self._marks = _StepMarks()
+        self._last_loss_node: Any = None
         self._thread = threading.get_ident()
         self._names: dict[int, str] = {}
         self._seen_this_step: set[int] = set()
@@ -161,7 +169,8 @@ class StaleState(Quantity):
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
         self.step += 1
-        self._mark = self._marks.start(self.step)
+        self._mark = self._marks.start(self.step, self._last_loss_node)
+        self._last_loss_node = None
         self._seen_this_step.clear()
 
     def _pre_forward(
@@ -241,6 +250,10 @@ class StaleState(Quantity):
         )
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
+        node = loss.grad_fn if isinstance(loss, torch.Tensor) else None
+        # only its number is needed; holding the node past start_step would keep the graph
+        same_thread = threading.get_ident() == self._thread
+        self._last_loss_node = node if same_thread else None
         alerts, self._alerts = self._alerts, []
         return {"alerts": alerts} if alerts else {}
 

@@ -243,10 +243,10 @@ class Monitor:
         }
         payloads: dict[str, Any] = {}
         if isinstance(loss, torch.Tensor):
-            value = loss.detach()
-            if value.numel() != 1:
+            value: torch.Tensor | None = loss.detach()
+            if loss.numel() != 1:
                 # not a scalar: its mean stands for it (an empty one for nothing)
-                value = value.double().mean() if value.numel() else None
+                value = loss.detach().double().mean() if loss.numel() else None
             if value is not None and value.device.type != "cpu":
                 payloads["_monitor"] = {"loss": value}  # to the host with the rest
             else:

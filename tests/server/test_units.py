@@ -1,0 +1,146 @@
+"""The server's pure parts: downsampling, validation messages, settings, the store
+used directly (no network)."""
+
+from __future__ import annotations
+
+import json
+import random
+from concurrent.futures import wait
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradwatch.server.downsample import minmax, pick_rows
+from gradwatch.server.schema import ProtocolError, parse_message
+from gradwatch.server.settings import Settings
+from gradwatch.server.store import open_store
+
+numbers = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
+    ["NaN", "Infinity", "-Infinity"]
+)
+
+
+@given(values=st.lists(numbers, max_size=400), max_points=st.integers(2, 60))
+def test_minmax_bounds_the_answer_and_keeps_extremes(values, max_points):
+    steps = list(range(len(values)))
+    out_steps, out_values = minmax(steps, values, max_points)
+    assert len(out_steps) <= max_points
+    assert out_steps == sorted(set(out_steps))
+    assert all(values[s] == v or (v != v) for s, v in zip(out_steps, out_values, strict=True))
+    finite = [v for v in values if not isinstance(v, str)]
+    if finite and not any(isinstance(v, str) for v in values):
+        assert max(finite) in out_values and min(finite) in out_values
+    if "NaN" in values:
+        assert "NaN" in out_values or "Infinity" in out_values
+
+
+def test_minmax_refuses_fewer_than_two_points():
+    with pytest.raises(ValueError, match="max_points: expected at least 2, got 1"):
+        minmax([0, 1, 2], [1.0, 2.0, 3.0], 1)
+
+
+@given(n=st.integers(0, 5000), k=st.integers(1, 600))
+def test_pick_rows_is_even_and_keeps_first_and_last(n, k):
+    rows = pick_rows(n, k)
+    assert len(rows) == min(n, k)
+    assert rows == sorted(set(rows))
+    if n:
+        assert rows[-1] == n - 1
+        assert k == 1 or rows[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "message"),
+    [
+        (
+            '{"type":"hello","protocol":1,"run_id":"r","rank":true}',
+            1007,
+            "rank: expected a valid integer, got True",
+        ),
+        (
+            '{"type":"batch","run_id":"r","rank":0,"seq":0,"records":[{"kind":"step","step":0,'
+            '"param_norms":{"w":"1.5"}}]}',
+            1007,
+            'records[0].param_norms.w: expected a number or "NaN"/"Infinity"/"-Infinity",'
+            " got '1.5'",
+        ),
+        (
+            '{"type":"batch","run_id":"r","rank":0,"seq":0,"records":[{"kind":"alert","code":"x"}]}',
+            1007,
+            "records[0].code: expected 'vanishing', 'exploding'",
+        ),
+        ('{"type":"ping"}', 1008, "type: expected 'hello' or 'batch', got 'ping'"),
+        ("[]", 1007, "expected an object, got []"),
+    ],
+)
+def test_validation_names_the_field_and_says_expected_and_got(text, code, message):
+    with pytest.raises(ProtocolError) as caught:
+        parse_message(text)
+    assert caught.value.code == code
+    assert caught.value.message.startswith(message), caught.value.message
+
+
+def test_validation_keeps_unknown_fields_and_nonfinite_strings():
+    batch = parse_message(
+        '{"type":"batch","run_id":"r","rank":0,"seq":3,"future":1,'
+        '"records":[{"kind":"step","step":0,"loss":"-Infinity","new_metric":[1,2]}]}'
+    )
+    assert batch.records[0].loss == "-Infinity"
+    assert batch.records[0].model_dump(exclude_unset=True) == {
+        "kind": "step",
+        "step": 0,
+        "loss": "-Infinity",
+        "new_metric": [1, 2],
+    }
+
+
+def test_settings_read_environment_in_one_place_and_flags_win():
+    env = {
+        "GRADWATCH_DB": "postgresql://u@127.0.0.1/db",
+        "GRADWATCH_PORT": "9000",
+        "GRADWATCH_ALLOWED_HOSTS": "lab.example, gpu.lab",
+        "GRADWATCH_TOKEN": "t",
+    }
+    settings = Settings.from_env(env, port=9100)
+    assert settings.db_kind == "postgresql"
+    assert settings.port == 9100
+    assert settings.token == "t"
+    assert settings.host_allowed("gpu.lab") and settings.host_allowed("localhost")
+    assert not settings.host_allowed("evil.example")
+    with pytest.raises(ValueError, match="GRADWATCH_PORT: expected an integer, got 'x'"):
+        Settings.from_env({"GRADWATCH_PORT": "x"})
+    with pytest.raises(ValueError, match="sqlite_synchronous: expected NORMAL, FULL or EXTRA"):
+        Settings.from_env({"GRADWATCH_SQLITE_SYNCHRONOUS": "OFF"})
+
+
+def test_store_commits_many_batches_together_and_dedups_within_a_group(gradwatch_db):
+    store = open_store(Settings(db=gradwatch_db))
+    try:
+        hello = parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": "g"}))
+        store.submit_hello(hello).result()
+        rng = random.Random(0)
+        batches = [
+            parse_message(
+                json.dumps(
+                    {
+                        "type": "batch",
+                        "run_id": "g",
+                        "rank": 0,
+                        "seq": s % 50,
+                        "records": [{"kind": "step", "step": s % 50, "loss": rng.random()}],
+                    }
+                )
+            )
+            for s in range(100)
+        ]
+        futures = [store.submit_batch(b) for b in batches]  # queued at once: grouped
+        wait(futures, timeout=60)
+        assert [f.result() for f in futures] == [True] * 50 + [False] * 50
+        steps = store.steps("g", fields=["loss"])
+        assert steps["fields"]["loss"]["step"] == list(range(50))
+        assert store.run_summary("g")["last_step"] == 49
+    finally:
+        store.close()
+    with pytest.raises(RuntimeError, match="the store is closed"):
+        store.submit_hello(hello).result()

@@ -298,7 +298,8 @@ def watch(
     """Start monitoring ``model``; returns the :class:`Monitor` that owns every hook.
 
     Args:
-        model: the ``torch.nn.Module`` being trained.
+        model: the ``torch.nn.Module`` being trained (a ``DistributedDataParallel`` or
+            ``DataParallel`` wrapper is looked through: names have no ``module.``).
         run: the run's name in the dashboard.
         server: ``ws://host:port`` of a gradwatch server, or None to record to a spool.
         spool: the spool file (JSON Lines). With ``server=None`` it defaults to
@@ -336,6 +337,11 @@ def watch(
         not isinstance(server, str) or not server.startswith(("ws://", "wss://"))
     ):
         raise ValueError(f"expected server= to be a ws:// or wss:// URL or None, got {server!r}")
+    # DDP/DataParallel wrap the model as `.module`: watch the model itself, so names are
+    # the same as in a single-process run (no "module." prefix) and hooks are the same.
+    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+    while isinstance(model, wrappers):
+        model = model.module
     if not isinstance(graph_limit, int) or graph_limit < 1:
         raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
     schedule = Schedule(every=every, overhead=overhead)

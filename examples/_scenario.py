@@ -39,6 +39,12 @@ def parser(name: str, description: str, steps: int) -> argparse.ArgumentParser:
     )
     p.add_argument("--run", default=None, help=f"run name (default {name} or {name}-fixed)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: these small models run fastest on one)",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
     return p
 
@@ -52,6 +58,7 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
     if args.server is None and args.spool is None:
         args.spool = str(Path(".gradwatch") / "examples" / f"{args.run}.jsonl")
     torch.manual_seed(args.seed)
+    torch.set_num_threads(max(1, args.threads))
     return args
 
 

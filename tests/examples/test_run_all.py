@@ -1,0 +1,42 @@
+"""examples/run_all.py runs every scenario and its twin; the scripts' command lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gradwatch.protocol import read_spool
+
+
+@pytest.mark.slow
+def test_run_all_writes_one_spool_per_scenario_and_twin(
+    tmp_path: Path, load_example: Any, spool_records: Any
+) -> None:
+    summaries = load_example("run_all").main(["--steps", "2", "--spool-dir", str(tmp_path)])
+    runs = sorted(s["run"] for s in summaries)
+    names = ["long_lstm", "rotation_lstm", "seq2seq_attention", "tree_gru"]
+    assert runs == sorted(n + suffix for n in names for suffix in ("", "-fixed"))
+    for run in runs:
+        hello = next(read_spool(tmp_path / f"{run}.jsonl"))
+        assert hello["type"] == "hello" and hello["run"] == run
+        assert sum(r["kind"] == "step" for r in spool_records(tmp_path / f"{run}.jsonl")) == 2
+
+
+def test_example_without_server_or_spool_records_under_dot_gradwatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, load_example: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GRADWATCH_SERVER", raising=False)
+    summary = load_example("long_lstm").main(["--steps", "1", "--fixed", "--quiet"])
+    expected = Path(".gradwatch") / "examples" / "long_lstm-fixed.jsonl"
+    assert summary["output"] == str(expected) and (tmp_path / expected).is_file()
+
+
+def test_example_refuses_a_step_count_below_one(
+    capsys: pytest.CaptureFixture[str], load_example: Any
+) -> None:
+    with pytest.raises(SystemExit):
+        load_example("tree_gru").main(["--steps", "0"])
+    assert "--steps: expected a positive number, got 0" in capsys.readouterr().err

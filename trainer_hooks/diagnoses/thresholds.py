@@ -58,7 +58,7 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     "slowdown_rising_fraction": (0.7, "and at least this fraction of step pairs got slower"),
     "slowdown_skip_first": (1, "leading steps ignored (the first one carries start-up work)"),
     # hotspot
-    "hotspot_share": (0.4, "a module is a hotspot when it takes this fraction of step time"),
+    "hotspot_share": (0.4, "a module is a hotspot when it takes this fraction of the forward pass"),
     "hotspot_min_calls": (4, "and runs at least this many times per step (a Python loop)"),
 }
 

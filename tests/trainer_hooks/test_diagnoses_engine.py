@@ -10,6 +10,7 @@ import pytest
 
 from gradwatch.protocol import dumps, loads
 from gradwatch.protocol import messages as m
+from gradwatch.protocol.warnings import GradwatchWarning
 from gradwatch.trainer_hooks.diagnoses import THRESHOLDS, DiagnosisEngine
 from gradwatch.trainer_hooks.diagnoses.base import Detector, Verdicts
 
@@ -93,7 +94,7 @@ def test_a_failing_detector_warns_once_and_the_others_carry_on() -> None:
 
     engine = DiagnosisEngine()
     engine.detectors.insert(0, Broken(engine.config))
-    with pytest.warns(RuntimeWarning, match="slowdown diagnosis failed.*boom"):
+    with pytest.warns(GradwatchWarning, match="slowdown diagnosis failed.*boom"):
         first = engine.observe(step(0, loss="NaN"))
     assert [a["code"] for a in first] == ["nonfinite"]
     with warnings.catch_warnings():

@@ -16,10 +16,11 @@ Example:
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from gradwatch.protocol.warnings import WarnOnce
 
 from .base import Detector, Finding
 from .exploding import ExplodingDetector
@@ -66,6 +67,7 @@ class DiagnosisEngine:
         self.detectors = [cls(self.config) for cls in DETECTORS]
         self._active: dict[tuple[str, str], _AlertState] = {}
         self._failed: set[str] = set()
+        self._once = WarnOnce()
         self._last_step = 0
         self._last_t = 0.0
 
@@ -90,14 +92,12 @@ class DiagnosisEngine:
             try:
                 verdicts = detector.observe(record)
             except Exception as e:  # a broken detector must never stop the monitor
-                if detector.code not in self._failed:
-                    self._failed.add(detector.code)
-                    warnings.warn(
-                        f"gradwatch: the {detector.code} diagnosis failed on step {step} and "
-                        f"is skipped from now on ({type(e).__name__}: {e})",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+                self._failed.add(detector.code)
+                self._once.warn(
+                    f"diagnosis:{detector.code}",
+                    f"gradwatch: the {detector.code} diagnosis failed on step {step} and "
+                    f"is skipped from now on ({type(e).__name__}: {e})",
+                )
                 continue
             for subject, finding in verdicts.items():
                 alert = self._advance(detector.code, subject, finding, step, t)

@@ -42,6 +42,11 @@ def _in_backward() -> bool:
     return int(torch._C._current_graph_task_id()) != -1
 
 
+def _compiling() -> bool:
+    # under torch.compile's tracing, time and graph hooks cannot be traced: stay out
+    return bool(torch.compiler.is_compiling())
+
+
 def _grad_fns(value: Any, depth: int = 0) -> list[Any]:
     if isinstance(value, torch.Tensor):
         return [value.grad_fn] if value.grad_fn is not None else []
@@ -124,10 +129,14 @@ class ModuleProfile(Quantity):
         self._backward[key] = self._backward.get(key, 0.0) + seconds
 
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
+        if _compiling():
+            return
         if self.capturing and torch.is_grad_enabled() and not _in_backward():
             self._started_f.setdefault(id(module), []).append(self.now())
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if _compiling():
+            return
         stack = self._started_f.get(id(module))
         if not (self.capturing and stack):
             return

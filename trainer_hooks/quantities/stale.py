@@ -103,6 +103,12 @@ def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
             yield from _tensors(item, depth + 1)
 
 
+def _compiling() -> bool:
+    # Inside torch.compile's tracing a hook must not read grad_fn or clocks: it returns
+    # at once, so the compiled graph holds no trace of it (and no graph break).
+    return bool(torch.compiler.is_compiling())
+
+
 class _StepMarks:
     """Maps autograd sequence numbers to the training step that created the node."""
 
@@ -176,7 +182,7 @@ class StaleState(Quantity):
     def _pre_forward(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        if self._mark is None or not torch.is_grad_enabled():
+        if self._mark is None or not torch.is_grad_enabled() or _compiling():
             return None
         if threading.get_ident() != self._thread:  # numbering is per thread
             return None

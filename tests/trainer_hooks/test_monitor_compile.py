@@ -1,0 +1,60 @@
+"""torch.compile: the compiled model trains the same and its gradient norms are right."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from gradwatch.protocol import read_spool
+from gradwatch.trainer_hooks import watch
+
+
+def steps_of(path: Path) -> list[dict[str, Any]]:
+    return [
+        r
+        for m in read_spool(path)
+        if m["type"] == "batch"
+        for r in m["records"]
+        if r["kind"] == "step"
+    ]
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh())
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+@pytest.mark.slow
+def test_compiled_model_gives_eager_norms_with_every_hook_attached(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Net().double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    model(x).pow(2).sum().backward()
+    eager = {n: p.grad.norm().item() for n, p in model.named_parameters()}  # type: ignore[union-attr]
+    eager_out = model(x).detach()
+    model.zero_grad()
+
+    path = tmp_path / "compiled.jsonl"
+    with watch(model, run="compiled", spool=path, profile=True, diagnose=False) as monitor:
+        compiled = torch.compile(model, backend="aot_eager")
+        for _ in range(2):
+            model.zero_grad()
+            out = compiled(x)
+            loss = out.pow(2).sum()
+            loss.backward()
+            monitor.step(loss)
+    assert torch.equal(out.detach(), eager_out)
+    records = steps_of(path)
+    assert len(records) == 2
+    for record in records:
+        assert record["param_norms"] == pytest.approx(eager, rel=1e-12)
+        assert record["graph_nodes"] > 0

@@ -101,5 +101,6 @@ class Schedule:
         spare = self.budget - self._cheap_mean
         if spare <= 0:
             return self.max_interval
-        n = math.ceil((self._heavy_mean - self._cheap_mean) / spare)
+        # the tolerance keeps 0.10 / 0.02 = 5.000000000000001 from becoming 6
+        n = math.ceil((self._heavy_mean - self._cheap_mean) / spare - 1e-9)
         return max(self.every, min(self.max_interval, n))

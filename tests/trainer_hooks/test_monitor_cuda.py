@@ -1,0 +1,68 @@
+"""On CUDA: the same numbers, and no host synchronisation in a training step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from gradwatch.protocol import read_spool
+from gradwatch.trainer_hooks import watch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU box)"
+)
+
+
+def records_of(path: Path) -> list[dict[str, Any]]:
+    return [r for m in read_spool(path) if m["type"] == "batch" for r in m["records"]]
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 16, batch_first=True)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> torch.Tensor:
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    return loss
+
+
+def test_cuda_steps_never_synchronise_and_norms_match_autograd(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Net().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=True)
+    path = tmp_path / "cuda.jsonl"
+    expected: list[dict[str, float]] = []
+    with watch(model, run="cuda", spool=path, diagnose=False) as monitor:
+        # step 0 warms up outside the check (cuDNN plans, the pinned-memory pool)
+        monitor.step(train_step(model, opt, torch.randn(8, 30, 3, device="cuda")))
+        for _ in range(3):
+            x = torch.randn(8, 30, 3, device="cuda")
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                loss = train_step(model, opt, x)
+                monitor.step(loss)  # raises if anything in it synchronises
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            grads = {n: p.grad for n, p in model.named_parameters()}
+            expected.append({n: g.double().norm().item() for n, g in grads.items()})  # type: ignore[union-attr]
+            opt.step()
+    steps = [r for r in records_of(path) if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [0, 1, 2, 3]
+    for record, norms in zip(steps[1:], expected, strict=True):
+        assert record["param_norms"] == pytest.approx(norms, rel=1e-6)
+        assert record["cuda_allocated_bytes"] > 0 and record["cuda_reserved_bytes"] > 0
+        assert isinstance(record["loss"], float)
+        assert record["timesteps"]["lstm"]["input"]  # B's capture on CUDA too

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -38,6 +38,18 @@ def in_backward() -> bool:
     (its hooks fire, and it is kept).
     """
     return bool(torch._C._current_graph_task_id() != -1)
+
+
+Fn = TypeVar("Fn", bound=Callable[..., Any])
+
+
+def eager(fn: Fn) -> Fn:
+    """Run ``fn`` eagerly even inside ``torch.compile`` (a graph break, not a trace).
+
+    The hooks keep per-step Python bookkeeping (call counters, step numbers); traced,
+    dynamo would guard on those values and recompile at every call.
+    """
+    return cast(Fn, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
 
 
 def hook_tensor(tensor: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> Any:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .calls import F64, hook_tensor, in_backward
+from .calls import F64, eager, hook_tensor, in_backward
 
 if TYPE_CHECKING:
     from .timesteps import RecurrentTimesteps
@@ -65,6 +65,7 @@ class CellCapture:
     def register(self) -> list[Any]:
         return [self.module.register_forward_hook(self._post)]
 
+    @eager
     def _post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if not self.owner.capturing or not torch.is_grad_enabled():
             return

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from .calls import F64, Call, hook_tensor, in_backward
+from .calls import F64, Call, eager, hook_tensor, in_backward
 from .unrolled import unrolled_forward
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ class FusedCapture:
 
     # -- forward ---------------------------------------------------------------------
 
+    @eager
     def _pre(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -133,6 +134,7 @@ class FusedCapture:
             return False
         return True
 
+    @eager
     def _post(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> Any:

@@ -1,0 +1,243 @@
+"""What gradwatch costs a training step, side by side with wandb.watch and TensorBoard.
+
+Two workloads from the reports gradwatch exists for:
+
+- ``lstm121``: one ``nn.LSTM`` layer over 121 timesteps, batch 121, ``batch_first``,
+  one input feature, a linear head on every step, MSE, Adam (the "first 100 of 121
+  steps get zero gradient" model);
+- ``cells``: an ``nn.LSTMCell`` decoder called once per target token in a Python loop
+  (24 tokens), a linear head per token, Adam.
+
+Variants, each on its own copy of the model (same weights), timed in interleaved
+blocks (every round runs one block of every variant, in rotating order, so drift and
+noise from other processes hit all of them alike); the table gives each variant's
+median step time over the rounds and its ratio to plain training:
+
+- ``plain``: the training step alone;
+- ``gradwatch every=1`` / ``every=10``: ``watch(model, server=None, spool=<tmp>)``,
+  ``monitor.step(loss)`` after every step (heavy quantities every step / every 10th);
+- ``wandb.watch``: ``wandb.watch(model, log="all", log_freq=1)`` in offline mode, with
+  ``wandb.log({"loss": ...})`` every step (which is what writes the histograms);
+- ``tensorboard``: ``SummaryWriter.add_histogram`` of every gradient every step.
+
+wandb and TensorBoard are measured when installed (``pip install 'gradwatch[bench]'``)
+and skipped with a note otherwise.
+
+Run: ``python bench/overhead.py`` (``--rounds``, ``--steps``, ``--device cuda``,
+``--only lstm121``; ``--threads`` sets torch's intra-op threads, 1 by default so that
+other processes on a small box disturb the run less; ``--clock cpu`` times this
+process's CPU time instead of the wall clock, steadier on a loaded box but blind to
+wandb's separate service process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gradwatch.trainer_hooks import watch
+
+Step = Callable[[], torch.Tensor]
+
+
+class Lstm121(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(1, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return self.head(out)
+
+
+class CellDecoder(nn.Module):
+    def __init__(self, hidden: int, tokens: int) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, hidden)
+        self.cell = nn.LSTMCell(hidden, hidden)
+        self.head = nn.Linear(hidden, 8)
+        self.tokens = tokens
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = c = x.new_zeros(x.shape[1], self.cell.hidden_size)
+        outs = []
+        for t in range(self.tokens):
+            h, c = self.cell(self.embed(x[t]), (h, c))
+            outs.append(self.head(h))
+        return torch.stack(outs)
+
+
+def workload(name: str, device: torch.device) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    if name == "lstm121":
+        torch.manual_seed(0)
+        model: nn.Module = Lstm121(hidden=64)
+        x = torch.randn(121, 121, 1, generator=gen)
+        y = torch.randn(121, 121, 1, generator=gen)
+    else:
+        torch.manual_seed(0)
+        model = CellDecoder(hidden=128, tokens=24)
+        x = torch.randn(24, 32, 8, generator=gen)
+        y = torch.randn(24, 32, 8, generator=gen)
+    return model.to(device), x.to(device), y.to(device)
+
+
+def make_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.MSELoss()
+
+    def step() -> torch.Tensor:
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+class Variant:
+    """One way of training: ``run(n)`` does n steps; setup outside the timed blocks."""
+
+    def __init__(self, name: str, step: Step, after: Callable[[torch.Tensor, int], None]):
+        self.name = name
+        self.step = step
+        self.after = after
+        self.count = 0
+        self.times: list[float] = []
+
+    def run(self, steps: int, sync: Callable[[], None], clock: Callable[[], float]) -> float:
+        sync()
+        started = clock()
+        for _ in range(steps):
+            loss = self.step()
+            self.after(loss, self.count)
+            self.count += 1
+        sync()
+        return (clock() - started) / steps
+
+
+def variants(
+    name: str, device: torch.device, stack: ExitStack, tmp: Path, notes: list[str]
+) -> list[Variant]:
+    base, x, y = workload(name, device)
+    found: list[Variant] = []
+
+    def copy_model() -> nn.Module:
+        return copy.deepcopy(base)
+
+    found.append(Variant("plain", make_step(copy_model(), x, y), lambda loss, i: None))
+    for every in (1, 10):
+        model = copy_model()
+        monitor = watch(
+            model, run=f"bench-{name}-{every}", server=None, spool=tmp / f"{name}-{every}.jsonl",
+            every=every,
+        )
+        stack.callback(monitor.close)
+        found.append(
+            Variant(f"gradwatch every={every}", make_step(model, x, y),
+                    lambda loss, i, m=monitor: m.step(loss))
+        )
+    try:
+        import wandb
+    except ImportError:
+        notes.append("wandb not installed: skipped (pip install 'gradwatch[bench]')")
+    else:
+        model = copy_model()
+        os.environ["WANDB_MODE"] = "offline"
+        os.environ.setdefault("WANDB_SILENT", "true")
+        run = wandb.init(project="gradwatch-bench", dir=str(tmp), name=name, reinit=True)
+        stack.callback(run.finish)
+        run.watch(model, log="all", log_freq=1)
+        found.append(
+            Variant("wandb.watch log=all", make_step(model, x, y),
+                    lambda loss, i, r=run: r.log({"loss": loss.item()}))
+        )
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        notes.append("tensorboard not installed: skipped (pip install 'gradwatch[bench]')")
+    else:
+        model = copy_model()
+        writer = SummaryWriter(log_dir=str(tmp / f"tb-{name}"))
+        stack.callback(writer.close)
+
+        def histograms(loss: torch.Tensor, i: int, m: nn.Module = model) -> None:
+            for pname, p in m.named_parameters():
+                if p.grad is not None:
+                    writer.add_histogram(pname, p.grad, i)
+            writer.add_scalar("loss", loss.item(), i)
+
+        found.append(Variant("tensorboard histograms", make_step(model, x, y), histograms))
+    return found
+
+
+def measure(
+    name: str, device: torch.device, rounds: int, steps: int, notes: list[str],
+    clock: Callable[[], float],
+) -> list[tuple[str, float, float]]:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    with tempfile.TemporaryDirectory() as tmpdir, ExitStack() as stack:
+        found = variants(name, device, stack, Path(tmpdir), notes)
+        for v in found:  # warm-up: allocator, first-call paths, wandb/tb lazy set-up
+            v.run(3, sync, clock)
+        for r in range(rounds):
+            order = found[r % len(found):] + found[: r % len(found)]
+            for v in order:
+                v.times.append(v.run(steps, sync, clock))
+        plain = statistics.median(found[0].times)
+        return [(v.name, statistics.median(v.times), statistics.median(v.times) / plain)
+                for v in found]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", choices=["lstm121", "cells"])
+    parser.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall",
+        help="wall: perf_counter (what a user waits); cpu: this process's CPU time, all "
+        "threads (steadier on a loaded box; misses wandb's separate service process)",
+    )
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    notes: list[str] = []
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    print(f"torch {torch.__version__}, device {device}, threads {args.threads}, "
+          f"clock {args.clock}, {args.rounds} rounds x {args.steps} steps per variant, "
+          "medians of block means")
+    for name in ([args.only] if args.only else ["lstm121", "cells"]):
+        rows = measure(name, device, args.rounds, args.steps, notes, clock)
+        print(f"\n{name}")
+        print(f"| {'variant':<24} | {'step (ms)':>9} | {'vs plain':>8} |")
+        print(f"|{'-' * 26}|{'-' * 11}|{'-' * 10}|")
+        for vname, seconds, ratio in rows:
+            print(f"| {vname:<24} | {seconds * 1e3:9.3f} | {ratio:7.3f}x |")
+    for note in dict.fromkeys(notes):
+        print(f"note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

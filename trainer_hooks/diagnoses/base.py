@@ -115,6 +115,18 @@ def rising_fraction(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum(1 for s in slopes if s > 0) / len(slopes)
 
 
+def fitted_last(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(Theil–Sen slope, the trend line's value at the last x)."""
+    slope = theil_sen(xs, ys)
+    intercept = median([y - slope * x for x, y in zip(xs, ys, strict=True)])
+    return slope, intercept + slope * xs[-1]
+
+
+#: once an alert holds, the rising fraction it needs to keep holding is this much lower,
+#: so that a noisy step does not clear it and raise it again a few steps later
+HYSTERESIS = 0.15
+
+
 def sig(value: float, digits: int = 3) -> float:
     """Round to ``digits`` significant figures, for evidence that reads well."""
     if value == 0 or not math.isfinite(value):

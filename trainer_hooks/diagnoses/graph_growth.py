@@ -11,10 +11,13 @@ The capture names the module that receives a stale hidden state in its own
 the numbers and uses the subject ``graph``, so the two never collide; when it has
 seen the capture's alert it names that module too.
 
-It fires when, over the last ``graph_window`` (8) recorded steps (at least
-``graph_min_points``, 4), the Theil–Sen trend of ``graph_nodes`` grows the graph by
-``graph_growth_ratio`` (1.5x) and at least ``graph_rising_fraction`` (0.75) of the
-step pairs show growth.
+It fires when the graph has grown to ``graph_growth_ratio`` (1.5x) its size at the
+start of the run (the smallest of the first ``graph_min_points``, 4, recorded sizes)
+and is still growing: over the last ``graph_window`` (8) recorded steps, at least
+``graph_rising_fraction`` (0.75) of the step pairs show growth (0.6 to keep holding
+once raised). Comparing with the start of the run, not with the start of the
+window, keeps a graph that grows by the same number of nodes every step flagged
+however large it has become.
 
 Example:
     >>> d = GraphGrowthDetector({"graph_window": 8, "graph_min_points": 4,
@@ -31,7 +34,18 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Detector, Finding, Verdicts, fmt, median, rising_fraction, sig, theil_sen
+from .base import (
+    HYSTERESIS,
+    Detector,
+    Finding,
+    Verdicts,
+    fitted_last,
+    fmt,
+    median,
+    rising_fraction,
+    sig,
+    theil_sen,
+)
 
 
 def trend_ratio(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -53,6 +67,8 @@ class GraphGrowthDetector(Detector):
         window = int(config["graph_window"])
         self._points: deque[tuple[int, int, int | None, bool]] = deque(maxlen=window)
         self._stale: list[str] = []
+        self._early: list[int] = []
+        self._holding = False
 
     def note_alert(self, alert: Mapping[str, Any]) -> None:
         subject = alert.get("subject")
@@ -74,20 +90,30 @@ class GraphGrowthDetector(Detector):
                 bool(record.get("graph_truncated")),
             )
         )
+        if len(self._early) < int(self.config["graph_min_points"]):
+            self._early.append(nodes)
         if len(self._points) < int(self.config["graph_min_points"]):
             return {}
         xs = [float(p[0]) for p in self._points]
         ys = [float(p[1]) for p in self._points]
-        slope, ratio = trend_ratio(xs, ys)
+        slope, last = fitted_last(xs, ys)
+        baseline = max(1, min(self._early))
+        ratio = last / baseline
         rising = rising_fraction(xs, ys)
-        if ratio < float(self.config["graph_growth_ratio"]) or rising < float(
-            self.config["graph_rising_fraction"]
-        ):
+        needed = float(self.config["graph_rising_fraction"]) - (HYSTERESIS if self._holding else 0)
+        self._holding = ratio >= float(self.config["graph_growth_ratio"]) and rising >= needed
+        if not self._holding:
             return {"graph": None}
-        return {"graph": self._finding(xs, ys, slope, ratio, rising)}
+        return {"graph": self._finding(xs, ys, slope, ratio, rising, baseline)}
 
     def _finding(
-        self, xs: list[float], ys: list[float], slope: float, ratio: float, rising: float
+        self,
+        xs: list[float],
+        ys: list[float],
+        slope: float,
+        ratio: float,
+        rising: float,
+        baseline: int,
     ) -> Finding:
         truncated = any(p[3] for p in self._points)
         evidence: dict[str, Any] = {
@@ -95,13 +121,15 @@ class GraphGrowthDetector(Detector):
             "graph_nodes": [int(y) for y in ys],
             "nodes_per_step": sig(slope),
             "growth": sig(ratio),
+            "start_nodes": baseline,
             "rising_fraction": sig(rising),
             "truncated": truncated,
         }
         at_least = "at least " if truncated else ""
         message = (
-            f"the autograd graph grows every step: {int(ys[0]):,} → {at_least}{int(ys[-1]):,} "
-            f"nodes over steps {int(xs[0])}–{int(xs[-1])} (+{fmt(slope)} per step)"
+            f"the autograd graph keeps growing: {baseline:,} nodes at the start of the run, "
+            f"{at_least}{int(ys[-1]):,} at step {int(xs[-1])} (+{fmt(slope)} per step over "
+            f"steps {int(xs[0])}–{int(xs[-1])})"
         )
         rss = [(float(p[0]), float(p[2])) for p in self._points if p[2] is not None]
         if len(rss) >= 3:

@@ -1,12 +1,15 @@
 """``slowdown``: training steps getting slower, and what grows with them.
 
-Over the last ``slowdown_window`` (30) steps (at least ``slowdown_min_points``, 8;
-the first ``slowdown_skip_first`` steps of the run are ignored, they carry start-up
-work), the Theil–Sen trend of ``duration_s`` must make a step ``slowdown_ratio``
-(1.3x) slower from the first to the last step of the window, and at least
-``slowdown_rising_fraction`` (0.7) of the step pairs must have got slower. Theil–Sen
-is the median of pairwise slopes, so a garbage-collection pause or a checkpoint
-write does not make a trend.
+The run's starting speed is the median ``duration_s`` of its first
+``slowdown_min_points`` (8) steps (after the first ``slowdown_skip_first`` steps,
+which carry start-up work). It fires when the Theil–Sen trend over the last
+``slowdown_window`` (30) steps puts the current step at ``slowdown_ratio`` (1.3x)
+that speed or slower, and the steps are still getting slower: at least
+``slowdown_rising_fraction`` (0.7) of the step pairs in the window got slower (0.55
+to keep holding once raised, so that noise does not clear it and raise it again).
+Theil–Sen is the median of pairwise slopes, so a garbage-collection pause or a
+checkpoint write does not make a trend; comparing with the start of the run keeps a
+steady linear slowdown flagged however slow the steps have become.
 
 Then it says what grew alongside: the autograd graph (``graph_nodes``), process
 memory (``rss_bytes``), and with ``profile=True`` the module whose time grew most.
@@ -28,7 +31,19 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Detector, Finding, Verdicts, as_float, fmt, rising_fraction, sig, theil_sen
+from .base import (
+    HYSTERESIS,
+    Detector,
+    Finding,
+    Verdicts,
+    as_float,
+    fitted_last,
+    fmt,
+    median,
+    rising_fraction,
+    sig,
+    theil_sen,
+)
 from .graph_growth import trend_ratio
 from .profiles import module_rows
 
@@ -43,6 +58,8 @@ class SlowdownDetector(Detector):
         super().__init__(config)
         self._rows: deque[Mapping[str, Any]] = deque(maxlen=int(config["slowdown_window"]))
         self._seen = 0
+        self._early: list[float] = []
+        self._holding = False
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         duration = as_float(record.get("duration_s"))
@@ -66,17 +83,23 @@ class SlowdownDetector(Detector):
                 },
             }
         )
-        if len(self._rows) < int(self.config["slowdown_min_points"]):
+        if len(self._early) < int(self.config["slowdown_min_points"]):
+            self._early.append(duration)
+        if len(self._early) < int(self.config["slowdown_min_points"]):
             return {}
         xs = [float(r["step"]) for r in self._rows]
         ys = [float(r["duration_s"]) for r in self._rows]
-        slope, ratio = trend_ratio(xs, ys)
+        slope, last = fitted_last(xs, ys)
+        baseline = median(self._early)
+        ratio = last / baseline if baseline > 0 else 1.0
         rising = rising_fraction(xs, ys)
-        if ratio < float(self.config["slowdown_ratio"]) or rising < float(
-            self.config["slowdown_rising_fraction"]
-        ):
+        needed = float(self.config["slowdown_rising_fraction"]) - (
+            HYSTERESIS if self._holding else 0
+        )
+        self._holding = ratio >= float(self.config["slowdown_ratio"]) and rising >= needed
+        if not self._holding:
             return {"step_time": None}
-        return {"step_time": self._finding(xs, ys, slope, ratio, rising)}
+        return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline)}
 
     def _correlates(self) -> dict[str, float]:
         grown: dict[str, float] = {}
@@ -113,9 +136,14 @@ class SlowdownDetector(Detector):
         return best
 
     def _finding(
-        self, xs: list[float], ys: list[float], slope: float, ratio: float, rising: float
+        self,
+        xs: list[float],
+        ys: list[float],
+        slope: float,
+        ratio: float,
+        rising: float,
+        first: float,
     ) -> Finding:
-        first = ys[0] if len(ys) < 3 else sorted(ys[:3])[1]
         last = ys[-1] if len(ys) < 3 else sorted(ys[-3:])[1]
         grown = self._correlates()
         explained = [f for f, r in grown.items() if r >= _GREW[f]]
@@ -131,8 +159,9 @@ class SlowdownDetector(Detector):
         for f, r in grown.items():
             evidence[f"{f}_growth"] = sig(r)
         message = (
-            f"steps are getting slower: {fmt(first * 1e3)} ms → {fmt(last * 1e3)} ms over "
-            f"steps {int(xs[0])}–{int(xs[-1])} (+{fmt(slope * 1e3)} ms per step, Theil–Sen)"
+            f"steps are getting slower: {fmt(first * 1e3)} ms at the start of the run, "
+            f"{fmt(last * 1e3)} ms at step {int(xs[-1])} (+{fmt(slope * 1e3)} ms per step over "
+            f"steps {int(xs[0])}–{int(xs[-1])}, Theil–Sen)"
         )
         if "graph_nodes" in explained:
             message += f"; the autograd graph grew {grown['graph_nodes']:.1f}x alongside"

@@ -47,7 +47,7 @@ _RENDER_JS = """
   var text = css.getPropertyValue("--text").trim(), grid = css.getPropertyValue("--grid").trim();
   Object.keys(figures).forEach(function (id) {
     var fig = figures[id], layout = fig.layout;
-    layout.font = {color: text, family: css.getPropertyValue("font-family")};
+    layout.font = {color: text, family: getComputedStyle(document.body).fontFamily};
     Object.keys(layout).forEach(function (k) {
       if (/^[xy]axis\\d*$/.test(k)) { layout[k].gridcolor = grid; layout[k].linecolor = grid; }
     });
@@ -109,7 +109,8 @@ def _alerts_html(alerts: list[dict[str, Any]], heatmap_ids: dict[str, str]) -> s
         raw = a.get("evidence")
         evidence: dict[str, Any] = raw if isinstance(raw, dict) else {}
         rows = "".join(
-            f"<dt>{escape(str(k))}</dt><dd>{escape(_fmt(v))}</dd>" for k, v in evidence.items()
+            f"<div><dt>{escape(str(k))}</dt><dd>{escape(_fmt(v))}</dd></div>"
+            for k, v in evidence.items()
         )
         items.append(
             f'<article class="alert {severity}{" cleared" if cleared else ""}">'

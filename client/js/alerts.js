@@ -90,6 +90,6 @@ export class AlertsPanel {
           onclick: () => this.onGoto(first, latest) }, `${stepText} →`)),
       el("p", { class: "message" }, String(latest.message ?? "")),
       latest.hint ? el("p", { class: "fix" }, String(latest.hint)) : null,
-      evidence.length ? el("dl", {}, evidence.map(([k, v]) => [el("dt", {}, k), el("dd", {}, evidenceText(v))])) : null);
+      evidence.length ? el("dl", {}, evidence.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, evidenceText(v))))) : null);
   }
 }

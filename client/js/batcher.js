@@ -18,6 +18,13 @@ export class FrameBatcher {
 
   push(item) {
     if (this.closed) return;
+    if (window.gradwatch && window.gradwatch.unbatched) {
+      // bench/dashboard.py's comparison: draw every message at once, no batching.
+      stats.flushes += 1;
+      stats.flushedItems += 1;
+      this.flushFn([item]);
+      return;
+    }
     this.pending.push(item);
     if (!this.scheduled) this.scheduled = requestAnimationFrame(() => this.flush());
   }

@@ -48,6 +48,8 @@ export class Heatmap {
     this.rows = 0;
     this.lastStep = -1;
     this.drawn = false;
+    this.visible = true;
+    this.backlog = [];
   }
 
   /** First paint: matrix = GET /api/runs/{id}/timesteps answer (possibly empty). */
@@ -67,9 +69,24 @@ export class Heatmap {
     this.drawn = true;
   }
 
+  /** Off screen, rows wait and are drawn in one go when the heatmap scrolls into view. */
+  setVisible(visible) {
+    this.visible = visible;
+    if (visible && this.backlog.length) {
+      const rows = this.backlog;
+      this.backlog = [];
+      this.push(rows);
+    }
+  }
+
   /** Append rows [{step, values}] (one extendTraces per frame). */
   push(rows) {
     if (!this.drawn) return;
+    if (!this.visible) {
+      this.backlog.push(...rows);
+      if (this.backlog.length > MAX_ROWS) this.backlog = this.backlog.slice(-MAX_ROWS);
+      return;
+    }
     const fresh = rows.filter((r) => r.step > this.lastStep).sort((a, b) => a.step - b.step);
     if (!fresh.length) return;
     this.lastStep = fresh[fresh.length - 1].step;

@@ -85,6 +85,7 @@ export class RunView {
 
   unmount() {
     this.closed = true;
+    if (this.observer) this.observer.disconnect();
     if (this.live) this.live.close();
     this.batcher.close();
     purgeAll();
@@ -218,10 +219,21 @@ export class RunView {
     this.updateNoData();
     this.updateTrendNote(fields.trend);
     this.loaded = true;
+    this.observeVisibility();
     stats.paintedAt = performance.now();
     document.body.dataset.painted = "1";
     for (const item of this.buffer) this.batcher.push(item);
     this.buffer = [];
+  }
+
+  observeVisibility() {
+    // Charts off screen keep their live points until they are scrolled to (series.js).
+    const byPanel = new Map();
+    for (const { view, panel: p } of [...this.charts.values(), ...this.heatmaps.values()]) byPanel.set(p.section, view);
+    this.observer = new IntersectionObserver((entries) => {
+      for (const e of entries) byPanel.get(e.target).setVisible(e.isIntersecting);
+    }, { rootMargin: "200px" });
+    for (const section of byPanel.keys()) this.observer.observe(section);
   }
 
   latestFromHistory(fields) {

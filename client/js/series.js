@@ -13,6 +13,8 @@ export const SCALARS = ["loss", "duration_s", "total_norm", "graph_nodes", "rss_
 // Live points beyond this many per trace push the oldest out of the chart (the full
 // history stays on the server; reload for it).
 export const MAX_LIVE_POINTS = 20000;
+// Points kept for a chart that is off screen (the oldest go first beyond this).
+const MAX_BACKLOG = 100000;
 
 /** A step record's scalar fields as [name, value] pairs named like the REST API. */
 export function recordFields(rec) {
@@ -65,6 +67,8 @@ export class LineChart {
     this.index = new Map(); // key -> trace index
     this.lastStep = new Map(); // key -> last step drawn (drops replayed/duplicate points)
     this.drawn = false;
+    this.visible = true;
+    this.backlog = [];
   }
 
   _trace(key, steps, values) {
@@ -98,12 +102,30 @@ export class LineChart {
 
   /** True when some series was drawn (else the panel says there is no data). */
   get hasData() {
-    return this.index.size > 0;
+    return this.index.size > 0 || this.backlog.length > 0;
+  }
+
+  /**
+   * Off screen, points wait in a backlog and are drawn in one go when the chart
+   * scrolls into view: a page of ten charts then redraws only the few one can see.
+   */
+  setVisible(visible) {
+    this.visible = visible;
+    if (visible && this.backlog.length) {
+      const points = this.backlog;
+      this.backlog = [];
+      this.push(points);
+    }
   }
 
   /** Append live points [{key, step, value}], one extendTraces for the whole batch. */
   push(points) {
     if (!this.drawn) return;
+    if (!this.visible) {
+      for (const p of points) if (this.spec.match(p.key)) this.backlog.push(p);
+      if (this.backlog.length > MAX_BACKLOG) this.backlog = this.backlog.slice(-MAX_BACKLOG / 2);
+      return;
+    }
     const byTrace = new Map();
     const fresh = new Map();
     for (const { key, step, value } of points) {

@@ -137,6 +137,18 @@ def wait_js(page: Any, predicate: str, timeout_s: float = 30.0) -> Any:
     return page.wait_for_function(predicate, timeout=timeout_s * 1000)
 
 
+def scroll_to(page: Any, chart_id: str) -> None:
+    """Bring a chart into view: off screen, the run view keeps live points for later."""
+    page.locator(f"#{chart_id}").scroll_into_view_if_needed()
+
+
+def wait_points(page: Any, chart_id: str, count: int, timeout_s: float = 30.0) -> None:
+    """Wait until the first trace of a chart has ``count`` points."""
+    trace = f"(document.getElementById({json.dumps(chart_id)}).data || [])[0]"
+    done = f"() => {{ const t = {trace}; return !!t && t.x.length === {count}; }}"
+    wait_js(page, done, timeout_s)
+
+
 def chart(page: Any, chart_id: str, expr: str) -> Any:
     """Evaluate ``expr`` on the Plotly div ``chart_id`` (its data/layout), as `d`."""
     find = f"document.getElementById({json.dumps(chart_id)})"

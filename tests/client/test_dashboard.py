@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from .conftest import alert_record, chart, end_record, step_record, wait_js
+from .conftest import (
+    alert_record,
+    chart,
+    end_record,
+    scroll_to,
+    step_record,
+    wait_js,
+    wait_points,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -95,7 +103,10 @@ def test_heatmap_gains_rows_and_profile_and_timing_have_points_while_a_run_strea
     assert "log10" in chart(w.page, heat, "d.data[0].colorbar.title.text")
     # Latest profile: 121 points, the latest step's values.
     assert chart(w.page, "chart-profile", "d.data[0].y.length") == 121
-    wait_js(w.page, "() => document.getElementById('chart-time').data[0].x.length === 25")
+    # The step-time chart is below the fold: its live points wait until it is shown.
+    assert chart(w.page, "chart-time", "d.data[0].x.length") == 10
+    scroll_to(w.page, "chart-time")
+    wait_points(w.page, "chart-time", 25)
     assert chart(w.page, "chart-time", "d.layout.yaxis.title.text") == "step time (ms)"
     assert chart(w.page, "chart-norms", "d.data.map(t => t.name)")[0] == "total norm"
     stats = w.page.evaluate("() => window.gradwatch.stats")
@@ -117,6 +128,7 @@ def test_nonfinite_steps_are_marked_on_the_norm_chart_from_history_and_live(
     trainer.send([step_record(s, nonfinite=s == 4) for s in range(8)])
     w = open_page(server, f"#/run/{trainer.run_id}")
     w.page.wait_for_selector("body[data-painted='1']")
+    scroll_to(w.page, "chart-norms")
     marks = "d.data.filter(t => t.name === 'non-finite').flatMap(t => Array.from(t.x))"
     assert chart(w.page, "chart-norms", marks) == [4]
     trainer.send([step_record(8), step_record(9, nonfinite=True)])
@@ -183,7 +195,9 @@ def test_replay_draws_a_finished_run_from_history(gradwatch_server, open_page, r
     label = "document.getElementById('replay-label').textContent"
     wait_js(w.page, f"() => {label}.startsWith('replayed all')")
     assert chart(w.page, "chart-heatmap-lstm-input", "d.data[0].z.length") == 40
-    assert chart(w.page, "chart-time", "d.data[0].x.length") == 40
+    scroll_to(w.page, "chart-time")
+    wait_points(w.page, "chart-time", 40)
+    w.page.locator("#replay-position").scroll_into_view_if_needed()
     w.page.wait_for_selector("#alerts-list article.alert[data-code=vanishing]")
     # Seek back to the start: the charts are drawn again from nothing.
     w.page.eval_on_selector(

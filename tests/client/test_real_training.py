@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import chart, wait_js
+from .conftest import chart, scroll_to, wait_js, wait_points
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -79,13 +79,15 @@ def test_real_training_streams_rows_and_its_vanishing_alert_shows_the_fix(
     page_open.set()  # the rest of training streams while the page watches
 
     total = BEFORE_PAGE + AFTER_PAGE
+    scroll_to(w.page, heat)
     wait_js(w.page, f"() => document.getElementById('{heat}').data[0].z.length === {total}", 90)
     trainer.join(timeout=60)
     assert not errors, errors
     assert chart(w.page, heat, "d.data[0].y[d.data[0].y.length - 1]") == total - 1
     assert chart(w.page, heat, "d.data[0].z[0].length") == TIMESTEPS
     assert chart(w.page, "chart-profile", "d.data[0].y.length") == TIMESTEPS
-    assert chart(w.page, "chart-time", "d.data[0].x.length") == total
+    scroll_to(w.page, "chart-time")
+    wait_points(w.page, "chart-time", total)
 
     alert = "#alerts-list article.alert[data-code=vanishing]"
     w.page.wait_for_selector(alert, timeout=30_000)

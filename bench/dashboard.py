@@ -1,0 +1,233 @@
+"""Dashboard benchmark: first paint of a 1e6-step run, and sustained live updates.
+
+1. First paint. A real `gradwatch serve` holds two runs ingested over /ws/ingest: 1e3
+   and 1e6 steps (a heatmap row every 1,000 steps for the long one, every step for
+   the short one). Headless Chromium opens each run view; "first paint" is
+   performance.now() when every chart of the view has drawn (the dashboard records
+   it in window.gradwatch.stats.paintedAt), i.e. from navigation start, Plotly.js
+   parse included. Median of --repeats loads, side by side, with the ratio.
+2. Live. 8 trainers stream one step record (121-timestep heatmap row, 20 parameter
+   norms) every 100 ms each (10 steps/s per run) for --seconds; one Chromium page
+   per run watches its run view. A requestAnimationFrame counter in each page counts
+   frames and frames longer than 50 ms. Run twice: records drawn once per animation
+   frame (the dashboard) and once per message (window.gradwatch.unbatched), side by side.
+
+Run: .venv/bin/python bench/dashboard.py [--steps 1000000] [--seconds 20] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from websockets.sync.client import connect
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]  # fmt: skip
+PARAMS = [f"layer{i}.weight" for i in range(20)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, db: str) -> None:
+        self.port = free_port()
+        self.http = f"http://127.0.0.1:{self.port}"
+        self.url = f"ws://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "gradwatch.server.cli", "serve", "--port", str(self.port),
+               "--db", db, "--log-level", "warning"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.http + "/api/health", timeout=2):  # noqa: S310
+                    return
+            except OSError:
+                time.sleep(0.05)  # readiness poll
+        raise TimeoutError("gradwatch serve did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def step_record(step: int, heavy: bool) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "kind": "step", "step": step, "epoch": step // 1000, "t": time.time(),
+        "duration_s": 0.01 + 0.001 * random.random(), "loss": 1 / (1 + step), "overhead": 0.02,
+        "total_norm": 1 + math.sin(step / 500), "graph_nodes": 120, "rss_bytes": 300_000_000,
+    }  # fmt: skip
+    if heavy:
+        rec["timesteps"] = {"lstm": {"input": [0.5 * 0.8 ** (120 - t) for t in range(121)]}}
+        rec["param_norms"] = {p: random.random() for p in PARAMS}
+    return rec
+
+
+def hello(run_id: str, name: str) -> str:
+    return json.dumps({
+        "type": "hello", "protocol": 1, "run_id": run_id, "run": name, "rank": 0,
+        "world_size": 1, "host": "bench", "pid": 1,
+        "model": {"modules": [{"name": "lstm", "type": "LSTM"}], "recurrent": ["lstm"]},
+        "config": {},
+    })  # fmt: skip
+
+
+def ingest(server: Server, name: str, steps: int, heavy_every: int) -> str:
+    """Send `steps` step records in batches of 5,000, pipelined, every batch acknowledged."""
+    run_id = str(uuid.uuid4())
+    with connect(server.url + "/ws/ingest", max_size=None) as ws:
+        ws.send(hello(run_id, name))
+        batches = range(0, steps, 5000)
+        for seq, start in enumerate(batches):
+            records = [step_record(s, s % heavy_every == 0) for s in range(start, min(steps, start + 5000))]
+            ws.send(json.dumps({"type": "batch", "run_id": run_id, "rank": 0, "seq": seq, "records": records}))
+        for _ in batches:
+            answer = json.loads(ws.recv(timeout=300))
+            assert answer["type"] == "ack", answer
+    return run_id
+
+
+def first_paint(browser: Any, server: Server, run_id: str) -> tuple[float, float]:
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.goto(f"{server.http}/#/run/{run_id}")
+    page.wait_for_selector("body[data-painted='1']", timeout=60_000)
+    painted = page.evaluate("() => window.gradwatch.stats.paintedAt")
+    api = page.evaluate(
+        "() => Math.max(...performance.getEntriesByType('resource')"
+        ".filter(e => e.name.includes('/steps') || e.name.includes('/timesteps'))"
+        ".map(e => e.responseEnd - e.startTime))"
+    )
+    page.close()
+    return float(painted), float(api)
+
+
+COUNTER = """() => {
+  const s = {frames: 0, long: 0, worst: 0, last: performance.now()};
+  window.__frames = s;
+  const tick = (t) => { const d = t - s.last; s.last = t; s.frames += 1;
+    if (d > 50) s.long += 1; s.worst = Math.max(s.worst, d); requestAnimationFrame(tick); };
+  requestAnimationFrame(tick);
+}"""
+
+
+def live(browser: Any, server: Server, runs: int, seconds: float, unbatched: bool) -> dict[str, float]:
+    trainers = [(str(uuid.uuid4()), f"live-{i}") for i in range(runs)]
+    sockets = []
+    for run_id, name in trainers:
+        ws = connect(server.url + "/ws/ingest")
+        ws.__enter__()
+        ws.send(hello(run_id, name))
+        ws.send(json.dumps({"type": "batch", "run_id": run_id, "rank": 0, "seq": 0,
+                            "records": [step_record(0, True)]}))  # fmt: skip
+        ws.recv(timeout=30)
+        sockets.append(ws)
+    pages = []
+    for run_id, _ in trainers:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{server.http}/#/run/{run_id}")
+        page.wait_for_selector("body[data-painted='1']", timeout=60_000)
+        if unbatched:
+            page.evaluate("() => { window.gradwatch.unbatched = true; }")
+        pages.append(page)
+    for page in pages:
+        page.evaluate(COUNTER)
+    stop = threading.Event()
+
+    def stream(ws: Any, run_id: str) -> None:
+        seq, step = 1, 1
+        next_at = time.monotonic()
+        while not stop.is_set():
+            ws.send(json.dumps({"type": "batch", "run_id": run_id, "rank": 0, "seq": seq,
+                                "records": [step_record(step, True)]}))  # fmt: skip
+            ws.recv(timeout=30)
+            seq, step = seq + 1, step + 1
+            next_at += 0.1
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+    threads = [threading.Thread(target=stream, args=(ws, rid)) for ws, (rid, _) in zip(sockets, trainers, strict=True)]
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    stop.wait(seconds)  # the measurement window itself
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    frames = [p.evaluate("() => window.__frames") for p in pages]
+    drawn = [p.evaluate("() => window.gradwatch.stats.flushedItems") for p in pages]
+    rows = [p.evaluate("() => document.querySelector('[id^=chart-heatmap]').data[0].z.length") for p in pages]
+    for p in pages:
+        p.close()
+    for ws in sockets:
+        ws.__exit__(None, None, None)
+    total_frames = sum(f["frames"] for f in frames)
+    return {
+        "fps_per_page": total_frames / len(pages) / elapsed,
+        "long_frames_pct": 100 * sum(f["long"] for f in frames) / max(1, total_frames),
+        "worst_frame_ms": max(f["worst"] for f in frames),
+        "records_drawn_per_s": sum(drawn) / elapsed,
+        "heatmap_rows_min": min(rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=8)
+    args = ap.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Server(str(Path(tmp) / "bench.db"))
+        try:
+            t0 = time.perf_counter()
+            short = ingest(server, "short", 1000, 1)
+            long_ = ingest(server, "long", args.steps, 1000)
+            print(f"ingested 1,000 + {args.steps:,} steps in {time.perf_counter() - t0:.1f} s")
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                            args=CHROMIUM_ARGS)  # fmt: skip
+                first_paint(browser, server, short)  # warm the browser's cache of plotly.min.js
+                results = {}
+                for label, rid in (("1e3 steps", short), (f"{args.steps:.0e} steps", long_)):
+                    runs = [first_paint(browser, server, rid) for _ in range(args.repeats)]
+                    results[label] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
+                print(f"\nfirst paint of the run view (median of {args.repeats}, ms from navigation start)")
+                print(f"{'run':>14} {'first paint':>12} {'history API':>12}")
+                for label, (paint, api) in results.items():
+                    print(f"{label:>14} {paint:12.0f} {api:12.0f}")
+                (a, _), (b, _) = results.values()
+                print(f"{'ratio':>14} {b / a:12.2f}")
+                print(f"\nlive: {args.runs} runs x 10 steps/s, one page per run, {args.seconds:.0f} s")
+                print(f"{'drawing':>22} {'fps/page':>9} {'frames>50ms':>12} {'worst ms':>9} {'records/s':>10} {'rows':>5}")
+                for label, unbatched in (("per animation frame", False), ("per message", True)):
+                    r = live(browser, server, args.runs, args.seconds, unbatched)
+                    print(f"{label:>22} {r['fps_per_page']:9.1f} {r['long_frames_pct']:11.1f}% "
+                          f"{r['worst_frame_ms']:9.0f} {r['records_drawn_per_s']:10.1f} {r['heatmap_rows_min']:5.0f}")  # fmt: skip
+                browser.close()
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

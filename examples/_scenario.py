@@ -38,6 +38,13 @@ def parser(name: str, description: str, steps: int) -> argparse.ArgumentParser:
         "--token", default=os.environ.get("GRADWATCH_TOKEN"), help="the server's ingest token"
     )
     p.add_argument("--run", default=None, help=f"run name (default {name} or {name}-fixed)")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=120.0,
+        help="stop early after this much training time (default 120: the bug variants get "
+        "slower every step, and gradwatch demo asks for 400 steps)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads",
@@ -78,9 +85,14 @@ def start(model: torch.nn.Module, args: argparse.Namespace, **options: Any) -> M
 class StepClock:
     """Wall time of each training step as the example itself sees it."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_seconds: float | None = None) -> None:
         self.times: list[float] = []
+        self.max_seconds = max_seconds
         self._start = time.perf_counter()
+
+    def out_of_time(self) -> bool:
+        """True once the steps so far took longer than ``max_seconds``."""
+        return self.max_seconds is not None and sum(self.times) > self.max_seconds
 
     def lap(self) -> float:
         now = time.perf_counter()
@@ -95,9 +107,16 @@ class StepClock:
         return statistics.median(body[:k]), statistics.median(body[-k:])
 
 
-def report(args: argparse.Namespace, lines: list[str], summary: dict[str, Any]) -> dict[str, Any]:
+def report(
+    args: argparse.Namespace, clock: StepClock, lines: list[str], summary: dict[str, Any]
+) -> dict[str, Any]:
     where = args.server or args.spool
-    summary.update(run=args.run, fixed=args.fixed, steps=args.steps, output=where)
+    steps = len(clock.times)
+    summary.update(run=args.run, fixed=args.fixed, steps=steps, output=where)
+    if steps < args.steps:
+        lines.append(
+            f"  stopped after {steps} of {args.steps} steps (--max-seconds {args.max_seconds:g})"
+        )
     if not args.quiet:
         for line in lines:
             print(line)

@@ -126,9 +126,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-3)
     looped = not args.fixed
     losses = []
-    clock = _scenario.StepClock()
+    clock = _scenario.StepClock(args.max_seconds)
     with _scenario.start(model, args, profile=True) as monitor:
         for step in range(args.steps):
+            if clock.out_of_time():
+                break
             loss = train_step(model, optimizer, batch(args.batch), looped)
             monitor.step(loss)
             losses.append(loss.item())
@@ -153,13 +155,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ratio = speeds["looped"] / speeds["batched"]
     lines = [
         f"seq2seq_attention ({'batched decoder' if args.fixed else 'decoder called per token'}): "
-        f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {args.steps} steps",
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(clock.times)} steps",
         f"  per-token decoder loop: {speeds['looped'] * 1e3:.1f} ms/step",
         f"  batched decoder:        {speeds['batched'] * 1e3:.1f} ms/step ({ratio:.1f}x faster)",
         f"  same loss both ways:    {same[0]:.6f} vs {same[1]:.6f}",
     ]
     return _scenario.report(
         args,
+        clock,
         lines,
         {"speeds_s": speeds, "speedup": ratio, "same_loss": same, "loss_last": losses[-1]},
     )

@@ -145,17 +145,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     else:
         optimizer = _scenario.ThroughData(list(model.parameters()), torch.optim.Adagrad, lr=0.05)
     batches = [data[i : i + args.batch] for i in range(0, len(data), args.batch)]
-    clock = _scenario.StepClock()
+    clock = _scenario.StepClock(args.max_seconds)
     epoch_times: list[float] = []
     step = 0
     with _scenario.start(model, args, cells=["cell"], profile=args.profile) as monitor:
-        while step < args.steps:
+        while step < args.steps and not clock.out_of_time():
             if args.fixed:
                 for tree, _ in data:
                     tree.reset()
             epoch_time = 0.0
             for chunk in batches:
-                if step == args.steps:
+                if step == args.steps or clock.out_of_time():
                     break
                 trees = [t for t, _ in chunk]
                 labels = torch.tensor([label for _, label in chunk])
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"epoch time {epoch_times[0] * 1e3:.0f} ms in epoch 1, {epoch_times[-1] * 1e3:.0f} ms "
         f"in epoch {len(epoch_times)}; step time {first * 1e3:.1f} -> {last * 1e3:.1f} ms",
     ]
-    return _scenario.report(args, lines, {"epoch_s": epoch_times, "step_s": [first, last]})
+    return _scenario.report(args, clock, lines, {"epoch_s": epoch_times, "step_s": [first, last]})
 
 
 if __name__ == "__main__":

@@ -383,7 +383,19 @@ class WebSocketSink:
                             "reconnecting, nothing acknowledged is lost")
             return "lost"
         code, message = error
-        if code in (CLOSE_INVALID_DATA, CLOSE_TOO_BIG):
+        # The error names no seq. The server answers in order, so it concerns the oldest
+        # batch in flight, unless it is about the hello: then no batch is to blame and
+        # dropping one after another would lose them all. A batch is blamed when the
+        # hello has been accepted (an ack came on this connection), when the message is
+        # too big (a hello never is), or when the error names the records.
+        blame_batch = code == CLOSE_TOO_BIG or (
+            code == CLOSE_INVALID_DATA
+            and (
+                self._box.acked_batches > acked_before
+                or message.startswith(("records", "batch"))
+            )
+        )
+        if blame_batch:
             batch = self._box.reject_oldest_sent()
             if batch is not None:
                 self._reject(batch, code, message)

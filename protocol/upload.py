@@ -120,6 +120,7 @@ def _upload_part(
             last_trouble = f"cannot reach the server: {e}"
             time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
             continue
+        acked_before = result.acked
         try:
             error = _send_in_order(ws, hello, todo, result, deadline, window)
         finally:
@@ -129,7 +130,13 @@ def _upload_part(
                 last_trouble = "the connection was lost"
             continue
         code, message = error
-        if code in (CLOSE_INVALID_DATA, CLOSE_TOO_BIG) and todo:
+        # As in the sender: blame the oldest batch in flight only when the error cannot
+        # be about the hello (see WebSocketSink._why_ended).
+        blame_batch = code == CLOSE_TOO_BIG or (
+            code == CLOSE_INVALID_DATA
+            and (result.acked > acked_before or message.startswith(("records", "batch")))
+        )
+        if blame_batch and todo:
             seq, text = todo.popleft()
             result.rejected.append((seq, code, message))
             result.rejected_file = rejected_path(path)

@@ -33,6 +33,7 @@ class AckServer:
         self.reject_seqs: set[int] = set()
         self.drop_after: int | None = None  # drop the connection after this many batches
         self.token: str | None = None
+        self.hello_error: str | None = None  # refuse every hello with this 1007 message
         self.acks_held = threading.Event()  # set: receive but do not ack yet
         self.port = 0
         self._server: Server | None = None
@@ -109,6 +110,10 @@ class AckServer:
             with self.cond:
                 self.hellos.append(hello)
                 self.cond.notify_all()
+            if self.hello_error is not None:
+                ws.send(dumps({"type": "error", "code": 1007, "message": self.hello_error}))
+                ws.close(1007, "bad hello")
+                return
             count = 0
             for raw in ws:
                 message = loads(raw)
@@ -118,7 +123,8 @@ class AckServer:
                     self.received.append(seq)
                     self.cond.notify_all()
                 if seq in self.reject_seqs:
-                    ws.send(dumps({"type": "error", "code": 1007, "message": f"bad seq {seq}"}))
+                    why = f"records[0].step: bad seq {seq}"
+                    ws.send(dumps({"type": "error", "code": 1007, "message": why}))
                     ws.close(1007, "bad batch")
                     return
                 if self.drop_after is not None and count > self.drop_after:

@@ -128,6 +128,25 @@ def test_rejected_batch_is_set_aside_and_the_rest_delivered(
     assert sink.stats()["rejected_batches"] == 1
 
 
+def test_a_refused_hello_drops_no_batch(
+    ack_server: Any, hello: Any, steps: Any, tmp_path: Path
+) -> None:
+    """Regression: a 1007 about the hello must not be blamed on batch after batch."""
+    ack_server.hello_error = "run: expected at most 256 characters, got 300"
+    spool = tmp_path / "run.jsonl"
+    with pytest.warns(GradwatchWarning) as caught:
+        sink = WebSocketSink(ack_server.url, hello, spool=spool, backoff_base=0.01)
+        for i in range(5):
+            sink.send(steps(i, 1))
+        ack_server.wait_for(lambda: len(ack_server.hellos) >= 3)  # it keeps trying
+        sink.close(timeout=0.2)
+    assert sink.stats()["rejected_batches"] == 0
+    assert not (tmp_path / "run.rejected.jsonl").exists()
+    assert any("refused the connection" in str(w.message) for w in caught)
+    records = [r for m in read_spool(spool) if m["type"] == "batch" for r in m["records"]]
+    assert [r["step"] for r in records] == list(range(5))
+
+
 def test_token_travels_as_bearer_header(
     ack_server: Any, hello: Any, steps: Any, tmp_path: Path
 ) -> None:

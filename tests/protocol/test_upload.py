@@ -110,7 +110,7 @@ def test_cli_upload_sets_refused_batches_aside_and_exits_1(
     write_spool(spool, [(hello, [steps(i, 1) for i in range(4)])])
     done = cli(str(spool), "--server", ack_server.url)
     assert done.returncode == 1
-    assert "batch seq 1 refused (code 1007): bad seq 1" in done.stderr
+    assert "batch seq 1 refused (code 1007): records[0].step: bad seq 1" in done.stderr
     assert [m["seq"] for m in read_spool(tmp_path / "run.rejected.jsonl")] == [1]
     assert ack_server.seqs() == [0, 2, 3]
 
@@ -151,3 +151,15 @@ def test_cli_upload_wrong_token_exits_3(
     assert done.returncode == 3
     assert "refused the upload (code 1008: expected a token)" in done.stderr
     assert os.path.exists(spool)
+
+
+def test_cli_upload_refused_hello_sets_no_batch_aside(
+    ack_server: Any, hello: Any, steps: Any, tmp_path: Path
+) -> None:
+    ack_server.hello_error = "run: expected at most 256 characters, got 300"
+    spool = tmp_path / "run.jsonl"
+    write_spool(spool, [(hello, [steps(0, 1), steps(1, 1)])])
+    done = cli(str(spool), "--server", ack_server.url)
+    assert done.returncode == 3
+    assert "refused the upload (code 1007: run: expected at most 256" in done.stderr
+    assert not (tmp_path / "run.rejected.jsonl").exists()

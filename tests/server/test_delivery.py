@@ -175,3 +175,28 @@ def test_server_never_up_then_gradwatch_upload_twice_stores_once(
         assert done.returncode == 0, done.stderr
     assert stored_steps(server, run_id) == list(range(60))
     assert get(server, f"/api/runs/{run_id}")["status"] == "finished"
+
+
+def test_batch_the_real_server_refuses_is_set_aside_and_the_rest_stored(
+    gradwatch_server: Any, tmp_path: Path
+) -> None:
+    from gradwatch.protocol.sender import WebSocketSink
+
+    server = gradwatch_server()
+    run_id = run_id_for("refused")
+    hello = {"type": "hello", "protocol": 1, "run_id": run_id, "run": "refused", "rank": 0,
+             "world_size": 1, "host": "test", "pid": 1,
+             "model": {"modules": [], "parameters": 0, "recurrent": []}, "config": {}}
+    spool = tmp_path / "run.jsonl"
+    with pytest.warns(GradwatchWarning, match="refused batch seq 7"):
+        # One batch per send (no merging), several in flight: the ones sent after the bad
+        # batch are lost with its connection and must be resent on the next.
+        sink = WebSocketSink(server.url, hello, spool=spool, max_batch_bytes=1)
+        for s in range(20):
+            sink.send([{"kind": "step", "step": "x" if s == 7 else s, "epoch": 0,
+                        "t": float(s), "duration_s": 0.01, "loss": 1.0}])
+        assert sink.flush(timeout=60)
+        sink.close(timeout=10)
+    assert stored_steps(server, run_id) == [s for s in range(20) if s != 7]
+    (rejected,) = read_spool(tmp_path / "run.rejected.jsonl")
+    assert rejected["seq"] == 7 and rejected["records"][0]["step"] == "x"

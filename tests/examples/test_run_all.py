@@ -40,3 +40,10 @@ def test_example_refuses_a_step_count_below_one(
     with pytest.raises(SystemExit):
         load_example("tree_gru").main(["--steps", "0"])
     assert "--steps: expected a positive number, got 0" in capsys.readouterr().err
+
+
+def test_max_seconds_stops_a_slowing_bug_early(tmp_path: Path, load_example: Any) -> None:
+    spool = tmp_path / "r.jsonl"
+    argv = ["--steps", "50", "--max-seconds", "0", "--spool", str(spool), "--quiet"]
+    summary = load_example("rotation_lstm").main(argv)
+    assert summary["steps"] == 1  # the first step already used the whole budget

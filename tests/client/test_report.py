@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ARTIFACTS, CHROMIUM_ARGS, alert_record, end_record, step_record
+from .conftest import ARTIFACTS, alert_record, end_record, step_record
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -36,7 +36,7 @@ def finished_run(gradwatch_server, raw_trainer, tmp_path: Path) -> tuple[Any, An
 
 @pytest.mark.browser
 def test_report_draws_offline_with_alerts_and_names_as_text(
-    finished_run, chromium_path: str, tmp_path: Path
+    finished_run, browser: Any, tmp_path: Path
 ):
     server, trainer = finished_run
     out = tmp_path / "run.html"
@@ -47,43 +47,40 @@ def test_report_draws_offline_with_alerts_and_names_as_text(
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<script src=" not in html  # Plotly is inline
 
-    from playwright.sync_api import sync_playwright
-
     requests: list[str] = []
     errors: list[str] = []
     dialogs: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS
-        )
-        page = browser.new_page(viewport={"width": 1440, "height": 900})
+    # One Playwright per session (the `browser` fixture): a second one in the same
+    # process would find the first one's event loop running.
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
 
-        def block(route: Any) -> None:
-            requests.append(route.request.url)
-            if route.request.url.startswith("file://"):
-                route.continue_()
-            else:
-                route.abort()
+    def block(route: Any) -> None:
+        requests.append(route.request.url)
+        if route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            route.abort()
 
-        page.route("**/*", block)
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-        page.goto(out.as_uri())
-        page.wait_for_selector("body[data-painted='1']", timeout=60_000)
-        assert page.inner_text("#run-name") == HOSTILE
-        rows = "d => d.data[0].z.length"
-        assert page.eval_on_selector("[id^=chart-heatmap]", rows) == 30
-        assert page.eval_on_selector("#chart-profile", "d => d.data[0].y.length") == 121
-        marks = "d => d.data.filter(t => t.name === 'non-finite').flatMap(t => t.x)"
-        assert page.eval_on_selector("#chart-norms", marks) == [7]
-        assert page.eval_on_selector("#chart-time", "d => d.data[0].x.length") == 30
-        alert = page.inner_text("#panel-alerts")
-        assert "gradient reaches back only 20 of 121 timesteps" in alert
-        assert "truncated BPTT" in page.inner_text("#panel-alerts .fix")
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
-        browser.close()
+    page.route("**/*", block)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(out.as_uri())
+    page.wait_for_selector("body[data-painted='1']", timeout=60_000)
+    assert page.inner_text("#run-name") == HOSTILE
+    rows = "d => d.data[0].z.length"
+    assert page.eval_on_selector("[id^=chart-heatmap]", rows) == 30
+    assert page.eval_on_selector("#chart-profile", "d => d.data[0].y.length") == 121
+    marks = "d => d.data.filter(t => t.name === 'non-finite').flatMap(t => t.x)"
+    assert page.eval_on_selector("#chart-norms", marks) == [7]
+    assert page.eval_on_selector("#chart-time", "d => d.data[0].x.length") == 30
+    alert = page.inner_text("#panel-alerts")
+    assert "gradient reaches back only 20 of 121 timesteps" in alert
+    assert "truncated BPTT" in page.inner_text("#panel-alerts .fix")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+    context.close()
     assert [u for u in requests if not u.startswith("file://")] == []
     assert errors == []
     assert dialogs == []

@@ -3,7 +3,8 @@
 Steps are split into equal-count buckets; each bucket contributes the point with its
 smallest and the point with its largest value, in step order, so spikes survive at
 any zoom. Non-finite values (``"NaN"``, ``"Infinity"``, ``"-Infinity"`` strings) rank
-above every number, so a bucket with a NaN always shows it.
+above every number, so a bucket with a NaN always shows it. The stores do the same in
+SQL (:meth:`gradwatch.server.store.reads.Reads.bucket_extremes`); this is the reference.
 
 Example:
     >>> minmax([0, 1, 2, 3, 4, 5], [5.0, 1.0, 9.0, 2.0, "NaN", 3.0], max_points=4)
@@ -15,20 +16,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-_RANK = {"NaN": float("inf"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
-
-def _sort_keys(values: Sequence[Any]) -> Sequence[float]:
-    """Comparable keys; non-finite strings become infinities (NaN ranks as +inf)."""
-    if not any(isinstance(v, str) for v in values):
-        return values
-    return [_RANK.get(v, float("inf")) if isinstance(v, str) else v for v in values]
+def _key(value: Any) -> tuple[int, float]:
+    # Non-finite strings rank above every number (as SQLite orders text after numbers).
+    return (1, 0.0) if isinstance(value, str) else (0, value)
 
 
 def minmax(
     steps: Sequence[int], values: Sequence[Any], max_points: int
 ) -> tuple[list[int], list[Any]]:
-    """At most ``max_points`` points of ``(steps, values)``: each bucket's min and max."""
+    """At most ``max_points`` points of ``(steps, values)``: each bucket's min and max.
+
+    ``steps`` ascending. Buckets have equal step width, ``ceil(span / (max_points // 2))``,
+    the same buckets the stores compute in SQL (this is their reference).
+    """
     if max_points < 2:
         raise ValueError(f"max_points: expected at least 2, got {max_points}")
     n = len(steps)
@@ -36,21 +37,19 @@ def minmax(
         raise ValueError(f"expected as many values as steps, got {len(values)} and {n}")
     if n <= max_points:
         return list(steps), list(values)
-    keys = _sort_keys(values)
-    buckets = max_points // 2
-    out_steps: list[int] = []
-    out_values: list[Any] = []
-    get = keys.__getitem__
-    for b in range(buckets):
-        lo = b * n // buckets
-        hi = (b + 1) * n // buckets
-        span = range(lo, hi)
-        i_min = min(span, key=get)
-        i_max = max(span, key=get)
-        for i in sorted({i_min, i_max}):
-            out_steps.append(steps[i])
-            out_values.append(values[i])
-    return out_steps, out_values
+    first = steps[0]
+    width = -(-(steps[-1] - first + 1) // (max_points // 2))
+    extremes: dict[int, tuple[int, int]] = {}
+    for i, step in enumerate(steps):
+        b = (step - first) // width
+        if b not in extremes:
+            extremes[b] = (i, i)
+            continue
+        lo, hi = extremes[b]
+        key = _key(values[i])
+        extremes[b] = (i if key < _key(values[lo]) else lo, i if key > _key(values[hi]) else hi)
+    chosen = sorted({i for pair in extremes.values() for i in pair})
+    return [steps[i] for i in chosen], [values[i] for i in chosen]
 
 
 def pick_rows(n: int, k: int) -> list[int]:

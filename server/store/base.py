@@ -75,11 +75,6 @@ class Store(Reads, ABC):
     def scalar_in(self, value: Any) -> Any:
         """A protocol number as this backend stores it in a numeric column."""
 
-    def json_field(self, column: str, *keys: str) -> str:
-        """SQL for the value at ``keys`` in the JSON object in ``column`` (keys hold no quotes)."""
-        path = "".join(f'."{k}"' for k in keys)
-        return f"json_extract({column}, '${path}')"
-
     def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
         marks = ", ".join("?" for _ in columns)
         names = ", ".join(columns)
@@ -202,6 +197,8 @@ class Store(Reads, ABC):
         split = rows.split_batch(batch, self.scalar_in)
         if split.steps:
             cur.executemany(self.sql(rows.STEP_INSERT), split.steps)
+        if split.scalars:
+            cur.executemany(self.sql(rows.SCALAR_INSERT), split.scalars)
         if split.timesteps:
             cur.executemany(self.sql(rows.TIMESTEP_INSERT), split.timesteps)
         if split.epochs:

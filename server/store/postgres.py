@@ -8,6 +8,7 @@ database or schema per deployment: ``postgresql://user@host/db?options=-csearch_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import psycopg
@@ -49,6 +50,18 @@ class PostgresStore(Store):
             return NONFINITE_STRINGS[value]
         return value
 
-    def json_field(self, column: str, *keys: str) -> str:
-        path = ", ".join(f"'{k}'" for k in keys)
-        return f"json_extract_path_text({column}::json, {path})"
+    def bucket_extremes(
+        self, table: str, where: str, params: Sequence[Any], expr: str, lo: int, width: int
+    ) -> list[tuple[int, Any]]:
+        found: list[tuple[int, Any]] = []
+        for order in ("ASC", "DESC"):
+            found.extend(
+                (step, value)
+                for _, step, value in self.query(
+                    f"SELECT DISTINCT ON (b) (step - ?) / ? AS b, step, v FROM"  # noqa: S608
+                    f" (SELECT step, {expr} AS v FROM {table} WHERE {where}) AS s"
+                    f" WHERE v IS NOT NULL ORDER BY b, v {order}, step",
+                    (lo, width, *params),
+                )
+            )
+        return found

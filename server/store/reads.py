@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..downsample import minmax, pick_rows
+from ..downsample import pick_rows
 from . import rows
 
 _PARAM_FAMILIES = ("param_norms", "gate_norms", "profile")
@@ -25,9 +25,6 @@ class Reads:
     """Query methods; mixed into :class:`gradwatch.server.store.base.Store`."""
 
     def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    def json_field(self, column: str, *keys: str) -> str:
         raise NotImplementedError
 
     # ----- runs --------------------------------------------------------------------
@@ -120,12 +117,15 @@ class Reads:
 
     def scalar_fields(self, run_id: str) -> list[str]:
         """Every scalar field name the steps endpoint can answer for this run."""
-        names = list(rows.SCALAR_FIELDS)
-        for family, key, sub in self.query(
+        names: list[str] = []
+        keys = self.query(
             "SELECT family, key, sub FROM run_keys WHERE run_id = ? AND family <> 'timesteps'"
             " ORDER BY family, key, sub",
             (run_id,),
-        ):
+        )
+        present = {key for family, key, _ in keys if family == "scalar"}
+        names.extend(f for f in rows.SCALAR_FIELDS if f in present)
+        for family, key, sub in keys:
             if family == "param_norms":
                 names.append(f"param_norms/{key}")
             elif family == "gate_norms":
@@ -135,21 +135,38 @@ class Reads:
         return names
 
     # ----- series ------------------------------------------------------------------
-    def _field_sql(self, name: str) -> str:
-        """SQL of one scalar field; ValueError "expected ..., got ..." for a bad name."""
+    def bucket_extremes(
+        self, table: str, where: str, params: Sequence[Any], expr: str, lo: int, width: int
+    ) -> list[tuple[int, Any]]:
+        """(step, value) of the min and the max of ``expr`` in each bucket of ``width`` steps.
+
+        SQLite: an aggregate query with one ``min()``/``max()`` takes its bare columns
+        from the row holding that extreme, so ``step`` is the extreme's own step. Text
+        ranks above numbers, so the ``"NaN"``/``"Infinity"`` strings win every ``max``.
+        """
+        found: list[tuple[int, Any]] = []
+        for fn in ("min", "max"):
+            found.extend(
+                self.query(
+                    f"SELECT step, {fn}({expr}) FROM {table} WHERE {where}"  # noqa: S608
+                    f" AND {expr} IS NOT NULL GROUP BY (step - ?) / ?",
+                    (*params, lo, width),
+                )
+            )
+        return found
+
+    def _field_sql(self, name: str) -> str | None:
+        """The ``steps`` column of a plain field, None for a named one (``scalars`` rows);
+        ValueError "expected ..., got ..." for a name that is not a field."""
         if name in rows.SCALAR_FIELDS:
             return name
         family, _, rest = name.partition("/")
-        if '"' in rest or "'" in rest or "\\" in rest:
-            raise ValueError(f"fields: expected names without quotes or backslashes, got {name!r}")
-        if family == "param_norms" and rest:
-            return self.json_field("param_norms", rest)
-        if family == "gate_norms" and "/" in rest:
-            param, _, gate = rest.rpartition("/")
-            return self.json_field("gate_norms", param, gate)
-        if family == "profile" and rest.rpartition("/")[2] in PROFILE_KEYS:
-            module, _, key = rest.rpartition("/")
-            return self.json_field("profile", module, key)
+        if (
+            (family == "param_norms" and rest)
+            or (family == "gate_norms" and "/" in rest)
+            or (family == "profile" and rest.rpartition("/")[2] in PROFILE_KEYS)
+        ):
+            return None
         raise ValueError(
             "fields: expected loss, duration_s, total_norm, graph_nodes, rss_bytes,"
             " cuda_allocated_bytes, cuda_reserved_bytes, overhead, param_norms/<param>,"
@@ -166,7 +183,14 @@ class Reads:
         fields: Sequence[str] | None = None,
         max_points: int = 2000,
     ) -> dict[str, Any]:
-        """Downsampled scalar series of one rank (docs/API.md ``/steps``)."""
+        """Downsampled scalar series of one rank (docs/API.md ``/steps``).
+
+        Up to ``max_points`` rows come back as they are; beyond that the database
+        itself finds each bucket's min and max (buckets of equal step width), so a
+        1e6-step run is never pulled into Python row by row.
+        """
+        if max_points < 2:
+            raise ValueError(f"max_points: expected at least 2, got {max_points}")
         self.run_summary(run_id)  # 404 before any work
         names = list(fields) if fields else self.scalar_fields(run_id)
         columns = {name: self._field_sql(name) for name in names}
@@ -174,25 +198,42 @@ class Reads:
         hi = 2**62 if stop is None else stop
         where = "run_id = ? AND rank = ? AND step >= ? AND step <= ?"
         params = (run_id, rank, lo, hi)
-        ((total,),) = self.query(f"SELECT COUNT(*) FROM steps WHERE {where}", params)  # noqa: S608
+        ((total, first, last),) = self.query(
+            f"SELECT COUNT(*), MIN(step), MAX(step) FROM steps WHERE {where}",  # noqa: S608
+            params,
+        )
+        total = int(total)
         out: dict[str, Any] = {}
-        downsampled = False
-        for name, sql in columns.items():
-            found = self.query(
-                f"SELECT step, {sql} FROM steps WHERE {where} AND {sql} IS NOT NULL ORDER BY step",  # noqa: S608
-                params,
-            )
-            steps_ = [r[0] for r in found]
-            values = [_number(r[1]) for r in found]
-            if len(steps_) > max_points:
-                downsampled = True
-            steps_, values = minmax(steps_, values, max_points)
-            out[name] = {"step": steps_, "value": values}
+        downsampled = total > max_points
+        buckets = max_points // 2
+        width = 1 if not total else -(-(int(last) - int(first) + 1) // buckets)
+        for name, column in columns.items():
+            args: tuple[Any, ...]
+            if column is None:
+                table, sql, clause, args = (
+                    "scalars",
+                    "value",
+                    where + " AND name = ?",
+                    (*params, name),
+                )
+            else:
+                table, sql, clause, args = "steps", column, where, params
+            if not downsampled:
+                found = self.query(
+                    f"SELECT step, {sql} FROM {table} WHERE {clause}"  # noqa: S608
+                    f" AND {sql} IS NOT NULL ORDER BY step",
+                    args,
+                )
+            else:
+                found = sorted(
+                    set(self.bucket_extremes(table, clause, args, sql, int(first), width))
+                )
+            out[name] = {"step": [r[0] for r in found], "value": [_number(r[1]) for r in found]}
         return {
             "rank": rank,
             "from": start,
             "to": stop,
-            "total": int(total),
+            "total": total,
             "downsampled": downsampled,
             "fields": out,
         }

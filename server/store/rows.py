@@ -1,11 +1,13 @@
 """Validated records as table rows, and the tables themselves.
 
 Scalars go to their own columns (so the history API reads one column per series);
-dicts of names (``param_norms``, ``gate_norms``, ``profile``, ``nonfinite``) go to
-JSON text; each per-timestep series goes to its own row of ``timesteps`` as packed
-little-endian float64 (an ``array('d')`` blob): re-encoding 128 floats as JSON text
-cost ~10x more than packing them, and the heatmap reads one module's series without
-touching the others. NaN and infinities survive in the blob and in PostgreSQL's
+named scalars (``param_norms/<p>``, ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``) go
+to rows of ``scalars`` (run, rank, name, step, value), so each one's history is one
+index range, not a JSON parse per step; ``nonfinite`` goes to JSON text; each
+per-timestep series goes to its own row of ``timesteps`` as packed little-endian
+float64 (an ``array('d')`` blob): re-encoding 128 floats as JSON text cost ~10x
+more than packing them, and the heatmap reads one module's series without touching
+the others. NaN and infinities survive in the blob and in PostgreSQL's
 ``double precision``; in SQLite the numeric columns carry no type affinity, so the
 strings ``"NaN"``/``"Infinity"`` are kept as they came.
 """
@@ -25,7 +27,7 @@ from gradwatch.protocol.messages import NONFINITE_STRINGS
 # Numeric scalar columns of `steps`, in protocol names (docs/PROTOCOL.md).
 NUMBER_FIELDS = ("t", "duration_s", "loss", "total_norm", "overhead")
 INTEGER_FIELDS = ("graph_nodes", "rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes")
-JSON_FIELDS = ("param_norms", "gate_norms", "profile", "nonfinite")
+JSON_FIELDS = ("nonfinite",)
 SCALAR_FIELDS = (
     "loss",
     "duration_s",
@@ -70,6 +72,7 @@ EPOCH_INSERT = (
     "INSERT INTO epochs (run_id, rank, epoch, step, t, duration_s, steps, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
+SCALAR_INSERT = "INSERT INTO scalars (run_id, rank, name, step, value) VALUES (?, ?, ?, ?, ?)"
 ALERT_INSERT = (
     "INSERT INTO alerts (run_id, rank, step, code, severity, state, subject, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -108,6 +111,10 @@ def schema(number: str, integer: str, blob: str, serial: str) -> list[str]:
         f" data {blob})",
         "CREATE INDEX IF NOT EXISTS timesteps_lookup"
         " ON timesteps (run_id, module, series, rank, step)",
+        f"CREATE TABLE IF NOT EXISTS scalars (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
+        f" name TEXT NOT NULL, step {integer} NOT NULL, value {number})",
+        # Covering (value included): a series' history never touches the table itself.
+        "CREATE INDEX IF NOT EXISTS scalars_lookup ON scalars (run_id, rank, name, step, value)",
         f"CREATE TABLE IF NOT EXISTS epochs (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
         f" epoch {integer}, step {integer}, t {number}, duration_s {number}, steps {integer},"
         " data TEXT)",
@@ -155,12 +162,27 @@ def unpack_series(data: bytes) -> list[float]:
 class SplitBatch:
     steps: list[tuple[Any, ...]] = field(default_factory=list)
     timesteps: list[tuple[Any, ...]] = field(default_factory=list)
+    scalars: list[tuple[Any, ...]] = field(default_factory=list)
     epochs: list[tuple[Any, ...]] = field(default_factory=list)
     alerts: list[tuple[Any, ...]] = field(default_factory=list)
     ends: list[tuple[str, int | None, Any]] = field(default_factory=list)
     keys: set[tuple[str, str, str]] = field(default_factory=set)
     last_step: int | None = None
     last_epoch: int | None = None
+
+
+_NAMES: dict[tuple[str, str], str] = {}
+
+
+def _name(prefix: str, key: str) -> str:
+    """``prefix + key``, interned: the same few names repeat on every record."""
+    try:
+        return _NAMES[prefix, key]
+    except KeyError:
+        if len(_NAMES) > 100_000:
+            _NAMES.clear()
+        name = _NAMES[prefix, key] = prefix + key
+        return name
 
 
 def _json_or_none(value: Any) -> str | None:
@@ -186,16 +208,34 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any]) -> SplitBatch:
             row.extend(scalar(d[f]) for f in NUMBER_FIELDS)
             row.extend(d[f] for f in INTEGER_FIELDS)
             row.append(None if record.graph_truncated is None else int(record.graph_truncated))
-            row.append(_json_or_none(record.param_norms))
-            row.append(_json_or_none(record.gate_norms))
-            row.append(
-                None
-                if record.profile is None
-                else dumps({k: v.model_dump(exclude_unset=True) for k, v in record.profile.items()})
-            )
             row.append(_json_or_none(record.nonfinite))
             row.append(dumps(extra) if extra else None)
             out.steps.append(tuple(row))
+            if record.param_norms:
+                out.scalars.extend(
+                    (run_id, rank, _name("param_norms/", p), step, scalar(v))
+                    for p, v in record.param_norms.items()
+                )
+            if record.gate_norms:
+                for p, gates in record.gate_norms.items():
+                    out.scalars.extend(
+                        (run_id, rank, _name(f"gate_norms/{p}/", g), step, scalar(v))
+                        for g, v in gates.items()
+                    )
+            if record.profile:
+                for module, entry in record.profile.items():
+                    for key in ("forward_s", "backward_s", "calls"):
+                        value = getattr(entry, key)
+                        if value is not None:
+                            out.scalars.append(
+                                (
+                                    run_id,
+                                    rank,
+                                    _name(f"profile/{module}/", key),
+                                    step,
+                                    scalar(value),
+                                )
+                            )
             if record.timesteps:
                 for module, series_map in record.timesteps.items():
                     for series, values in series_map.items():
@@ -205,12 +245,14 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any]) -> SplitBatch:
                         out.keys.add(("timesteps", module, series))
             # Names rarely change between records: look at each new set of names once.
             names = (
+                tuple(d[f] is not None for f in SCALAR_FIELDS),
                 record.param_norms.keys() if record.param_norms else None,
                 tuple(record.gate_norms.items()) if record.gate_norms else None,
                 record.profile.keys() if record.profile else None,
             )
             if names != seen:
                 seen = names
+                out.keys.update(("scalar", f, "") for f in SCALAR_FIELDS if d[f] is not None)
                 if record.param_norms:
                     out.keys.update(("param_norms", p, "") for p in record.param_norms)
                 if record.gate_norms:

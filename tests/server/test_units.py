@@ -144,3 +144,47 @@ def test_store_commits_many_batches_together_and_dedups_within_a_group(gradwatch
         store.close()
     with pytest.raises(RuntimeError, match="the store is closed"):
         store.submit_hello(hello).result()
+
+
+def test_store_downsamples_in_sql_exactly_like_the_reference(gradwatch_db):
+    """The database's min/max per bucket equals downsample.minmax on the full series."""
+    from hypothesis import HealthCheck, settings
+
+    store = open_store(Settings(db=gradwatch_db))
+    hello = {"type": "hello", "protocol": 1, "run_id": "ds"}
+    store.submit_hello(parse_message(json.dumps(hello))).result()
+    seq = iter(range(10**6))
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        steps=st.lists(st.integers(0, 5000), min_size=1, max_size=300, unique=True),
+        nan_at=st.integers(0, 400),
+        max_points=st.integers(2, 40),
+        data=st.data(),
+    )
+    def check(steps, nan_at, max_points, data):
+        steps = sorted(steps)
+        values = data.draw(
+            st.lists(st.floats(-1e9, 1e9), min_size=len(steps), max_size=len(steps), unique=True)
+        )
+        if nan_at < len(values):
+            values[nan_at] = "NaN"
+        run = f"ds-{next(seq)}"
+        store.submit_hello(parse_message(json.dumps({**hello, "run_id": run}))).result()
+        records = [
+            {"kind": "step", "step": s, "loss": v, "param_norms": {"w": v}}
+            for s, v in zip(steps, values, strict=True)
+        ]
+        batch = {"type": "batch", "run_id": run, "rank": 0, "seq": 0, "records": records}
+        assert store.submit_batch(parse_message(json.dumps(batch))).result()
+        got = store.steps(run, fields=["loss", "param_norms/w"], max_points=max_points)
+        expected_steps, expected_values = minmax(steps, values, max_points)
+        for name in ("loss", "param_norms/w"):
+            assert got["fields"][name]["step"] == expected_steps, name
+            assert got["fields"][name]["value"] == expected_values, name
+        assert got["downsampled"] == (len(steps) > max_points)
+
+    try:
+        check()
+    finally:
+        store.close()

@@ -41,22 +41,10 @@ from .base import (
     Verdicts,
     fitted_last,
     fmt,
-    median,
     rising_fraction,
     sig,
     theil_sen,
 )
-
-
-def trend_ratio(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """(Theil–Sen slope, fitted last / fitted first) of y over x."""
-    slope = theil_sen(xs, ys)
-    intercept = median([y - slope * x for x, y in zip(xs, ys, strict=True)])
-    first = intercept + slope * xs[0]
-    last = intercept + slope * xs[-1]
-    if first <= 0:
-        return slope, float("inf") if last > first else 1.0
-    return slope, last / first
 
 
 class GraphGrowthDetector(Detector):

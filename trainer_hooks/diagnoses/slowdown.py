@@ -11,9 +11,10 @@ Theil–Sen is the median of pairwise slopes, so a garbage-collection pause or a
 checkpoint write does not make a trend; comparing with the start of the run keeps a
 steady linear slowdown flagged however slow the steps have become.
 
-Then it says what grew alongside: the autograd graph (``graph_nodes``), process
-memory (``rss_bytes``), and with ``profile=True`` the module whose time grew most.
-The subject is always ``step_time``.
+Then it says what grew alongside since the start of the run: the autograd graph
+(``graph_nodes``, 1.2x or more), process memory (``rss_bytes``, 1.1x or more), and
+with ``profile=True`` the module whose time grew most. The subject is always
+``step_time``.
 
 Example:
     >>> from gradwatch.trainer_hooks.diagnoses.thresholds import resolve
@@ -44,7 +45,6 @@ from .base import (
     sig,
     theil_sen,
 )
-from .graph_growth import trend_ratio
 from .profiles import module_rows
 
 #: a correlate "explains" the slowdown when it grew at least this much over the window
@@ -59,6 +59,7 @@ class SlowdownDetector(Detector):
         self._rows: deque[Mapping[str, Any]] = deque(maxlen=int(config["slowdown_window"]))
         self._seen = 0
         self._early: list[float] = []
+        self._early_fields: dict[str, list[int]] = {}
         self._holding = False
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
@@ -85,6 +86,10 @@ class SlowdownDetector(Detector):
         )
         if len(self._early) < int(self.config["slowdown_min_points"]):
             self._early.append(duration)
+            for field in _GREW:
+                value = record.get(field)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    self._early_fields.setdefault(field, []).append(value)
         if len(self._early) < int(self.config["slowdown_min_points"]):
             return {}
         xs = [float(r["step"]) for r in self._rows]
@@ -102,6 +107,7 @@ class SlowdownDetector(Detector):
         return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline)}
 
     def _correlates(self) -> dict[str, float]:
+        """How much graph size and memory grew: trend now over their start-of-run size."""
         grown: dict[str, float] = {}
         for field in _GREW:
             pts = [
@@ -109,8 +115,10 @@ class SlowdownDetector(Detector):
                 for r in self._rows
                 if isinstance(r[field], int) and r[field] > 0
             ]
-            if len(pts) >= 3:
-                grown[field] = trend_ratio([p[0] for p in pts], [p[1] for p in pts])[1]
+            early = self._early_fields.get(field)
+            if len(pts) >= 3 and early:
+                last = fitted_last([p[0] for p in pts], [p[1] for p in pts])[1]
+                grown[field] = last / min(early)
         return grown
 
     def _module(self, xs: list[float]) -> tuple[str, float] | None:

@@ -31,8 +31,8 @@ def test_minmax_bounds_the_answer_and_keeps_extremes(values, max_points):
     finite = [v for v in values if not isinstance(v, str)]
     if finite and not any(isinstance(v, str) for v in values):
         assert max(finite) in out_values and min(finite) in out_values
-    if "NaN" in values:
-        assert "NaN" in out_values or "Infinity" in out_values
+    if any(isinstance(v, str) for v in values):  # every bucket with one shows one
+        assert any(isinstance(v, str) for v in out_values)
 
 
 def test_minmax_refuses_fewer_than_two_points():

@@ -38,7 +38,7 @@ import bisect
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -92,15 +92,21 @@ def find_recurrent(
     return sorted(chosen.values(), key=lambda item: order[id(item[1])])
 
 
-def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth < 3 and isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item, depth + 1)
-    elif depth < 3 and isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item, depth + 1)
+def _grad_fns(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """``grad_fn`` of every tensor argument, one level into tuples/lists (``(h, c)``).
+
+    Plain loops, no generators: this runs on every call of every recurrent module.
+    """
+    found = []
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, torch.Tensor):
+            if value.grad_fn is not None:
+                found.append(value.grad_fn)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+                    found.append(item.grad_fn)
+    return found
 
 
 def _compiling() -> bool:
@@ -193,7 +199,7 @@ class StaleState(Quantity):
             if name not in self._alerted:
                 first = key not in self._seen_this_step
                 self._seen_this_step.add(key)
-                old = self._oldest(_tensors((args, kwargs)), walk=first)
+                old = self._oldest(_grad_fns(args, kwargs), walk=first)
                 if old is not None:
                     self._raise(name, old)
         except Exception:  # noqa: S110 - a failed check must never break training
@@ -201,11 +207,10 @@ class StaleState(Quantity):
         self.cost_s += time.perf_counter() - started
         return None
 
-    def _oldest(self, tensors: Iterable[torch.Tensor], walk: bool) -> int | None:
-        """Sequence number of a node from an earlier step upstream of ``tensors``."""
+    def _oldest(self, roots: list[Any], walk: bool) -> int | None:
+        """Sequence number of a node from an earlier step upstream of ``roots``."""
         assert self._mark is not None
         mark = self._mark
-        roots = [t.grad_fn for t in tensors if t.grad_fn is not None]
         for node in roots:
             sequence = node._sequence_nr()
             if sequence < mark:

@@ -3,7 +3,7 @@
 The run's starting speed is the median ``duration_s`` of its first
 ``slowdown_min_points`` (8) steps (after the first ``slowdown_skip_first`` steps,
 which carry start-up work). It fires when the Theil–Sen trend over the last
-``slowdown_window`` (30) steps puts the current step at ``slowdown_ratio`` (1.3x)
+``slowdown_window`` (30) steps puts the current step at ``slowdown_ratio`` (1.5x)
 that speed or slower, and the steps are still getting slower: at least
 ``slowdown_rising_fraction`` (0.7) of the step pairs in the window got slower (0.55
 to keep holding once raised, so that noise does not clear it and raise it again).

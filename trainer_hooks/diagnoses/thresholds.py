@@ -45,7 +45,7 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     "exploding_clip_quantile": (0.9, "the suggested clip value is this quantile of the window"),
     # graph_growth
     "graph_window": (8, "recorded steps in the graph-size window"),
-    "graph_min_points": (4, "recorded steps needed before judging graph growth"),
+    "graph_min_points": (4, "recorded steps that set the starting size (their smallest)"),
     "graph_growth_ratio": (
         1.5,
         "fires when the trend grows the graph this much over the window",
@@ -53,8 +53,8 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     "graph_rising_fraction": (0.75, "and at least this fraction of step pairs shows growth"),
     # slowdown
     "slowdown_window": (30, "steps in the step-time window"),
-    "slowdown_min_points": (8, "steps needed before judging a slowdown"),
-    "slowdown_ratio": (1.3, "fires when the trend makes a step this much slower over the window"),
+    "slowdown_min_points": (8, "steps that set the starting time (their median)"),
+    "slowdown_ratio": (1.5, "fires when the trend reaches this multiple of the starting time"),
     "slowdown_rising_fraction": (0.7, "and at least this fraction of step pairs got slower"),
     "slowdown_skip_first": (1, "leading steps ignored (the first one carries start-up work)"),
     # hotspot

@@ -92,11 +92,13 @@ export class CompareView {
       const h = this.heatmaps[k];
       if (h) {
         const m = await api(`/api/runs/${id}/timesteps`, { module: h.module, series: h.series, rank: 0, max_steps: 300 });
-        await h.draw(m);
+        h.setHistory(m);
+        await h.setVisible(true); // the compare view draws everything at once
         if (m.steps && m.steps.length) this.latest[`${k}|${h.module}`] = m.values[m.values.length - 1];
       }
     }));
-    await Promise.all(this.charts.map((c) => c.draw(fields)));
+    for (const c of this.charts) c.setHistory(fields);
+    await Promise.all(this.charts.map((c) => c.setVisible(true)));
     await plot(this.profileDiv, this.profileTraces(), profileLayout());
     this.loaded = true;
     stats.paintedAt = performance.now();

@@ -5,6 +5,7 @@
 
 import { plotText } from "./dom.js";
 import { axis, extend, layout, plot } from "./charts.js";
+import { OnScreen } from "./lazy.js";
 import { LOG_MAX, LOG_MIN, logNorm } from "./num.js";
 
 export const MAX_ROWS = 2000; // live rows kept in the browser; older ones scroll out
@@ -39,17 +40,15 @@ export function heatmapTrace(steps, rows, series) {
   };
 }
 
-export class Heatmap {
+export class Heatmap extends OnScreen {
   constructor(div, module, series) {
+    super(MAX_ROWS);
     this.div = div;
     this.module = module;
     this.series = series;
     this.width = 0;
     this.rows = 0;
     this.lastStep = -1;
-    this.drawn = false;
-    this.visible = true;
-    this.backlog = [];
   }
 
   /** First paint: matrix = GET /api/runs/{id}/timesteps answer (possibly empty). */
@@ -69,24 +68,8 @@ export class Heatmap {
     this.drawn = true;
   }
 
-  /** Off screen, rows wait and are drawn in one go when the heatmap scrolls into view. */
-  setVisible(visible) {
-    this.visible = visible;
-    if (visible && this.backlog.length) {
-      const rows = this.backlog;
-      this.backlog = [];
-      this.push(rows);
-    }
-  }
-
-  /** Append rows [{step, values}] (one extendTraces per frame). */
-  push(rows) {
-    if (!this.drawn) return;
-    if (!this.visible) {
-      this.backlog.push(...rows);
-      if (this.backlog.length > MAX_ROWS) this.backlog = this.backlog.slice(-MAX_ROWS);
-      return;
-    }
+  /** Append rows [{step, values}] now (one extendTraces per frame). */
+  append(rows) {
     const fresh = rows.filter((r) => r.step > this.lastStep).sort((a, b) => a.step - b.step);
     if (!fresh.length) return;
     this.lastStep = fresh[fresh.length - 1].step;

@@ -208,32 +208,39 @@ export class RunView {
       if (m && m.steps && m.steps.length) this.profile.view.set(view.module, view.series, m.steps[m.steps.length - 1], m.values[m.values.length - 1]);
     });
     for (const a of alerts) this.addAlert(a, a.rank ?? 0);
-    await Promise.all([
-      ...heatmaps.map(({ view }, i) => view.draw(matrices[i])),
-      this.profile.view.draw(),
-      ...[...this.charts.values()].map(({ view }) => view.draw(fields)),
-    ]);
-    if (this.closed) return;
+    heatmaps.forEach(({ view }, i) => view.setHistory(matrices[i]));
+    for (const { view } of this.charts.values()) view.setHistory(fields);
     this.alertsPanel.render();
     this.renderStats(this.latestFromHistory(fields));
     this.updateNoData();
     this.updateTrendNote(fields.trend);
+    // First paint: the profile, and whichever charts are on screen (lazy.js).
+    await Promise.all([this.profile.view.draw(), this.observeVisibility()]);
+    if (this.closed) return;
     this.loaded = true;
-    this.observeVisibility();
     stats.paintedAt = performance.now();
     document.body.dataset.painted = "1";
     for (const item of this.buffer) this.batcher.push(item);
     this.buffer = [];
   }
 
+  /** Watch which charts are on screen; resolves when the first ones seen are drawn. */
   observeVisibility() {
-    // Charts off screen keep their live points until they are scrolled to (series.js).
     const byPanel = new Map();
     for (const { view, panel: p } of [...this.charts.values(), ...this.heatmaps.values()]) byPanel.set(p.section, view);
-    this.observer = new IntersectionObserver((entries) => {
-      for (const e of entries) byPanel.get(e.target).setVisible(e.isIntersecting);
-    }, { rootMargin: "200px" });
-    for (const section of byPanel.keys()) this.observer.observe(section);
+    if (!byPanel.size) return Promise.resolve();
+    return new Promise((resolve) => {
+      let first = true;
+      this.observer = new IntersectionObserver((entries) => {
+        const draws = entries.map((e) => byPanel.get(e.target).setVisible(e.isIntersecting));
+        if (first) {
+          first = false;
+          Promise.all(draws).then(resolve);
+        }
+        this.updateNoData();
+      }, { rootMargin: "200px" });
+      for (const section of byPanel.keys()) this.observer.observe(section);
+    });
   }
 
   latestFromHistory(fields) {
@@ -310,7 +317,10 @@ export class RunView {
   updateNoData() {
     for (const { view, panel: p } of this.charts.values()) {
       p.nodata.hidden = view.hasData;
+      const wasHidden = p.chart.hidden;
       p.chart.hidden = !view.hasData;
+      // Drawn while hidden, a chart has no size yet: fit it once it shows.
+      if (wasHidden && view.hasData && view.drawn) window.Plotly.Plots.resize(p.chart);
     }
     this.profile.panel.nodata.hidden = this.profile.view.hasData;
   }
@@ -323,7 +333,7 @@ export class RunView {
   }
 
   /** Scroll to the chart an alert is about and mark the step where it fired. */
-  gotoAlert(first, latest) {
+  async gotoAlert(first, latest) {
     const target = alertTarget(latest);
     let section = null;
     const step = num(first.step);
@@ -331,12 +341,14 @@ export class RunView {
     if (target.kind === "heatmap") {
       const h = [...this.heatmaps.values()].find(({ view }) => view.module === target.module);
       if (h) {
+        await h.view.setVisible(true);
         h.view.mark(step, "#ff4d4d", text);
         section = h.panel.section;
       } else section = this.profile.panel.section;
     } else {
       const c = this.charts.get(target.kind) || this.charts.get("norms");
-      if (c.view.drawn && c.view.hasData) {
+      await c.view.setVisible(true);
+      if (c.view.hasData) {
         window.Plotly.relayout(c.panel.chart, {
           shapes: [{ type: "line", yref: "paper", y0: 0, y1: 1, x0: step, x1: step, line: { color: "#ff4d4d", width: 2, dash: "dot" } }],
           annotations: [{ yref: "paper", y: 1, x: step, yanchor: "bottom", text: text, showarrow: false, font: { color: "#ff4d4d" } }],

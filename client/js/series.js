@@ -5,6 +5,7 @@
 
 import { plotText } from "./dom.js";
 import { axis, extend, layout, plot } from "./charts.js";
+import { OnScreen } from "./lazy.js";
 import { isNonFinite, num } from "./num.js";
 
 export const SCALARS = ["loss", "duration_s", "total_norm", "graph_nodes", "rss_bytes",
@@ -60,15 +61,23 @@ export function nonFiniteNote(rec) {
  *   }
  * Keys are series names, optionally prefixed ("A|loss") by views that overlay runs.
  */
-export class LineChart {
+export class LineChart extends OnScreen {
   constructor(div, spec) {
+    super(MAX_BACKLOG);
     this.div = div;
     this.spec = spec;
     this.index = new Map(); // key -> trace index
     this.lastStep = new Map(); // key -> last step drawn (drops replayed/duplicate points)
-    this.drawn = false;
-    this.visible = true;
-    this.backlog = [];
+    this.historyHasData = false;
+  }
+
+  setHistory(series) {
+    super.setHistory(series);
+    this.historyHasData = Object.keys(series || {}).some((k) => this.spec.match(k));
+  }
+
+  wants(point) {
+    return this.spec.match(point.key);
   }
 
   _trace(key, steps, values) {
@@ -88,7 +97,7 @@ export class LineChart {
   }
 
   /** First paint from history: series = {key: {step: [...], value: [...]}}. */
-  async draw(series) {
+  async draw(series = {}) {
     const traces = [];
     for (const key of Object.keys(series).filter((k) => this.spec.match(k)).sort(this.spec.order)) {
       const s = series[key];
@@ -100,32 +109,13 @@ export class LineChart {
     this.drawn = true;
   }
 
-  /** True when some series was drawn (else the panel says there is no data). */
+  /** True when there is something to draw (else the panel says there is no data). */
   get hasData() {
-    return this.index.size > 0 || this.backlog.length > 0;
+    return this.index.size > 0 || this.backlog.length > 0 || this.historyHasData;
   }
 
-  /**
-   * Off screen, points wait in a backlog and are drawn in one go when the chart
-   * scrolls into view: a page of ten charts then redraws only the few one can see.
-   */
-  setVisible(visible) {
-    this.visible = visible;
-    if (visible && this.backlog.length) {
-      const points = this.backlog;
-      this.backlog = [];
-      this.push(points);
-    }
-  }
-
-  /** Append live points [{key, step, value}], one extendTraces for the whole batch. */
-  push(points) {
-    if (!this.drawn) return;
-    if (!this.visible) {
-      for (const p of points) if (this.spec.match(p.key)) this.backlog.push(p);
-      if (this.backlog.length > MAX_BACKLOG) this.backlog = this.backlog.slice(-MAX_BACKLOG / 2);
-      return;
-    }
+  /** Append live points [{key, step, value}] now, one extendTraces for the whole batch. */
+  append(points) {
     const byTrace = new Map();
     const fresh = new Map();
     for (const { key, step, value } of points) {

@@ -138,8 +138,13 @@ def wait_js(page: Any, predicate: str, timeout_s: float = 30.0) -> Any:
 
 
 def scroll_to(page: Any, chart_id: str) -> None:
-    """Bring a chart into view: off screen, the run view keeps live points for later."""
+    """Bring a chart into view and wait until it is drawn.
+
+    The run view draws a chart when it first scrolls into view and keeps its live
+    points while it is off screen (client/js/lazy.js).
+    """
     page.locator(f"#{chart_id}").scroll_into_view_if_needed()
+    wait_js(page, f"() => !!document.getElementById({json.dumps(chart_id)}).data")
 
 
 def wait_points(page: Any, chart_id: str, count: int, timeout_s: float = 30.0) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import sys
 import time
 import weakref
 from collections.abc import Sequence
@@ -84,6 +85,15 @@ def _make_sink(
     return SpoolSink(path, hello), path
 
 
+def _close_at_exit(ref: weakref.ref[Monitor]) -> None:
+    """Close a monitor the program never closed; an uncaught exception means crashed."""
+    monitor = ref()
+    if monitor is not None:
+        # the interpreter keeps the uncaught exception that is ending the program here
+        crashed = getattr(sys, "last_value", None) is not None
+        monitor.close(timeout=5.0, status="crashed" if crashed else "finished")
+
+
 class Monitor:
     """The handle ``watch()`` returns: owns every hook, closes steps and epochs.
 
@@ -125,7 +135,7 @@ class Monitor:
         self._heavy = False
         self._begin_step()
         ref = weakref.ref(self)
-        self._at_exit = lambda: (m := ref()) is not None and m.close(timeout=5.0)
+        self._at_exit = lambda: _close_at_exit(ref)
         atexit.register(self._at_exit)
 
     # -- the training loop's calls ------------------------------------------------

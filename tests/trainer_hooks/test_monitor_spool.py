@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +115,10 @@ def test_every_n_captures_heavy_fields_on_every_nth_step_only(tmp_path: Path) ->
 def test_crash_inside_the_with_block_ends_the_run_as_crashed(tmp_path: Path) -> None:
     model = Tagger()
     path = tmp_path / "run.jsonl"
-    with pytest.raises(RuntimeError, match="boom"), watch(
-        model, run="crash", spool=path, diagnose=False
-    ) as monitor:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        watch(model, run="crash", spool=path, diagnose=False) as monitor,
+    ):
         train(model, monitor, steps=1, epochs=1)
         raise RuntimeError("boom")
     end = spool_records(path)[-1]
@@ -180,3 +183,33 @@ def test_bad_arguments_say_what_was_expected(
 def test_watch_refuses_what_is_not_a_module() -> None:
     with pytest.raises(TypeError, match=r"expected a torch\.nn\.Module to watch, got function"):
         watch(lambda x: x)  # type: ignore[arg-type]
+
+
+SCRIPT = """
+import sys
+import torch
+from gradwatch.trainer_hooks import watch
+model = torch.nn.Linear(2, 1)
+monitor = watch(model, run="forgot-close", spool=sys.argv[1], diagnose=False)
+for _ in range(3):
+    loss = model(torch.ones(1, 2)).sum()
+    loss.backward()
+    monitor.step(loss)
+if sys.argv[2] == "raise":
+    raise RuntimeError("training failed")
+"""
+
+
+@pytest.mark.parametrize(("how", "status"), [("return", "finished"), ("raise", "crashed")])
+def test_a_monitor_never_closed_is_closed_at_exit(tmp_path: Path, how: str, status: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    path = tmp_path / "run.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script), str(path), how],
+        capture_output=True, timeout=100, check=False,
+    )
+    assert done.returncode == (1 if how == "raise" else 0), done.stderr.decode()
+    records = spool_records(path)
+    assert [r["step"] for r in records if r["kind"] == "step"] == [0, 1, 2]
+    assert records[-1]["kind"] == "end" and records[-1]["status"] == status

@@ -71,6 +71,10 @@ class Store(Reads, ABC):
     def create_schema(self, conn: Any) -> None:
         """Create tables and indexes if missing."""
 
+    def alive(self, conn: Any) -> bool:
+        """Whether ``conn`` can still be used (a PostgreSQL server may drop it)."""
+        return True
+
     @abstractmethod
     def scalar_in(self, value: Any) -> Any:
         """A protocol number as this backend stores it in a numeric column."""
@@ -101,7 +105,6 @@ class Store(Reads, ABC):
         return future
 
     def _write_loop(self) -> None:
-        conn = self._writer_conn
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -117,20 +120,30 @@ class Store(Reads, ABC):
                     stop = True
                     break
                 group.append(more)
-            self._write_group(conn, group)
+            try:
+                self._write_group(self._writer_conn, group)
+            except Exception as error:  # never let the writer die: fail what it held
+                for _, _, future in group:
+                    if not future.done():
+                        future.set_exception(StoreError(f"{type(error).__name__}: {error}"))
+            if not self.alive(self._writer_conn):
+                # The batches that failed were not acknowledged; their trainers resend.
+                with contextlib.suppress(Exception):
+                    self._writer_conn = self.connect()
             if stop:
                 break
-        conn.close()
+        with contextlib.suppress(Exception):
+            self._writer_conn.close()
 
     def _write_group(self, conn: Any, group: list[Any]) -> None:
         try:
             results = [self._apply(conn, op, payload) for op, payload, _ in group]
             conn.commit()
         except Exception:
-            conn.rollback()
-            if len(group) == 1:
-                self._write_one(conn, group[0])
-                return
+            # Retried one by one, each with its own verdict; on a lost connection each
+            # fails (not acknowledged, so resent) and the loop reconnects.
+            with contextlib.suppress(Exception):
+                conn.rollback()
             for item in group:
                 self._write_one(conn, item)
             return
@@ -252,13 +265,18 @@ class Store(Reads, ABC):
 
     def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         conn = self.reader()
-        cur = conn.cursor()
         try:
+            cur = conn.cursor()
             cur.execute(self.sql(text), tuple(params))
             result = list(cur.fetchall())
-        finally:
             # End the read transaction so the next query sees new commits.
             conn.rollback()
+        except Exception:
+            if not self.alive(conn):
+                self._local.conn = None  # reconnect on this thread's next query
+            else:
+                conn.rollback()
+            raise
         return result
 
     def close(self) -> None:

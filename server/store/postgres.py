@@ -45,6 +45,9 @@ class PostgresStore(Store):
                 cur.execute(statement)
         conn.commit()
 
+    def alive(self, conn: Any) -> bool:
+        return not conn.closed and not conn.broken
+
     def scalar_in(self, value: Any) -> Any:
         if isinstance(value, str):
             return NONFINITE_STRINGS[value]

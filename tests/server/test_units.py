@@ -188,3 +188,44 @@ def test_store_downsamples_in_sql_exactly_like_the_reference(gradwatch_db):
         check()
     finally:
         store.close()
+
+
+@pytest.mark.postgres
+def test_postgres_store_reconnects_after_losing_its_connection(postgres_url):
+    import psycopg
+
+    schema = "gw_reconnect_" + str(random.randrange(10**9))
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    store = open_store(Settings(db=f"{postgres_url}?options=-csearch_path%3D{schema}"))
+    try:
+        hello = {"type": "hello", "protocol": 1, "run_id": "pg"}
+        store.submit_hello(parse_message(json.dumps(hello))).result()
+
+        def batch(seq):
+            message = {
+                "type": "batch",
+                "run_id": "pg",
+                "rank": 0,
+                "seq": seq,
+                "records": [{"kind": "step", "step": seq}],
+            }
+            return store.submit_batch(parse_message(json.dumps(message)))
+
+        assert batch(0).result() is True
+        assert store.steps("pg", fields=["graph_nodes"])["total"] == 1
+        # The database drops the writer's and this thread's reader's connections.
+        pids = (store._writer_conn.info.backend_pid, store.reader().info.backend_pid)
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            for pid in pids:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(RuntimeError, match="OperationalError"):
+            batch(1).result(timeout=60)  # not acknowledged: the trainer will resend it
+        with pytest.raises(psycopg.OperationalError):
+            store.steps("pg", fields=["graph_nodes"])
+        assert batch(1).result(timeout=60) is True  # the resend lands on a new connection
+        assert store.steps("pg", fields=["graph_nodes"])["total"] == 2
+    finally:
+        store.close()
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")

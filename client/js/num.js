@@ -19,18 +19,6 @@ export function isNonFinite(value) {
   return n !== null && !Number.isFinite(n);
 }
 
-/** What Plotly should draw: finite numbers, null (a gap) for anything else. */
-export function plotValue(value) {
-  const n = num(value);
-  return n !== null && Number.isFinite(n) ? n : null;
-}
-
-/** Like plotValue, but for log axes: zero and negatives are gaps too. */
-export function plotPositive(value) {
-  const n = plotValue(value);
-  return n !== null && n > 0 ? n : null;
-}
-
 // The heatmap's fixed colour scale: norms span about 1e-30 (no gradient left) to 1e3
 // (exploding). A fixed scale keeps colours comparable between runs and over time.
 export const LOG_MIN = -30;

@@ -4,7 +4,7 @@
 // and then only appends (Plotly.extendTraces), never redrawing what is there.
 
 import { plotText } from "./dom.js";
-import { axis, extend, layout, plot } from "./charts.js";
+import { extend, layout, plot } from "./charts.js";
 import { OnScreen } from "./lazy.js";
 import { isNonFinite, num } from "./num.js";
 
@@ -163,5 +163,3 @@ export function finite(v) {
   const n = num(v);
   return n !== null && Number.isFinite(n) ? n : null;
 }
-
-export { axis };

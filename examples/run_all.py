@@ -6,22 +6,22 @@ look: ``python examples/run_all.py --server ws://127.0.0.1:8765`` streams eight 
 each run is written to ``DIR/<run>.jsonl`` instead. ``--repeat 0`` keeps going round
 until stopped (the compose demo), each round under new run ids.
 
-A scenario that fails is reported and the others still run; the exit code says
-whether all of them ran.
+Each run is its own process (a fresh interpreter, as ``gradwatch demo`` starts
+them), so one run's leftovers (a bug variant's graph of hundreds of steps) cannot
+slow the next one down. A run that fails is reported and the others still run; the
+exit code says whether all of them ran.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
+import subprocess
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
 
 #: (module, steps by default): small enough that all eight runs take about a minute on a CPU
 SCENARIOS: tuple[tuple[str, int], ...] = (
@@ -68,23 +68,23 @@ def commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def main(argv: Sequence[str] | None = None) -> list[tuple[str, int]]:
+    """Run every scenario and twin; returns (run name, exit code) for each run."""
     args = parse(argv)
-    summaries: list[dict[str, Any]] = []
-    failed: list[str] = []
+    results: list[tuple[str, int]] = []
     round_ = 0
     while args.repeat == 0 or round_ < args.repeat:
         round_ += 1
         for name, scenario_argv in commands(args):
-            try:
-                summaries.append(importlib.import_module(name).main(scenario_argv))
-            except Exception:
-                traceback.print_exc()
-                failed.append(f"{name} {' '.join(scenario_argv)}")
+            run = scenario_argv[scenario_argv.index("--run") + 1]
+            command = [sys.executable, str(HERE / f"{name}.py"), *scenario_argv]
+            code = subprocess.run(command, check=False).returncode
+            results.append((run, code))
+    failed = [run for run, code in results if code != 0]
     if failed:
-        print(f"run_all: {len(failed)} run(s) failed:", *failed, sep="\n  ", file=sys.stderr)
+        print(f"run_all: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
         raise SystemExit(1)
-    return summaries
+    return results
 
 
 if __name__ == "__main__":

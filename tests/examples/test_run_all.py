@@ -14,8 +14,9 @@ from gradwatch.protocol import read_spool
 def test_run_all_writes_one_spool_per_scenario_and_twin(
     tmp_path: Path, load_example: Any, spool_records: Any
 ) -> None:
-    summaries = load_example("run_all").main(["--steps", "2", "--spool-dir", str(tmp_path)])
-    runs = sorted(s["run"] for s in summaries)
+    results = load_example("run_all").main(["--steps", "2", "--spool-dir", str(tmp_path)])
+    runs = sorted(run for run, _ in results)
+    assert all(code == 0 for _, code in results)
     names = ["long_lstm", "rotation_lstm", "seq2seq_attention", "tree_gru"]
     assert runs == sorted(n + suffix for n in names for suffix in ("", "-fixed"))
     for run in runs:

@@ -82,7 +82,8 @@ class Settings:
         """Settings from ``GRADWATCH_*`` variables, then ``overrides`` (the CLI's flags).
 
         Variables: GRADWATCH_HOST, _PORT, _DB, _TOKEN, _VIEW_TOKEN, _ALLOWED_HOSTS
-        (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _SQLITE_SYNCHRONOUS.
+        (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _SQLITE_SYNCHRONOUS,
+        _STALE_AFTER_S.
         """
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
@@ -107,6 +108,14 @@ class Settings:
                     values[name] = int(env[var])
                 except ValueError:
                     raise ValueError(f"{var}: expected an integer, got {env[var]!r}") from None
+        if env.get("GRADWATCH_STALE_AFTER_S"):
+            try:
+                values["stale_after_s"] = float(env["GRADWATCH_STALE_AFTER_S"])
+            except ValueError:
+                given = env["GRADWATCH_STALE_AFTER_S"]
+                raise ValueError(
+                    f"GRADWATCH_STALE_AFTER_S: expected seconds, got {given!r}"
+                ) from None
         if env.get("GRADWATCH_ALLOWED_HOSTS"):
             values["allowed_hosts"] = tuple(
                 h.strip() for h in env["GRADWATCH_ALLOWED_HOSTS"].split(",") if h.strip()

@@ -171,3 +171,24 @@ def test_html_in_names_is_returned_as_plain_text(shared_gradwatch_server, wire):
     assert body["name"] == name  # stored and returned verbatim, as JSON text
     assert headers["content-type"] == "application/json"
     assert headers["x-content-type-options"] == "nosniff"
+
+
+def test_run_is_live_while_connected_then_stale(gradwatch_server, wire):
+    import json
+
+    # Stale as soon as no trainer is connected (instead of 60 s after the last write).
+    server = gradwatch_server(env={"GRADWATCH_STALE_AFTER_S": "0"})
+    run_id = wire.run_id()
+    with wire.connect(server) as ws:
+        ws.send(json.dumps(wire.hello(run_id)))
+        ws.send(json.dumps(wire.batch(run_id, 0, [wire.step(0)])))
+        assert wire.recv(ws)["seq"] == 0
+        assert wire.get_ok(server, f"/api/runs/{run_id}")["status"] == "live"
+    # The server notices the closed socket on its own; poll for it (bounded).
+    import time
+
+    deadline = time.monotonic() + 30
+    while wire.get_ok(server, f"/api/runs/{run_id}")["status"] == "live":
+        assert time.monotonic() < deadline, "the run never became stale"
+        time.sleep(0.05)  # poll interval of a bounded wait, not synchronisation
+    assert wire.get_ok(server, f"/api/runs/{run_id}")["status"] == "stale"

@@ -10,16 +10,26 @@ import pytest
 from gradwatch.protocol import read_spool
 
 
-@pytest.mark.slow
-def test_run_all_writes_one_spool_per_scenario_and_twin(
-    tmp_path: Path, load_example: Any, spool_records: Any
-) -> None:
-    results = load_example("run_all").main(["--steps", "2", "--spool-dir", str(tmp_path)])
-    runs = sorted(run for run, _ in results)
-    assert all(code == 0 for _, code in results)
+def test_run_all_plans_every_scenario_and_its_twin(load_example: Any) -> None:
+    run_all = load_example("run_all")
+    plan = run_all.commands(run_all.parse(["--server", "ws://127.0.0.1:9", "--token", "t"]))
+    runs = sorted(argv[argv.index("--run") + 1] for _, argv in plan)
     names = ["long_lstm", "rotation_lstm", "seq2seq_attention", "tree_gru"]
     assert runs == sorted(n + suffix for n in names for suffix in ("", "-fixed"))
-    for run in runs:
+    for _, argv in plan:
+        assert argv[argv.index("--server") + 1] == "ws://127.0.0.1:9"
+        assert argv[argv.index("--token") + 1] == "t"
+        assert ("--fixed" in argv) == argv[argv.index("--run") + 1].endswith("-fixed")
+
+
+@pytest.mark.slow
+def test_run_all_runs_each_in_its_own_process_and_writes_its_spool(
+    tmp_path: Path, load_example: Any, spool_records: Any
+) -> None:
+    argv = ["--only", "long_lstm", "--steps", "2", "--spool-dir", str(tmp_path)]
+    results = load_example("run_all").main(argv)
+    assert results == [("long_lstm", 0), ("long_lstm-fixed", 0)]
+    for run, _ in results:
         hello = next(read_spool(tmp_path / f"{run}.jsonl"))
         assert hello["type"] == "hello" and hello["run"] == run
         assert sum(r["kind"] == "step" for r in spool_records(tmp_path / f"{run}.jsonl")) == 2

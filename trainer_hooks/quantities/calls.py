@@ -72,6 +72,8 @@ class Call:
     recomputed: bool = False
     series: dict[str, torch.Tensor | None] = field(default_factory=dict)
     fired: bool = False
+    #: turns gradients kept by the hooks into series; run once, when the step closes
+    finalize: Callable[[], None] | None = None
 
 
 def _series_of(call: Call, name: str) -> torch.Tensor:
@@ -86,6 +88,10 @@ def _series_of(call: Call, name: str) -> torch.Tensor:
 def combine_calls(calls: list[Call]) -> dict[str, torch.Tensor]:
     """One float64 series per name from a step's calls (device ops only, no sync)."""
     kept = [c for c in calls if c.fired or not c.recomputed]
+    for call in kept:
+        if call.finalize is not None:
+            finalize, call.finalize = call.finalize, None
+            finalize()
     names: dict[str, None] = {}
     for call in kept:
         names.update(dict.fromkeys(call.series))

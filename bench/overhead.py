@@ -13,7 +13,8 @@ blocks (every round runs one block of every variant, in rotating order, so drift
 noise from other processes hit all of them alike); the table gives each variant's
 median step time over the rounds and its ratio to plain training:
 
-- ``plain``: the training step alone;
+- ``plain``: the training step alone; ``plain (control)``, a second copy of it, shows
+  how far apart two identical variants land in this run (the noise floor);
 - ``gradwatch every=1`` / ``every=10``: ``watch(model, server=None, spool=<tmp>)``,
   ``monitor.step(loss)`` after every step (heavy quantities every step / every 10th);
 - ``wandb.watch``: ``wandb.watch(model, log="all", log_freq=1)`` in offline mode, with
@@ -140,6 +141,8 @@ def variants(
         return copy.deepcopy(base)
 
     found.append(Variant("plain", make_step(copy_model(), x, y), lambda loss, i: None))
+    # a second plain copy: its ratio is the noise floor of this run
+    found.append(Variant("plain (control)", make_step(copy_model(), x, y), lambda loss, i: None))
     for every in (1, 10):
         model = copy_model()
         monitor = watch(

@@ -200,3 +200,33 @@ def test_batch_the_real_server_refuses_is_set_aside_and_the_rest_stored(
     assert stored_steps(server, run_id) == [s for s in range(20) if s != 7]
     (rejected,) = read_spool(tmp_path / "run.rejected.jsonl")
     assert rejected["seq"] == 7 and rejected["records"][0]["step"] == "x"
+
+
+def test_offline_spool_of_watch_uploads_to_the_server(
+    gradwatch_server: Any, tmp_path: Path
+) -> None:
+    """watch(server=None, spool=...) records offline; `gradwatch upload` sends it later."""
+    run_id = run_id_for("offline")
+    spool = tmp_path / "offline.jsonl"
+    torch.manual_seed(0)
+    model = TinyLSTM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = watch(model, run="offline", spool=spool, run_id=run_id, diagnose=False)
+    for _ in range(25):
+        loss = nn.functional.mse_loss(model(torch.randn(2, 5, 3)), torch.randn(2, 1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        monitor.step(loss)
+    monitor.epoch()
+    assert monitor.close(timeout=30)
+    server = gradwatch_server()
+    done = subprocess.run(
+        [sys.executable, "-m", "gradwatch.server.cli", "upload", str(spool),
+         "--server", server.url],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert stored_steps(server, run_id) == list(range(25))
+    assert get(server, f"/api/runs/{run_id}")["status"] == "finished"
+    assert [e["epoch"] for e in get(server, f"/api/runs/{run_id}/epochs")] == [0]

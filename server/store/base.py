@@ -54,6 +54,8 @@ class Store(Reads, ABC):
         self._readers: list[Any] = []
         self._readers_lock = threading.Lock()
         self._closed = False
+        # (run_id, rank), name -> series id; only the writer thread touches it.
+        self._series_ids: dict[tuple[tuple[str, int], str], int] = {}
         writer = self.connect()
         self.create_schema(writer)
         self._writer_conn = writer
@@ -144,6 +146,7 @@ class Store(Reads, ABC):
             # fails (not acknowledged, so resent) and the loop reconnects.
             with contextlib.suppress(Exception):
                 conn.rollback()
+            self._series_ids.clear()  # ids created in the rolled-back transaction are gone
             for item in group:
                 self._write_one(conn, item)
             return
@@ -158,6 +161,7 @@ class Store(Reads, ABC):
         except Exception as error:
             with contextlib.suppress(Exception):  # a lost connection is reported below
                 conn.rollback()
+            self._series_ids.clear()
             future.set_exception(StoreError(f"{type(error).__name__}: {error}"))
             return
         future.set_result(result)
@@ -168,6 +172,16 @@ class Store(Reads, ABC):
             self._write_hello(cur, payload)
             return None
         return self._write_batch(cur, payload)
+
+    def _series_id(self, cur: Any, run_id: str, rank: int, name: str) -> int:
+        cur.execute(
+            self.sql(self.insert_ignore("series", ("run_id", "rank", "name"))), (run_id, rank, name)
+        )
+        cur.execute(
+            self.sql("SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?"),
+            (run_id, rank, name),
+        )
+        return int(cur.fetchone()[0])
 
     def _write_hello(self, cur: Any, hello: Any) -> None:
         now = time.time()
@@ -211,7 +225,15 @@ class Store(Reads, ABC):
         if split.steps:
             cur.executemany(self.sql(rows.STEP_INSERT), split.steps)
         if split.scalars:
-            cur.executemany(self.sql(rows.SCALAR_INSERT), split.scalars)
+            ids = self._series_ids
+            key = (batch.run_id, batch.rank)
+            values = []
+            for name, step, value in split.scalars:
+                series = ids.get((key, name))
+                if series is None:
+                    series = ids[key, name] = self._series_id(cur, batch.run_id, batch.rank, name)
+                values.append((series, step, value))
+            cur.executemany(self.sql(rows.SCALAR_INSERT), values)
         if split.timesteps:
             cur.executemany(self.sql(rows.TIMESTEP_INSERT), split.timesteps)
         if split.epochs:

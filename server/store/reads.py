@@ -210,12 +210,16 @@ class Reads:
         for name, column in columns.items():
             args: tuple[Any, ...]
             if column is None:
-                table, sql, clause, args = (
-                    "scalars",
-                    "value",
-                    where + " AND name = ?",
-                    (*params, name),
+                found_id = self.query(
+                    "SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?",
+                    (run_id, rank, name),
                 )
+                if not found_id:
+                    out[name] = {"step": [], "value": []}
+                    continue
+                table, sql = "scalars", "value"
+                clause = "series = ? AND step >= ? AND step <= ?"
+                args = (found_id[0][0], lo, hi)
             else:
                 table, sql, clause, args = "steps", column, where, params
             if not downsampled:

@@ -2,8 +2,8 @@
 
 Scalars go to their own columns (so the history API reads one column per series);
 named scalars (``param_norms/<p>``, ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``) go
-to rows of ``scalars`` (run, rank, name, step, value), so each one's history is one
-index range, not a JSON parse per step; ``nonfinite`` goes to JSON text; each
+to rows of ``scalars`` (series id, step, value), so each one's history is one index
+range, not a JSON parse per step; ``nonfinite`` goes to JSON text; each
 per-timestep series goes to its own row of ``timesteps`` as packed little-endian
 float64 (an ``array('d')`` blob): re-encoding 128 floats as JSON text cost ~10x
 more than packing them, and the heatmap reads one module's series without touching
@@ -72,14 +72,18 @@ EPOCH_INSERT = (
     "INSERT INTO epochs (run_id, rank, epoch, step, t, duration_s, steps, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-SCALAR_INSERT = "INSERT INTO scalars (run_id, rank, name, step, value) VALUES (?, ?, ?, ?, ?)"
+# The latest value of a step wins (a step re-sent under a new seq after a restart).
+SCALAR_INSERT = (
+    "INSERT INTO scalars (series, step, value) VALUES (?, ?, ?)"
+    " ON CONFLICT (series, step) DO UPDATE SET value = excluded.value"
+)
 ALERT_INSERT = (
     "INSERT INTO alerts (run_id, rank, step, code, severity, state, subject, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
-def schema(number: str, integer: str, blob: str, serial: str) -> list[str]:
+def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "") -> list[str]:
     """CREATE statements for one dialect's column types."""
     step_cols = ", ".join(
         [
@@ -111,10 +115,12 @@ def schema(number: str, integer: str, blob: str, serial: str) -> list[str]:
         f" data {blob})",
         "CREATE INDEX IF NOT EXISTS timesteps_lookup"
         " ON timesteps (run_id, module, series, rank, step)",
-        f"CREATE TABLE IF NOT EXISTS scalars (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
-        f" name TEXT NOT NULL, step {integer} NOT NULL, value {number})",
-        # Covering (value included): a series' history never touches the table itself.
-        "CREATE INDEX IF NOT EXISTS scalars_lookup ON scalars (run_id, rank, name, step, value)",
+        # Named scalars: an integer series id per (run, rank, name) keeps index entries
+        # small; a row of `scalars` is then about 5x cheaper to insert than with text keys.
+        f"CREATE TABLE IF NOT EXISTS series (id {serial}, run_id TEXT NOT NULL,"
+        f" rank {integer} NOT NULL, name TEXT NOT NULL, UNIQUE (run_id, rank, name))",
+        f"CREATE TABLE IF NOT EXISTS scalars (series {integer} NOT NULL, step {integer} NOT NULL,"
+        f" value {number}, PRIMARY KEY (series, step)){clustered}",
         f"CREATE TABLE IF NOT EXISTS epochs (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
         f" epoch {integer}, step {integer}, t {number}, duration_s {number}, steps {integer},"
         " data TEXT)",
@@ -213,29 +219,21 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any]) -> SplitBatch:
             out.steps.append(tuple(row))
             if record.param_norms:
                 out.scalars.extend(
-                    (run_id, rank, _name("param_norms/", p), step, scalar(v))
+                    (_name("param_norms/", p), step, scalar(v))
                     for p, v in record.param_norms.items()
                 )
             if record.gate_norms:
                 for p, gates in record.gate_norms.items():
                     out.scalars.extend(
-                        (run_id, rank, _name(f"gate_norms/{p}/", g), step, scalar(v))
-                        for g, v in gates.items()
+                        (_name(f"gate_norms/{p}/", g), step, scalar(v)) for g, v in gates.items()
                     )
             if record.profile:
                 for module, entry in record.profile.items():
                     for key in ("forward_s", "backward_s", "calls"):
                         value = getattr(entry, key)
                         if value is not None:
-                            out.scalars.append(
-                                (
-                                    run_id,
-                                    rank,
-                                    _name(f"profile/{module}/", key),
-                                    step,
-                                    scalar(value),
-                                )
-                            )
+                            name = _name(f"profile/{module}/", key)
+                            out.scalars.append((name, step, scalar(value)))
             if record.timesteps:
                 for module, series_map in record.timesteps.items():
                     for series, values in series_map.items():

@@ -50,7 +50,11 @@ class SQLiteStore(Store):
         # Numeric columns without a declared type keep "NaN"/"Infinity" strings as text
         # (a REAL column would turn NaN into NULL).
         for statement in rows.schema(
-            number="", integer="INTEGER", blob="BLOB", serial="INTEGER PRIMARY KEY AUTOINCREMENT"
+            number="",
+            integer="INTEGER",
+            blob="BLOB",
+            serial="INTEGER PRIMARY KEY AUTOINCREMENT",
+            clustered=" WITHOUT ROWID",
         ):
             conn.execute(statement)
         conn.commit()

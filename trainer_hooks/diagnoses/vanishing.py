@@ -65,7 +65,6 @@ class VanishingDetector(Detector):
             "timesteps": n,
             "horizon": horizon,
             "reach": reach,
-            "starved": horizon,
             "factor": factor,
             "peak": sig(peak),
             "peak_timestep": peak_t,

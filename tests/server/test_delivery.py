@@ -230,3 +230,42 @@ def test_offline_spool_of_watch_uploads_to_the_server(
     assert stored_steps(server, run_id) == list(range(25))
     assert get(server, f"/api/runs/{run_id}")["status"] == "finished"
     assert [e["epoch"] for e in get(server, f"/api/runs/{run_id}/epochs")] == [0]
+
+
+def test_two_ranks_under_load_through_kill_9_each_stored_exactly_once(
+    gradwatch_server: Any, gradwatch_db: str, wire: Any, tmp_path: Path
+) -> None:
+    """Sinks driven directly, many batches in flight when the server dies: the ones it
+    committed but never acknowledged come again and must not be stored twice."""
+    from gradwatch.protocol.sender import WebSocketSink
+
+    server = gradwatch_server(db=gradwatch_db)
+    run_id = run_id_for("ranks")
+    with pytest.warns(GradwatchWarning):
+        sinks = [
+            WebSocketSink(server.url, wire.hello(run_id, rank=rank, world_size=2),
+                          spool=tmp_path / f"rank{rank}.jsonl", max_batch_bytes=64 * 1024)
+            for rank in (0, 1)
+        ]
+        for chunk in range(3):  # connected and acknowledged first
+            for sink in sinks:
+                sink.send([wire.step(s) for s in range(chunk * 10, chunk * 10 + 10)])
+        assert all(sink.flush(timeout=60) for sink in sinks)
+        sent = 30
+        for chunk in range(30):  # a burst: the kill lands while these are in flight
+            for sink in sinks:
+                sink.send([wire.step(s) for s in range(sent + chunk * 10, sent + chunk * 10 + 10)])
+        server.kill()
+        sent += 300
+        for sink in sinks:  # more while the server is down
+            sink.send([wire.step(s) for s in range(sent, sent + 50)])
+        sent += 50
+        server.restart()
+        assert all(sink.flush(timeout=90) for sink in sinks)
+        for sink in sinks:
+            sink.close(timeout=10)
+    for rank in (0, 1):
+        answer = get(server, f"/api/runs/{run_id}/steps?rank={rank}&fields=loss&max_points=100000")
+        assert answer["fields"]["loss"]["step"] == list(range(sent)), f"rank {rank}"
+        assert answer["total"] == sent
+    assert sum(sink.stats()["resent_batches"] for sink in sinks) > 0

@@ -65,6 +65,10 @@ def as_float(value: Any) -> float | None:
 
 def floats(values: Sequence[Any]) -> list[float]:
     """A protocol series as floats (``"NaN"``/``"Infinity"`` strings mapped back)."""
+    try:  # the common case, in C: float() also reads "NaN", "Infinity", "-Infinity"
+        return list(map(float, values))
+    except (TypeError, ValueError):
+        pass
     out = []
     for v in values:
         f = as_float(v)
@@ -115,11 +119,24 @@ def rising_fraction(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum(1 for s in slopes if s > 0) / len(slopes)
 
 
+def trend(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """(Theil–Sen slope, the trend line's value at the last x, rising fraction).
+
+    One pass over the pairwise slopes serves all three (this runs on every step).
+    """
+    slopes = pairwise_slopes(xs, ys)
+    if not slopes:
+        return 0.0, ys[-1], 0.0
+    slope = median(slopes)
+    rising = sum(1 for s in slopes if s > 0) / len(slopes)
+    intercept = median([y - slope * x for x, y in zip(xs, ys, strict=True)])
+    return slope, intercept + slope * xs[-1], rising
+
+
 def fitted_last(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """(Theil–Sen slope, the trend line's value at the last x)."""
-    slope = theil_sen(xs, ys)
-    intercept = median([y - slope * x for x, y in zip(xs, ys, strict=True)])
-    return slope, intercept + slope * xs[-1]
+    slope, last, _ = trend(xs, ys)
+    return slope, last
 
 
 #: once an alert holds, the rising fraction it needs to keep holding is this much lower,

@@ -39,11 +39,10 @@ from .base import (
     Detector,
     Finding,
     Verdicts,
-    fitted_last,
     fmt,
-    rising_fraction,
     sig,
     theil_sen,
+    trend,
 )
 
 
@@ -84,10 +83,9 @@ class GraphGrowthDetector(Detector):
             return {}
         xs = [float(p[0]) for p in self._points]
         ys = [float(p[1]) for p in self._points]
-        slope, last = fitted_last(xs, ys)
+        slope, last, rising = trend(xs, ys)
         baseline = max(1, min(self._early))
         ratio = last / baseline
-        rising = rising_fraction(xs, ys)
         needed = float(self.config["graph_rising_fraction"]) - (HYSTERESIS if self._holding else 0)
         self._holding = ratio >= float(self.config["graph_growth_ratio"]) and rising >= needed
         if not self._holding:

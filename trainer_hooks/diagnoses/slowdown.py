@@ -41,9 +41,9 @@ from .base import (
     fitted_last,
     fmt,
     median,
-    rising_fraction,
     sig,
     theil_sen,
+    trend,
 )
 from .profiles import module_rows
 
@@ -79,9 +79,8 @@ class SlowdownDetector(Detector):
                 "duration_s": duration,
                 "graph_nodes": record.get("graph_nodes"),
                 "rss_bytes": record.get("rss_bytes"),
-                "profile": {
-                    n: r.total_s for n, r in module_rows(record.get("profile"), duration).items()
-                },
+                # parsed only when a slowdown holds (_module), not on every step
+                "profile": record.get("profile"),
             }
         )
         if len(self._early) < int(self.config["slowdown_min_points"]):
@@ -94,10 +93,9 @@ class SlowdownDetector(Detector):
             return {}
         xs = [float(r["step"]) for r in self._rows]
         ys = [float(r["duration_s"]) for r in self._rows]
-        slope, last = fitted_last(xs, ys)
+        slope, last, rising = trend(xs, ys)
         baseline = median(self._early)
         ratio = last / baseline if baseline > 0 else 1.0
-        rising = rising_fraction(xs, ys)
         needed = float(self.config["slowdown_rising_fraction"]) - (
             HYSTERESIS if self._holding else 0
         )
@@ -123,14 +121,14 @@ class SlowdownDetector(Detector):
 
     def _module(self, xs: list[float]) -> tuple[str, float] | None:
         """The profiled module whose time grew fastest (slope in s per step)."""
-        names = {n for r in self._rows for n in r["profile"] if n}
+        times = [
+            {n: row.total_s for n, row in module_rows(r["profile"], r["duration_s"]).items()}
+            for r in self._rows
+        ]
+        names = {n for t in times for n in t}
         best: tuple[str, float] | None = None
         for name in sorted(names):
-            pts = [
-                (x, r["profile"][name])
-                for x, r in zip(xs, self._rows, strict=True)
-                if name in r["profile"]
-            ]
+            pts = [(x, t[name]) for x, t in zip(xs, times, strict=True) if name in t]
             if len(pts) < 3:
                 continue
             s = theil_sen([p[0] for p in pts], [p[1] for p in pts])

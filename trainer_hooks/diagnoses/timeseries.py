@@ -35,7 +35,9 @@ def pick_series(series: Any) -> tuple[str, list[float]] | None:
 
 
 def finite_positive(values: list[float]) -> bool:
-    return all(math.isfinite(v) for v in values) and max(values) > 0
+    # A NaN or infinity anywhere makes the sum non-finite (so would an overflow of
+    # ~1e308 values, which is no gradient to judge either); sum() runs in C.
+    return math.isfinite(sum(values)) and max(values) > 0
 
 
 def decay_per_timestep(values: list[float], start: int, end: int) -> float | None:

@@ -132,6 +132,7 @@ class Monitor:
         self._epoch_started = self._step_started = time.perf_counter()
         self._epoch_first_step = 0
         self._carry = 0.0  # gradwatch time spent after the last record was made
+        self._record_made = time.perf_counter()
         self._heavy = False
         self._begin_step()
         ref = weakref.ref(self)
@@ -150,13 +151,15 @@ class Monitor:
         if self.closed:
             self._once.warn("step_after_close", "gradwatch: step() after close() is ignored")
             return
+        self._record_made = entered
         try:
             self._record_step(loss, entered)
         except Exception as e:  # never into the training loop
             self._once.warn("step", f"gradwatch: recording a step failed: {type(e).__name__}: {e}")
         self.step_index += 1
         self._begin_step()
-        self._carry = time.perf_counter() - self._step_started
+        # what step() spent after the record's overhead was fixed counts to the next step
+        self._carry = time.perf_counter() - self._record_made
 
     def epoch(self) -> None:
         """Close one epoch: sends an ``epoch`` record with its duration and step count."""
@@ -280,7 +283,8 @@ class Monitor:
             if payload:
                 payloads[q.name] = payload
         packed = pack(payloads) if payloads else None
-        spent = hooks_cost + self._carry + (time.perf_counter() - entered)
+        self._record_made = time.perf_counter()
+        spent = hooks_cost + self._carry + (self._record_made - entered)
         overhead = spent / duration if duration > 0 else 0.0
         record["overhead"] = overhead if math.isfinite(overhead) else 0.0
         self._pipeline.put(Item(record, packed))

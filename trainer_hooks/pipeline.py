@@ -269,7 +269,8 @@ class Pipeline:
                 if not payload:
                     continue
                 try:
-                    merge_fields(record, _plain(q.encode(payload)), alerts)
+                    # encode returns plain values (base.py): no walk over long series here
+                    merge_fields(record, q.encode(payload), alerts)
                 except Exception as e:
                     self.once.warn(
                         f"encode:{q.name}",
@@ -278,7 +279,8 @@ class Pipeline:
                     )
         if record.get("kind") == "step":
             record.update(memory_fields())
-            record = _plain(record)
+            if isinstance(record.get("loss"), torch.Tensor):
+                record["loss"] = _plain(record["loss"])
         out = [record, *alerts]
         if self.diagnoser is not None:
             for r in list(out):

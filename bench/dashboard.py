@@ -91,17 +91,24 @@ def hello(run_id: str, name: str) -> str:
 
 
 def ingest(server: Server, name: str, steps: int, heavy_every: int) -> str:
-    """Send `steps` step records in batches of 5,000, pipelined, every batch acknowledged."""
+    """Send `steps` step records in batches of 5,000, 8 in flight, every batch acknowledged."""
     run_id = str(uuid.uuid4())
-    with connect(server.url + "/ws/ingest", max_size=None) as ws:
+    # No keepalive pings: a busy server may take longer than a ping timeout to answer.
+    with connect(server.url + "/ws/ingest", max_size=None, ping_interval=None) as ws:
         ws.send(hello(run_id, name))
-        batches = range(0, steps, 5000)
-        for seq, start in enumerate(batches):
-            records = [step_record(s, s % heavy_every == 0) for s in range(start, min(steps, start + 5000))]
-            ws.send(json.dumps({"type": "batch", "run_id": run_id, "rank": 0, "seq": seq, "records": records}))
-        for _ in batches:
-            answer = json.loads(ws.recv(timeout=300))
-            assert answer["type"] == "ack", answer
+        starts = list(range(0, steps, 5000))
+        in_flight = 0
+        for seq, start in enumerate(starts):
+            stop = min(steps, start + 5000)
+            records = [step_record(s, s % heavy_every == 0) for s in range(start, stop)]
+            batch = {"type": "batch", "run_id": run_id, "rank": 0, "seq": seq, "records": records}
+            ws.send(json.dumps(batch))
+            in_flight += 1
+            if in_flight == 8:
+                assert json.loads(ws.recv(timeout=300))["type"] == "ack"
+                in_flight -= 1
+        for _ in range(in_flight):
+            assert json.loads(ws.recv(timeout=300))["type"] == "ack"
     return run_id
 
 
@@ -128,7 +135,9 @@ COUNTER = """() => {
 }"""
 
 
-def live(browser: Any, server: Server, runs: int, seconds: float, unbatched: bool) -> dict[str, float]:
+def live(
+    browser: Any, server: Server, runs: int, seconds: float, unbatched: bool
+) -> dict[str, float]:
     trainers = [(str(uuid.uuid4()), f"live-{i}") for i in range(runs)]
     sockets = []
     for run_id, name in trainers:
@@ -162,7 +171,10 @@ def live(browser: Any, server: Server, runs: int, seconds: float, unbatched: boo
             next_at += 0.1
             stop.wait(max(0.0, next_at - time.monotonic()))
 
-    threads = [threading.Thread(target=stream, args=(ws, rid)) for ws, (rid, _) in zip(sockets, trainers, strict=True)]
+    threads = [
+        threading.Thread(target=stream, args=(ws, run_id))
+        for ws, (run_id, _) in zip(sockets, trainers, strict=True)
+    ]
     for t in threads:
         t.start()
     t0 = time.monotonic()
@@ -173,7 +185,8 @@ def live(browser: Any, server: Server, runs: int, seconds: float, unbatched: boo
     elapsed = time.monotonic() - t0
     frames = [p.evaluate("() => window.__frames") for p in pages]
     drawn = [p.evaluate("() => window.gradwatch.stats.flushedItems") for p in pages]
-    rows = [p.evaluate("() => document.querySelector('[id^=chart-heatmap]').data[0].z.length") for p in pages]
+    heat_rows = "() => document.querySelector('[id^=chart-heatmap]').data[0].z.length"
+    rows = [p.evaluate(heat_rows) for p in pages]
     for p in pages:
         p.close()
     for ws in sockets:
@@ -188,42 +201,63 @@ def live(browser: Any, server: Server, runs: int, seconds: float, unbatched: boo
     }
 
 
+def paint_table(browser: Any, server: Server, runs: dict[str, str], repeats: int) -> None:
+    first_paint(browser, server, next(iter(runs.values())))  # warm the cache of plotly.min.js
+    results = {}
+    for label, run_id in runs.items():
+        loads = [first_paint(browser, server, run_id) for _ in range(repeats)]
+        paint = statistics.median(r[0] for r in loads)
+        api = statistics.median(r[1] for r in loads)
+        results[label] = (paint, api)
+    print(f"\nfirst paint of the run view (median of {repeats}, ms from navigation start)")
+    print(f"{'run':>14} {'first paint':>12} {'history API':>12}")
+    for label, (paint, api) in results.items():
+        print(f"{label:>14} {paint:12.0f} {api:12.0f}")
+    (a, _), (b, _) = results.values()
+    print(f"{'ratio':>14} {b / a:12.2f}")
+
+
+def live_table(browser: Any, server: Server, runs: int, seconds: float) -> None:
+    print(f"\nlive: {runs} runs x 10 steps/s, one page per run, {seconds:.0f} s")
+    head = ("drawing", "fps/page", "frames>50ms", "worst ms", "records/s", "rows")
+    print("{:>22} {:>9} {:>12} {:>9} {:>10} {:>5}".format(*head))
+    for label, unbatched in (("per animation frame", False), ("per message", True)):
+        r = live(browser, server, runs, seconds, unbatched)
+        print(
+            f"{label:>22} {r['fps_per_page']:9.1f} {r['long_frames_pct']:11.1f}% "
+            f"{r['worst_frame_ms']:9.0f} {r['records_drawn_per_s']:10.1f} "
+            f"{r['heatmap_rows_min']:5.0f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--only", choices=("paint", "live"), default=None, help="one half only")
     args = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
         server = Server(str(Path(tmp) / "bench.db"))
         try:
-            t0 = time.perf_counter()
-            short = ingest(server, "short", 1000, 1)
-            long_ = ingest(server, "long", args.steps, 1000)
-            print(f"ingested 1,000 + {args.steps:,} steps in {time.perf_counter() - t0:.1f} s")
+            runs = {}
+            if args.only != "live":
+                t0 = time.perf_counter()
+                runs["1e3 steps"] = ingest(server, "short", 1000, 1)
+                runs[f"{args.steps:.0e} steps"] = ingest(server, "long", args.steps, 1000)
+                took = time.perf_counter() - t0
+                print(f"ingested 1,000 + {args.steps:,} steps in {took:.1f} s")
             with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                            args=CHROMIUM_ARGS)  # fmt: skip
-                first_paint(browser, server, short)  # warm the browser's cache of plotly.min.js
-                results = {}
-                for label, rid in (("1e3 steps", short), (f"{args.steps:.0e} steps", long_)):
-                    runs = [first_paint(browser, server, rid) for _ in range(args.repeats)]
-                    results[label] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
-                print(f"\nfirst paint of the run view (median of {args.repeats}, ms from navigation start)")
-                print(f"{'run':>14} {'first paint':>12} {'history API':>12}")
-                for label, (paint, api) in results.items():
-                    print(f"{label:>14} {paint:12.0f} {api:12.0f}")
-                (a, _), (b, _) = results.values()
-                print(f"{'ratio':>14} {b / a:12.2f}")
-                print(f"\nlive: {args.runs} runs x 10 steps/s, one page per run, {args.seconds:.0f} s")
-                print(f"{'drawing':>22} {'fps/page':>9} {'frames>50ms':>12} {'worst ms':>9} {'records/s':>10} {'rows':>5}")
-                for label, unbatched in (("per animation frame", False), ("per message", True)):
-                    r = live(browser, server, args.runs, args.seconds, unbatched)
-                    print(f"{label:>22} {r['fps_per_page']:9.1f} {r['long_frames_pct']:11.1f}% "
-                          f"{r['worst_frame_ms']:9.0f} {r['records_drawn_per_s']:10.1f} {r['heatmap_rows_min']:5.0f}")  # fmt: skip
+                browser = p.chromium.launch(
+                    executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
+                )
+                if args.only != "live":
+                    paint_table(browser, server, runs, args.repeats)
+                if args.only != "paint":
+                    live_table(browser, server, args.runs, args.seconds)
                 browser.close()
         finally:
             server.stop()

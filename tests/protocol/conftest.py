@@ -101,6 +101,7 @@ class AckServer:
         with self.cond:
             self._connections.add(ws)
             self.headers.append(ws.request.headers.get("Authorization") if ws.request else None)
+            self.cond.notify_all()
         try:
             if self.token is not None and self.headers[-1] != f"Bearer {self.token}":
                 ws.send(dumps({"type": "error", "code": 1008, "message": "expected a token"}))

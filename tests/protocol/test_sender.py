@@ -53,7 +53,10 @@ def test_unacknowledged_batches_are_resent_after_connection_loss(
 ) -> None:
     ack_server.drop_after = 5
     with pytest.warns(GradwatchWarning, match="lost the connection"):
-        sink = WebSocketSink(ack_server.url, hello, spool=tmp_path / "run.jsonl", backoff_base=0.01)
+        sink = WebSocketSink(
+            ack_server.url, hello, spool=tmp_path / "run.jsonl", backoff_base=0.01,
+            max_batch_bytes=1,
+        )
         for i in range(50):
             sink.send(steps(i, 1))
             if i == 10:

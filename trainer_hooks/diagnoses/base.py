@@ -53,6 +53,12 @@ class Detector:
         """See an alert raised elsewhere (the capture's stale-state check), if useful."""
 
 
+def step_of(record: Mapping[str, Any]) -> int:
+    """The record's step as an int (0 when missing or malformed)."""
+    step = record.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else 0
+
+
 def as_float(value: Any) -> float | None:
     """A protocol number as a float, or None when absent or malformed."""
     if value is None:

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Detector, Finding, Verdicts, as_float, fmt, median, quantile, sig
+from .base import Detector, Finding, Verdicts, as_float, fmt, median, quantile, sig, step_of
 from .timeseries import finite_positive, pick_series
 
 
@@ -51,7 +51,7 @@ class ExplodingDetector(Detector):
                     verdicts[module] = self._through_time(module, *picked)
         total = as_float(record.get("total_norm"))
         if total is not None and math.isfinite(total):
-            verdicts["total_norm"] = self._over_steps(total, record.get("step", 0))
+            verdicts["total_norm"] = self._over_steps(total, step_of(record))
             self._norms.append(total)
         return verdicts
 
@@ -104,7 +104,7 @@ class ExplodingDetector(Detector):
         hint = self._clip_hint() + "; or train on shorter chunks (truncated BPTT)"
         return Finding("warning", message, hint, evidence)
 
-    def _over_steps(self, total: float, step: Any) -> Finding | None:
+    def _over_steps(self, total: float, step: int) -> Finding | None:
         if len(self._norms) < int(self.config["exploding_min_history"]):
             return None
         base = median(list(self._norms))

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Detector, Finding, Verdicts, as_float
+from .base import Detector, Finding, Verdicts, as_float, step_of
 
 _HINT = (
     "Lower the learning rate or clip gradients "
@@ -46,10 +46,17 @@ class NonfiniteDetector(Detector):
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         if record.get("kind") != "step":
             return {}
-        step = record.get("step", 0)
-        bad = record.get("nonfinite") or {}
-        parameters = [p for p in bad.get("parameters", []) if isinstance(p, str)]
-        timesteps: dict[str, Any] = bad.get("timesteps") or {}
+        step = step_of(record)
+        bad = record.get("nonfinite")
+        bad = bad if isinstance(bad, Mapping) else {}
+        listed = bad.get("parameters")
+        parameters = [p for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
+        found = bad.get("timesteps")
+        timesteps: dict[str, dict[str, int]] = {
+            str(m): {str(k): i for k, i in series.items() if isinstance(i, int)}
+            for m, series in (found.items() if isinstance(found, Mapping) else [])
+            if isinstance(series, Mapping)
+        }
         loss = as_float(record.get("loss"))
         loss_bad = loss is not None and not math.isfinite(loss)
 
@@ -65,7 +72,7 @@ class NonfiniteDetector(Detector):
         if subject is None:
             return verdicts
         self._subjects.add(subject)
-        first = self._first_step.setdefault(subject, int(step))
+        first = self._first_step.setdefault(subject, step)
 
         evidence: dict[str, Any] = {"first_step": first, "step": step}
         where = []
@@ -78,9 +85,8 @@ class NonfiniteDetector(Detector):
                 + (f" and {len(parameters) - 1} more" if len(parameters) > 1 else "")
             )
         if timesteps:
-            first_ts = {m: dict(s) for m, s in timesteps.items()}
-            evidence["timesteps"] = first_ts
-            module, series = next(iter(first_ts.items()))
+            evidence["timesteps"] = timesteps
+            module, series = next(iter(timesteps.items()))
             name, index = min(series.items(), key=lambda kv: kv[1]) if series else ("?", -1)
             evidence["first_module"], evidence["first_timestep"] = module, index
             where.append(f"module {module} from timestep {index} ({name})")

@@ -1,0 +1,79 @@
+"""Records with odd or hostile contents never break a detector (hypothesis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gradwatch.trainer_hooks.diagnoses import DETECTORS, DiagnosisEngine
+
+numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**6), 10**6),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "x", ""]),
+    st.none(),
+    st.booleans(),
+)
+names = st.one_of(st.sampled_from(["", "lstm", "decoder.cell", "Seq2Seq"]), st.text(max_size=8))
+series = st.lists(numbers, max_size=40)
+anything: Any = st.one_of(
+    numbers, names, st.lists(numbers, max_size=3), st.dictionaries(names, numbers, max_size=3)
+)
+
+records = st.fixed_dictionaries(
+    {"kind": st.sampled_from(["step", "epoch", "alert", "end", "other"])},
+    optional={
+        "step": st.one_of(st.integers(0, 10**6), anything),
+        "t": anything,
+        "duration_s": numbers,
+        "loss": numbers,
+        "total_norm": numbers,
+        "graph_nodes": st.one_of(st.integers(0, 10**6), anything),
+        "graph_truncated": anything,
+        "rss_bytes": st.one_of(st.integers(0, 10**10), anything),
+        "timesteps": st.one_of(
+            st.dictionaries(
+                names,
+                st.dictionaries(st.sampled_from(["input", "hidden", "cell", "layer1"]), series),
+            ),
+            anything,
+        ),
+        "nonfinite": st.one_of(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "parameters": st.lists(names, max_size=3),
+                    "timesteps": st.dictionaries(
+                        names, st.dictionaries(names, st.integers(0, 200))
+                    ),
+                },
+            ),
+            anything,
+        ),
+        "profile": st.one_of(
+            st.dictionaries(
+                names,
+                st.fixed_dictionaries(
+                    {}, optional={"forward_s": numbers, "backward_s": numbers, "calls": anything}
+                ),
+            ),
+            anything,
+        ),
+        "code": anything,
+        "subject": anything,
+    },
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(records, max_size=25))
+def test_no_detector_fails_on_any_record_stream(stream: list[dict[str, Any]]) -> None:
+    engine = DiagnosisEngine({"graph_min_points": 2, "slowdown_min_points": 2})
+    for record in stream:
+        for alert in engine.observe(record):
+            assert alert["kind"] == "alert" and isinstance(alert["message"], str)
+    engine.finish()
+    # a detector that raised would have been switched off (and warned)
+    assert [d.code for d in engine.detectors] == [cls.code for cls in DETECTORS]

@@ -9,9 +9,12 @@ Two workloads from the reports gradwatch exists for:
   (24 tokens), a linear head per token, Adam.
 
 Variants, each on its own copy of the model (same weights), timed in interleaved
-blocks (every round runs one block of every variant, in rotating order, so drift and
-noise from other processes hit all of them alike); the table gives each variant's
-median step time over the rounds and its ratio to plain training:
+blocks (every round runs one block of every variant, in a shuffled order, so drift and
+noise from other processes hit all of them alike); each block ends by draining the
+variant's own background work (gradwatch's ``monitor.flush()``, the TensorBoard
+writer's ``flush()``), so that work is charged to it and not to the next block; the
+table gives each variant's median step time over the rounds and its ratio to plain
+training:
 
 - ``plain``: the training step alone; ``plain (control)``, a second copy of it, shows
   how far apart two identical variants land in this run (the noise floor);
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -113,10 +117,19 @@ def make_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
 class Variant:
     """One way of training: ``run(n)`` does n steps; setup outside the timed blocks."""
 
-    def __init__(self, name: str, step: Step, after: Callable[[torch.Tensor, int], None]):
+    def __init__(
+        self,
+        name: str,
+        step: Step,
+        after: Callable[[torch.Tensor, int], None],
+        drain: Callable[[], object] = lambda: None,
+    ):
         self.name = name
         self.step = step
         self.after = after
+        # finishes the variant's own background work inside its timed block, so that
+        # it is charged to this variant and not to whichever block runs next
+        self.drain = drain
         self.count = 0
         self.times: list[float] = []
 
@@ -127,6 +140,7 @@ class Variant:
             loss = self.step()
             self.after(loss, self.count)
             self.count += 1
+        self.drain()
         sync()
         return (clock() - started) / steps
 
@@ -152,7 +166,7 @@ def variants(
         stack.callback(monitor.close)
         found.append(
             Variant(f"gradwatch every={every}", make_step(model, x, y),
-                    lambda loss, i, m=monitor: m.step(loss))
+                    lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
         )
     try:
         import wandb
@@ -184,7 +198,8 @@ def variants(
                     writer.add_histogram(pname, p.grad, i)
             writer.add_scalar("loss", loss.item(), i)
 
-        found.append(Variant("tensorboard histograms", make_step(model, x, y), histograms))
+        found.append(Variant("tensorboard histograms", make_step(model, x, y), histograms,
+                             drain=writer.flush))
     return found
 
 
@@ -200,8 +215,10 @@ def measure(
         found = variants(name, device, stack, Path(tmpdir), notes)
         for v in found:  # warm-up: allocator, first-call paths, wandb/tb lazy set-up
             v.run(3, sync, clock)
-        for r in range(rounds):
-            order = found[r % len(found):] + found[: r % len(found)]
+        shuffle = random.Random(0)
+        for _ in range(rounds):
+            order = list(found)
+            shuffle.shuffle(order)  # no variant always follows the same one
             for v in order:
                 v.times.append(v.run(steps, sync, clock))
         plain = statistics.median(found[0].times)

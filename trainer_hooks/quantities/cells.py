@@ -77,60 +77,77 @@ class CellCapture:
         self.owner.cost_s += time.perf_counter() - started
 
     def _watch_call(self, output: Any) -> None:
+        # the per-call cost of a cell loop is this function and the hooks it adds:
+        # keep both lean (no per-call containers beyond the two list slots)
         h, c = _split_output(output)
         if h is None or not h.requires_grad:
             return
         k = self.count
-        self.count += 1
+        self.count = k + 1
         self.device = h.device
         hidden, cell = self.grads["hidden"], self.grads["cell"]
         hidden.append(None)
         cell.append(None)
         step = self.owner.generation
-        targets: list[tuple[torch.Tensor, list[torch.Tensor | None]]] = [(h, hidden)]
         self.used.add("hidden")
-        if c is not None and c.requires_grad:
-            targets.append((c, cell))
-            self.used.add("cell")
         if in_backward():
             self.recomputed[k] = False
-        by_node: dict[Any, list[tuple[int, list[torch.Tensor | None]]]] = {}
-        for tensor, slots in targets:
-            node = tensor.grad_fn
-            if node is None:  # a leaf: only a tensor hook can see its gradient
-                hook_tensor(tensor, partial(self._keep_leaf, step, k, slots))
-            else:
-                by_node.setdefault(node, []).append((tensor.output_nr, slots))
-        for node, wanted in by_node.items():
-            node.register_prehook(partial(self._keep_node, step, k, wanted))
+        if c is None or not c.requires_grad:
+            self._hook(h, step, k, hidden)
+            return
+        self.used.add("cell")
+        node = h.grad_fn
+        if node is not None and node is c.grad_fn:  # one node made both (CUDA's fused cell)
+            node.register_prehook(
+                partial(self._keep_pair, step, k, h.output_nr, c.output_nr, hidden, cell)
+            )
+            return
+        self._hook(h, step, k, hidden)
+        self._hook(c, step, k, cell)
+
+    def _hook(
+        self, tensor: torch.Tensor, step: int, k: int, slots: list[torch.Tensor | None]
+    ) -> None:
+        node = tensor.grad_fn
+        if node is None:  # a leaf: only a tensor hook can see its gradient
+            hook_tensor(tensor, partial(self._keep_leaf, step, k, slots))
+        else:  # a node pre-hook costs less to add than a tensor hook
+            node.register_prehook(partial(self._keep_one, step, k, tensor.output_nr, slots))
+
+    # The backward side only keeps a reference: series() takes every norm at once.
+
+    def _keep_one(
+        self,
+        step: int,
+        k: int,
+        index: int,
+        slots: list[torch.Tensor | None],
+        grads: tuple[torch.Tensor | None, ...],
+    ) -> None:
+        if step == self.owner.generation:  # else: a late backward of an earlier step
+            slots[k] = grads[index]
+            if self.recomputed and k in self.recomputed:
+                self.recomputed[k] = True
+
+    def _keep_pair(
+        self,
+        step: int,
+        k: int,
+        index_h: int,
+        index_c: int,
+        hidden: list[torch.Tensor | None],
+        cell: list[torch.Tensor | None],
+        grads: tuple[torch.Tensor | None, ...],
+    ) -> None:
+        if step == self.owner.generation:
+            hidden[k], cell[k] = grads[index_h], grads[index_c]
+            if self.recomputed and k in self.recomputed:
+                self.recomputed[k] = True
 
     def _keep_leaf(
         self, step: int, k: int, slots: list[torch.Tensor | None], grad: torch.Tensor
     ) -> None:
-        self._keep(step, k, [(grad, slots)])
-
-    def _keep_node(
-        self,
-        step: int,
-        k: int,
-        wanted: list[tuple[int, list[torch.Tensor | None]]],
-        grads: tuple[torch.Tensor | None, ...],
-    ) -> None:
-        self._keep(step, k, [(grads[i], slots) for i, slots in wanted])
-
-    def _keep(
-        self, step: int, k: int, received: list[tuple[torch.Tensor | None, list[Any]]]
-    ) -> None:
-        # only a reference: the norm is computed for all calls at once in series()
-        if step != self.owner.generation:
-            return  # a late backward of an earlier step
-        started = time.perf_counter()
-        for grad, slots in received:
-            if grad is not None:
-                slots[k] = grad
-        if k in self.recomputed:
-            self.recomputed[k] = True
-        self.owner.cost_s += time.perf_counter() - started
+        self._keep_one(step, k, 0, slots, (grad,))
 
     def series(self) -> dict[str, torch.Tensor]:
         """This step's float64 series, one entry per kept call (device ops, no sync)."""
@@ -150,6 +167,13 @@ class CellCapture:
 
 def norms_in_order(grads: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
     """‖g‖₂ in float64 for each entry (0 for None), one stack and norm per shape."""
+    first = grads[0] if grads else None
+    if first is not None:  # the usual case, one shape and no gaps: no bookkeeping
+        shape = first.shape
+        if all(g is not None and g.shape == shape for g in grads):
+            stacked: torch.Tensor = torch.stack(grads)  # type: ignore[arg-type]
+            dims = tuple(range(1, stacked.dim()))
+            return torch.linalg.vector_norm(stacked.detach(), dim=dims, dtype=F64)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for k, g in enumerate(grads):
         if g is not None:

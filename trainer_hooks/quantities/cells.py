@@ -173,7 +173,8 @@ def norms_in_order(grads: list[torch.Tensor | None], device: torch.device) -> to
         if all(g is not None and g.shape == shape for g in grads):
             stacked: torch.Tensor = torch.stack(grads)  # type: ignore[arg-type]
             dims = tuple(range(1, stacked.dim()))
-            return torch.linalg.vector_norm(stacked.detach(), dim=dims, dtype=F64)
+            norms: torch.Tensor = torch.linalg.vector_norm(stacked.detach(), dim=dims, dtype=F64)
+            return norms
     groups: dict[tuple[Any, ...], list[int]] = {}
     for k, g in enumerate(grads):
         if g is not None:

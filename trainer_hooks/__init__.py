@@ -19,7 +19,8 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
         "The server alone needs no torch: `pip install 'gradwatch[server]'`."
     ) from e
 
-from .monitor import Monitor, watch
+from .attach import watch
+from .monitor import Monitor
 from .warn import GradwatchWarning
 
 __all__ = ["GradwatchWarning", "Monitor", "watch"]

@@ -1,88 +1,39 @@
-"""``watch(model)``: the one call that starts monitoring, and the Monitor it returns.
+"""The Monitor: the handle ``watch()`` returns; closes steps and epochs, owns the hooks.
+
+On the training thread it only gathers each quantity's device payload, starts one
+host copy and appends the record to the pipeline's list (``transfer.py``,
+``pipeline.py``); everything else happens on the background thread.
 
 Example:
-    >>> import os, tempfile, torch
-    >>> from gradwatch.protocol.spool import read_spool
-    >>> model = torch.nn.LSTM(2, 4)
-    >>> path = os.path.join(tempfile.mkdtemp(), "run.jsonl")
-    >>> with watch(model, run="demo", spool=path, diagnose=False) as monitor:
-    ...     for _ in range(3):
-    ...         loss = model(torch.randn(5, 1, 2))[0].pow(2).mean()
-    ...         loss.backward()
-    ...         monitor.step(loss)
-    ...     monitor.epoch()
-    >>> [r["kind"] for m in read_spool(path) if m["type"] == "batch" for r in m["records"]]
-    ['step', 'step', 'step', 'epoch', 'end']
+    >>> import os, torch
+    >>> from gradwatch.trainer_hooks import watch
+    >>> model = torch.nn.GRU(3, 8)
+    >>> monitor = watch(model, run="gru", spool=os.devnull, diagnose=False)
+    >>> out, h = model(torch.randn(4, 1, 3)); out.sum().backward(); monitor.step()
+    >>> monitor.step_index, monitor.close()
+    (1, True)
 """
 
 from __future__ import annotations
 
 import atexit
 import math
-import os
 import sys
 import time
 import weakref
-from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 import torch
 from torch import nn
 
-from gradwatch.protocol.sink import Sink, SpoolSink
+from gradwatch.protocol.sink import Sink
 
-from .identity import default_spool_path, make_hello, rank_and_world, run_identity
 from .pipeline import Item, Pipeline
 from .quantities.base import Quantity
-from .quantities.graph import DEFAULT_LIMIT, GraphSize
-from .quantities.params import ParamNorms
-from .quantities.profile import ModuleProfile
-from .quantities.stale import CellSpec, LossRetention, StaleState
 from .schedule import Schedule
 from .transfer import pack
 from .warn import WarnOnce
-
-
-def _timesteps_quantity(
-    cells: Sequence[CellSpec] | None, exact_hidden: bool | int
-) -> Quantity | None:
-    try:
-        from .quantities.timesteps import RecurrentTimesteps
-    except ImportError:  # pragma: no cover - only while that part is missing
-        return None
-    return RecurrentTimesteps(cells=list(cells) if cells else None, exact_hidden=exact_hidden)
-
-
-def _diagnoser(diagnose: bool, thresholds: dict[str, Any] | None, once: WarnOnce) -> Any:
-    if not diagnose:
-        return None
-    try:
-        from .diagnoses import DiagnosisEngine
-    except ImportError as e:  # pragma: no cover - only while that part is missing
-        once.warn("diagnoses_missing", f"gradwatch: diagnoses are unavailable ({e})")
-        return None
-    return DiagnosisEngine(thresholds)
-
-
-def _make_sink(
-    server: str | None, spool: str | os.PathLike[str] | None, token: str | None,
-    hello: dict[str, Any], once: WarnOnce,
-) -> tuple[Sink, str | None]:
-    if server is not None:
-        try:
-            from gradwatch.protocol.sender import WebSocketSink
-        except ImportError as e:  # pragma: no cover - only while the sender is missing
-            once.warn(
-                "no_sender",
-                f"gradwatch: cannot stream to {server} ({e}); recording to the spool instead",
-            )
-        else:
-            return WebSocketSink(server, hello, token=token, spool=spool), None
-    path = os.fspath(spool) if spool is not None else default_spool_path(
-        hello["run"], hello["run_id"], hello["rank"]
-    )
-    return SpoolSink(path, hello), path
 
 
 def _close_at_exit(ref: weakref.ref[Monitor]) -> None:
@@ -289,115 +240,3 @@ class Monitor:
         record["overhead"] = overhead if math.isfinite(overhead) else 0.0
         self._pipeline.put(Item(record, packed))
         self.schedule.observe(self.step_index, self._heavy, overhead)
-
-
-def watch(
-    model: nn.Module,
-    run: str = "run",
-    server: str | None = None,
-    spool: str | os.PathLike[str] | None = None,
-    *,
-    token: str | None = None,
-    every: int = 1,
-    overhead: float | None = None,
-    profile: bool = False,
-    cells: Sequence[CellSpec] | None = None,
-    exact_hidden: bool | int = False,
-    scaler: Any = None,
-    diagnose: bool = True,
-    thresholds: dict[str, Any] | None = None,
-    run_id: str | None = None,
-    graph_limit: int = DEFAULT_LIMIT,
-) -> Monitor:
-    """Start monitoring ``model``; returns the :class:`Monitor` that owns every hook.
-
-    Args:
-        model: the ``torch.nn.Module`` being trained (a ``DistributedDataParallel`` or
-            ``DataParallel`` wrapper is looked through: names have no ``module.``).
-        run: the run's name in the dashboard.
-        server: ``ws://host:port`` of a gradwatch server, or None to record to a spool.
-        spool: the spool file (JSON Lines). With ``server=None`` it defaults to
-            ``./gradwatch-<run>-<run_id[:8]>-rank<rank>.jsonl``; with a server it is
-            where undelivered batches wait.
-        token: ingest token of the server.
-        every: capture the heavy quantities (gradient norms, per-timestep norms, graph
-            size, profile) every ``every`` steps; step time, loss, memory and overhead
-            are in every step record.
-        overhead: optional budget as a fraction of step time (``0.02`` = 2 %): heavy
-            captures become rarer when gradwatch's own time would exceed it.
-        profile: per-module forward/backward time and calls per step (opt-in).
-        cells: more modules to treat as recurrent cells called in a loop (modules,
-            names from ``named_modules()``, or classes).
-        exact_hidden: also capture the exact ∂L/∂h_t of fused LSTMs (docs/CAPTURE.md).
-        scaler: a ``torch.amp.GradScaler``; gradient norms are then unscaled.
-        diagnose: run the diagnoses (docs/DIAGNOSES.md) and send their alerts.
-        thresholds: diagnosis thresholds by name.
-        run_id: the run's id (default ``$GRADWATCH_RUN_ID`` or a new UUID4).
-        graph_limit: the graph walk stops after this many nodes.
-
-    Example:
-        >>> import torch
-        >>> model = torch.nn.GRU(3, 8)
-        >>> monitor = watch(model, run="gru", spool=os.devnull, diagnose=False)
-        >>> out, h = model(torch.randn(4, 1, 3)); out.sum().backward(); monitor.step()
-        >>> monitor.close()
-        True
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module to watch, got {type(model).__name__}")
-    if not isinstance(run, str) or not run:
-        raise ValueError(f"expected run= to be a non-empty name, got {run!r}")
-    if server is not None and (
-        not isinstance(server, str) or not server.startswith(("ws://", "wss://"))
-    ):
-        raise ValueError(f"expected server= to be a ws:// or wss:// URL or None, got {server!r}")
-    # DDP/DataParallel wrap the model as `.module`: watch the model itself, so names are
-    # the same as in a single-process run (no "module." prefix) and hooks are the same.
-    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
-    while isinstance(model, wrappers):
-        model = model.module
-    if not isinstance(graph_limit, int) or graph_limit < 1:
-        raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
-    schedule = Schedule(every=every, overhead=overhead)
-    once = WarnOnce()
-    diagnoser = _diagnoser(diagnose, thresholds, once)
-
-    timesteps = _timesteps_quantity(cells, exact_hidden)
-    quantities: list[Quantity] = [ParamNorms(scaler=scaler)]
-    if timesteps is not None:
-        quantities.append(timesteps)
-    quantities += [GraphSize(graph_limit), StaleState(cells), LossRetention()]
-    if profile:
-        quantities.append(ModuleProfile())
-    attached: list[Quantity] = []
-    try:
-        for q in quantities:
-            q.attach(model)
-            attached.append(q)
-    except Exception:
-        for q in attached:
-            q.detach()
-        raise
-
-    run_id = run_identity(run_id)
-    rank, world_size = rank_and_world()
-    recurrent = list(getattr(timesteps, "modules", None) or [])
-    config = {
-        "every": every,
-        "overhead": overhead,
-        "profile": profile,
-        "diagnose": diagnose,
-        "exact_hidden": exact_hidden,
-        "cells": [c if isinstance(c, str) else getattr(c, "__name__", type(c).__name__)
-                  for c in cells or ()],
-        "graph_limit": graph_limit,
-        "scaler": scaler is not None,
-    }
-    hello = make_hello(model, run, run_id, config, recurrent, rank, world_size)
-    try:
-        sink, spool_path = _make_sink(server, spool, token, hello, once)
-    except Exception:
-        for q in attached:
-            q.detach()
-        raise
-    return Monitor(model, quantities, schedule, hello, sink, diagnoser, once, spool_path)

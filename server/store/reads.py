@@ -27,6 +27,12 @@ class Reads:
     def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
 
+    def reader(self) -> Any:
+        raise NotImplementedError
+
+    def sql(self, text: str) -> str:
+        raise NotImplementedError
+
     # ----- runs --------------------------------------------------------------------
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run's summary, newest first (``status`` is computed by the caller)."""
@@ -144,15 +150,28 @@ class Reads:
         from the row holding that extreme, so ``step`` is the extreme's own step. Text
         ranks above numbers, so the ``"NaN"``/``"Infinity"`` strings win every ``max``.
         """
+        # One small range query per bucket and extreme, all on one connection: SQLite
+        # walks each step range in its clustered key, where a single GROUP BY over the
+        # whole range sorted 1e6 rows into a temporary B-tree (measured ~2.5x slower).
+        # ``where`` ends with "step >= ? AND step <= ?", its last two parameters.
+        head = tuple(params[:-2])
+        hi = int(params[-1])
+        conn = self.reader()
         found: list[tuple[int, Any]] = []
-        for fn in ("min", "max"):
-            found.extend(
-                self.query(
+        try:
+            cur = conn.cursor()
+            for fn in ("min", "max"):
+                sql = self.sql(
                     f"SELECT step, {fn}({expr}) FROM {table} WHERE {where}"  # noqa: S608
-                    f" AND {expr} IS NOT NULL GROUP BY (step - ?) / ?",
-                    (*params, lo, width),
+                    f" AND {expr} IS NOT NULL"
                 )
-            )
+                for start in range(lo, hi + 1, width):
+                    cur.execute(sql, (*head, start, min(hi, start + width - 1)))
+                    row = cur.fetchone()
+                    if row is not None and row[1] is not None:
+                        found.append((row[0], row[1]))
+        finally:
+            conn.rollback()
         return found
 
     def _field_sql(self, name: str) -> str | None:
@@ -229,8 +248,9 @@ class Reads:
                     args,
                 )
             else:
+                bounded = (*args[:-1], min(int(args[-1]), int(last)))
                 found = sorted(
-                    set(self.bucket_extremes(table, clause, args, sql, int(first), width))
+                    set(self.bucket_extremes(table, clause, bounded, sql, int(first), width))
                 )
             out[name] = {"step": [r[0] for r in found], "value": [_number(r[1]) for r in found]}
         return {

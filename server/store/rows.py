@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from gradwatch.protocol.messages import NONFINITE_STRINGS
+from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
 
 # Numeric scalar columns of `steps`, in protocol names (docs/PROTOCOL.md).
 NUMBER_FIELDS = ("t", "duration_s", "loss", "total_norm", "overhead")
@@ -53,6 +53,7 @@ STEP_COLUMNS = (
     "run_id",
     "rank",
     "step",
+    "uid",
     "epoch",
     *NUMBER_FIELDS,
     *INTEGER_FIELDS,
@@ -90,12 +91,15 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
             "run_id TEXT NOT NULL",
             f"rank {integer} NOT NULL",
             f"step {integer} NOT NULL",
+            # seq * MAX_RECORDS_PER_BATCH + index: unique, so the key can cluster rows.
+            f"uid {integer} NOT NULL",
             f"epoch {integer}",
             *(f"{c} {number}" for c in NUMBER_FIELDS),
             *(f"{c} {integer}" for c in INTEGER_FIELDS),
             f"graph_truncated {integer}",
             *(f"{c} TEXT" for c in JSON_FIELDS),
             "extra TEXT",
+            "PRIMARY KEY (run_id, rank, step, uid)",
         ]
     )
     return [
@@ -108,8 +112,9 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
         f" end_t {number}, PRIMARY KEY (run_id, rank))",
         f"CREATE TABLE IF NOT EXISTS batches (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
         f" seq {integer} NOT NULL, stored_at {number}, PRIMARY KEY (run_id, rank, seq))",
-        f"CREATE TABLE IF NOT EXISTS steps ({step_cols})",
-        "CREATE INDEX IF NOT EXISTS steps_run_rank_step ON steps (run_id, rank, step)",
+        # Clustered in SQLite (WITHOUT ROWID): a run's history is read in step order
+        # straight from the table, with no index-to-row lookups.
+        f"CREATE TABLE IF NOT EXISTS steps ({step_cols}){clustered}",
         f"CREATE TABLE IF NOT EXISTS timesteps (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
         f" step {integer} NOT NULL, module TEXT NOT NULL, series TEXT NOT NULL, n {integer},"
         f" data {blob})",
@@ -202,7 +207,9 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any]) -> SplitBatch:
     last_step = -1
     last_epoch = -1
     seen: tuple[Any, ...] = ()
+    uid = batch.seq * MAX_RECORDS_PER_BATCH
     for record in batch.records:
+        uid += 1
         kind = record.kind
         if kind == "step":
             step = record.step
@@ -210,7 +217,7 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any]) -> SplitBatch:
             last_epoch = max(last_epoch, record.epoch)
             d = record.__dict__
             extra = record.__pydantic_extra__
-            row = [run_id, rank, step, record.epoch]
+            row = [run_id, rank, step, uid, record.epoch]
             row.extend(scalar(d[f]) for f in NUMBER_FIELDS)
             row.extend(d[f] for f in INTEGER_FIELDS)
             row.append(None if record.graph_truncated is None else int(record.graph_truncated))

@@ -19,6 +19,8 @@ The rule (docs/CAPTURE.md, "Several calls in one step"):
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -47,9 +49,23 @@ def eager(fn: Fn) -> Fn:
     """Run ``fn`` eagerly even inside ``torch.compile`` (a graph break, not a trace).
 
     The hooks keep per-step Python bookkeeping (call counters, step numbers); traced,
-    dynamo would guard on those values and recompile at every call.
+    dynamo would guard on those values and recompile at every call. Wrapping is
+    deferred until dynamo has been imported by someone (``torch.compile`` imports it
+    before it traces anything): importing it here would add seconds to ``watch()``
+    for everyone who never compiles.
     """
-    return cast(Fn, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
+    disabled: Fn | None = None
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal disabled
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        if disabled is None:
+            disabled = cast(Fn, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
+        return disabled(*args, **kwargs)
+
+    return cast(Fn, call)
 
 
 def hook_tensor(tensor: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> Any:

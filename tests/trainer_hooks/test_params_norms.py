@@ -106,7 +106,7 @@ def test_nonfinite_names_the_parameters_whose_gradient_broke(tmp_path: Path) -> 
     first, second = steps_of(path)
     assert "nonfinite" not in first
     # the infinite weight of layer 1 breaks only the gradient flowing back into layer 0
-    assert second["nonfinite"] == {"parameters": ["0.weight", "0.bias"]}
+    assert sorted(second["nonfinite"]["parameters"]) == ["0.bias", "0.weight"]
     assert not math.isfinite(to_float(second["param_norms"]["0.weight"]))
     assert second["param_norms"]["1.weight"] == pytest.approx(finite_grad, rel=1e-12)
     assert not math.isfinite(to_float(second["total_norm"]))
@@ -206,3 +206,35 @@ def test_a_quantity_that_fails_is_warned_about_once_and_left_out(tmp_path: Path)
     records = steps_of(path)
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all("param_norms" not in r and "graph_nodes" in r for r in records)
+
+
+class BreaksInBackward(nn.Module):
+    """sqrt at 0: a finite forward whose gradient is infinite, between lin1 and lin2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin0 = nn.Linear(2, 3)
+        self.lin1 = nn.Linear(3, 3)
+        self.lin2 = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin1(self.lin0(x))
+        return self.lin2(h + torch.sqrt(h - h.detach()))
+
+
+def test_nonfinite_parameters_come_in_backward_order_nearest_the_loss_first(
+    tmp_path: Path,
+) -> None:
+    model = BreaksInBackward()
+    path = tmp_path / "run.jsonl"
+    with watch(model, run="nan-order", spool=path, diagnose=False) as monitor:
+        loss = model(torch.ones(1, 2)).sum()
+        assert torch.isfinite(loss)
+        loss.backward()
+        monitor.step(loss)
+    (record,) = steps_of(path)
+    bad = record["nonfinite"]["parameters"]
+    # backward reaches lin1 before lin0; named_parameters() order would list lin0 first
+    assert sorted(bad[:2]) == ["lin1.bias", "lin1.weight"]
+    assert sorted(bad[2:]) == ["lin0.bias", "lin0.weight"]
+    assert "lin2.weight" in record["param_norms"] and "lin2.weight" not in bad

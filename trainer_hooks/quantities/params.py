@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.autograd import Variable
-from torch.autograd.graph import register_multi_grad_hook
 
 from gradwatch.protocol.messages import GRU_GATES, LSTM_GATES
 
@@ -75,6 +75,8 @@ class ParamNorms(Quantity):
         # (index into self._params, gate names) for every packed recurrent weight
         self._gated: list[tuple[int, tuple[str, ...]]] = []
         self._pending: dict[str, Any] | None = None
+        self._task: int | None = None  # graph task whose gradients are being collected
+        self._order: list[int] = []  # parameter indices in the order backward finished them
 
     def attach(self, model: nn.Module) -> None:
         index: dict[int, int] = {}
@@ -90,23 +92,30 @@ class ParamNorms(Quantity):
             for local, p in module.named_parameters(recurse=False):
                 if local.startswith(_GATED_PREFIXES) and id(p) in index:
                     self._gated.append((index[id(p)], gates))
-        if self._params:
-            self._handles.append(
-                register_multi_grad_hook(self._params, self._on_first_grad, mode="any")
-            )
+        for i, p in enumerate(self._params):
+            self._handles.append(p.register_post_accumulate_grad_hook(partial(self._on_grad, i)))
 
-    def _on_first_grad(self, grad: torch.Tensor) -> None:
-        # Runs once per backward pass; the norms are taken when the pass has finished.
-        if self.capturing:
+    def _on_grad(self, index: int, param: torch.Tensor) -> None:
+        # After each parameter's gradient is accumulated, in backward order. The first
+        # of a backward pass queues the norms for the end of that pass.
+        if not self.capturing:
+            return
+        task = torch._C._current_graph_task_id()
+        if task != self._task:
+            self._task = task
+            self._order = []
             Variable._execution_engine.queue_callback(self._capture)
+        self._order.append(index)
 
     def _capture(self) -> None:
         started = time.perf_counter()
         try:
             with torch.no_grad():
                 self._pending = self._norms()
+                self._pending["order"] = self._order
         except Exception as e:  # never into the training loop
             self._pending = {"error": f"{type(e).__name__}: {e}"}
+        self._task = None
         self.cost_s += time.perf_counter() - started
 
     def _norms(self) -> dict[str, Any]:
@@ -178,8 +187,17 @@ class ParamNorms(Quantity):
             "gate_norms": gate_norms,
             "total_norm": math.sqrt(math.fsum(v * v for v in param_norms.values())),
         }
-        bad = [name for name in self._names if name in param_norms
-               and not math.isfinite(param_norms[name])]
+        # In the order backward produced them: the first is where the gradient first
+        # went non-finite on its way back from the loss (everything before it in the
+        # forward pass inherits the NaN); parameters never seen come last.
+        order: dict[int, int] = {}
+        for rank, slot in enumerate(payload.get("order", [])):
+            order.setdefault(slot, rank)
+        ranked = sorted(range(len(self._names)), key=lambda i: order.get(i, len(order) + i))
+        bad = [
+            self._names[i] for i in ranked
+            if self._names[i] in param_norms and not math.isfinite(param_norms[self._names[i]])
+        ]
         if bad:
             fields["nonfinite"] = {"parameters": bad}
         return fields

@@ -93,7 +93,8 @@ class ParamNorms(Quantity):
                 if local.startswith(_GATED_PREFIXES) and id(p) in index:
                     self._gated.append((index[id(p)], gates))
         for i, p in enumerate(self._params):
-            self._handles.append(p.register_post_accumulate_grad_hook(partial(self._on_grad, i)))
+            hook = partial(self._on_grad, i)
+            self._handles.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
 
     def _on_grad(self, index: int, param: torch.Tensor) -> None:
         # After each parameter's gradient is accumulated, in backward order. The first

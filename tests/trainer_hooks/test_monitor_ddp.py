@@ -75,7 +75,9 @@ def test_each_ddp_rank_reports_its_own_rank_and_gradients(tmp_path: Path) -> Non
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-W", "ignore", str(script), str(tmp_path)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
             )
         )
     for proc in procs:

@@ -131,6 +131,15 @@ def _stack64(grads: list[torch.Tensor | None], like: torch.Tensor | None = None)
 
 def unrolled_forward(module: nn.RNNBase, x: torch.Tensor, hx: Any, call: Call) -> Any:
     """The module's output, recomputed per timestep with hooks on every h_t (and c_t)."""
+    if not x.is_cuda:
+        return _unrolled(module, x, hx, call)
+    # cuDNN would copy (and warn about) the per-layer weights at every call, and refuse
+    # backward in eval mode; PyTorch's native CUDA kernels take them as they are.
+    with torch.backends.cudnn.flags(enabled=False):
+        return _unrolled(module, x, hx, call)
+
+
+def _unrolled(module: nn.RNNBase, x: torch.Tensor, hx: Any, call: Call) -> Any:
     mode = module.mode
     lstm = mode == "LSTM"
     batched = x.dim() == 3

@@ -40,9 +40,20 @@ def test_nonfinite_alert_names_the_first_bad_parameter_and_step(tmp_path: Path) 
             model.zero_grad()
             loss.backward()
             monitor.step(loss)
+    step3 = next(
+        r
+        for m in read_spool(spool)
+        if m["type"] == "batch"
+        for r in m["records"]
+        if r["kind"] == "step" and r["step"] == 3
+    )
+    listed = step3["nonfinite"]["parameters"]  # in the order backward produced them
+    assert sorted(listed) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     raised = [a for a in alerts_in(spool) if a["state"] == "raised"]
-    assert [(a["code"], a["subject"], a["step"]) for a in raised] == [("nonfinite", "0", 3)]
-    assert raised[0]["evidence"]["first_parameter"] == "0.weight"
+    owner = listed[0].rpartition(".")[0]
+    assert [(a["code"], a["subject"], a["step"]) for a in raised] == [("nonfinite", owner, 3)]
+    assert raised[0]["evidence"]["first_parameter"] == listed[0]
+    assert raised[0]["evidence"]["count"] == 4 and raised[0]["evidence"]["loss"] == "nan"
     assert "detect_anomaly" in raised[0]["hint"]
 
 

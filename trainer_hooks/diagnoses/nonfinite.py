@@ -1,10 +1,11 @@
 """``nonfinite``: the first parameter, module and timestep whose gradient is NaN or Inf.
 
-Reads the ``nonfinite`` field the capture fills (``{"parameters": [names in model
-order], "timesteps": {module: {series: first index}}}``) and a non-finite ``loss``.
-The subject is the module that owns the first non-finite parameter (or the
-recurrent module whose timesteps went bad, or ``loss``), so a run that keeps
-producing NaN gives one alert that is updated, not one per step.
+Reads the ``nonfinite`` field the capture fills (``{"parameters": [names],
+"timesteps": {module: {series: first index}}}``) and a non-finite ``loss``. The
+capture lists the parameters in the order backward produced their gradients, so the
+first is where backward first met NaN/Inf. The subject is the module that owns that
+parameter (or the recurrent module whose timesteps went bad, or ``loss``), so a run
+that keeps producing NaN gives one alert that is updated, not one per step.
 
 Example:
     >>> d = NonfiniteDetector({})

@@ -13,7 +13,7 @@ protocol) or an unreachable server ends the upload with :class:`UploadError`.
 
 Example:
     >>> result = upload("run.jsonl", "ws://127.0.0.1:8765")   # doctest: +SKIP
-    >>> result.acked, result.rejected
+    >>> result.acked, result.rejected                          # doctest: +SKIP
     (120, [])
 """
 

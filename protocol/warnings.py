@@ -10,15 +10,14 @@ Example:
     >>> once = WarnOnce()
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
-    ...     once.warn("offline", "server unreachable")
-    ...     once.warn("offline", "server unreachable again")
-    >>> len(caught)
-    1
+    ...     first = once.warn("offline", "server unreachable")
+    ...     again = once.warn("offline", "server unreachable again")
+    >>> first, again, len(caught)
+    (True, False, 1)
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import warnings
@@ -35,7 +34,7 @@ class WarnOnce:
 
     Called from background threads, so a warning filter that turns warnings into
     errors (``-W error``) must not kill the thread: such an error is swallowed and
-    the message still goes to the ``gradwatch`` logger.
+    the message goes to the ``gradwatch`` logger instead.
     """
 
     def __init__(self) -> None:
@@ -48,10 +47,12 @@ class WarnOnce:
             if kind in self._seen:
                 return False
             self._seen.add(kind)
-        logger.warning("%s", message)
-        # "-W error" turns the warning into an exception: it must not kill the thread.
-        with contextlib.suppress(Exception):
+        try:
             warnings.warn(message, GradwatchWarning, stacklevel=3)
+        except Exception:
+            # "-W error" turns the warning into an exception: it must not kill a
+            # background thread. The message still goes somewhere: the log.
+            logger.warning("%s", message)
         return True
 
     def seen(self, kind: str) -> bool:

@@ -2,12 +2,14 @@
 // Plotly.extendTraces once per incoming message costs a redraw each time (27.8 s for
 // 2,000 points, measured in the design); once per frame with everything pending, 0.79 s.
 // Drawing also keeps to a duty cycle: after a draw that took d ms the next one waits
-// about 3·d ms, so live charts use at most ~1/4 of the page's main thread and the page
-// stays responsive on a busy laptop; more records then simply share one draw.
+// d ms (at most MAX_WAIT_MS), so live charts use at most about half of the page's main
+// thread and the page stays responsive on a busy laptop; more records then simply
+// share one draw.
 
 import { stats } from "./state.js";
 
-const DUTY = 0.25;
+const DUTY = 0.5;
+const MAX_WAIT_MS = 1000;
 
 /**
  * new FrameBatcher(items => draw(items)); batcher.push(item) many times; `draw` runs at
@@ -60,7 +62,7 @@ export class FrameBatcher {
     const start = performance.now();
     this.flushFn(items);
     const took = performance.now() - start;
-    this.readyAt = performance.now() + took * (1 / DUTY - 1);
+    this.readyAt = performance.now() + Math.min(MAX_WAIT_MS, took * (1 / DUTY - 1));
   }
 
   close() {

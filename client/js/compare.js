@@ -11,7 +11,7 @@ import { connect } from "./live.js";
 import { panel } from "./panels.js";
 import { profileLayout, profileTraces } from "./profile.js";
 import { finite, LineChart, positive } from "./series.js";
-import { stats } from "./state.js";
+import { state, stats } from "./state.js";
 
 const COLORS = { A: "#1f77b4", B: "#ff7f0e" };
 const stepAxis = () => axis("training step", { zeroline: false });
@@ -37,6 +37,8 @@ export class CompareView {
 
   async mount() {
     const [sa, sb] = await Promise.all([this.summary("A"), this.summary("B")]);
+    state.runs.set(this.ids.A, sa);
+    state.runs.set(this.ids.B, sb);
     this.names = { A: String(sa.name ?? sa.id), B: String(sb.name ?? sb.id) };
     const label = (k) => this.names[k.slice(0, 1)];
     const grids = [];

@@ -14,7 +14,7 @@ import { fmt, fmtBytes, fmtSeconds, isNonFinite, num } from "./num.js";
 import { heatmapPanelId, panel, RollingMedian, slope, specs } from "./panels.js";
 import { Profile } from "./profile.js";
 import { LineChart, nonFiniteNote, recordFields } from "./series.js";
-import { stats } from "./state.js";
+import { state, stats } from "./state.js";
 
 const CHART_INFO = [
   ["norms", "Gradient norms per layer", "L2 norm of each parameter's gradient and the total; ✕ marks steps with NaN or Inf."],
@@ -74,6 +74,7 @@ export class RunView {
 
   async mount() {
     this.summary = await api(`/api/runs/${encodeURIComponent(this.runId)}`);
+    state.runs.set(this.runId, this.summary);
     this.build();
     if (!this.replay) {
       this.live = connect({ run: this.runId }, (msg) => this.onMessage(msg), {

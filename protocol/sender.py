@@ -176,6 +176,9 @@ class WebSocketSink:
         self.resent_batches = 0
         self.rejected_batches = 0
         self.dropped_records = 0
+        # After close(): True when the server acknowledged everything, False when
+        # batches were left in the spool. None before close().
+        self.delivered: bool | None = None
         self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
         if start:
             self._thread.start()
@@ -241,6 +244,7 @@ class WebSocketSink:
             self._thread.join(1.0)
         with self._cond:
             self._closed = True
+            self.delivered = self._box.empty
             try:
                 batches, records = self._box.persist()
             except OSError as e:

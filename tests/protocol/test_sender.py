@@ -21,6 +21,7 @@ def test_every_record_arrives_once_in_order(
         sink.send(steps(i * 2, 2))
     assert sink.flush(timeout=30)
     sink.close(timeout=5)
+    assert sink.delivered is True
     seqs = ack_server.seqs()
     assert seqs == list(range(len(seqs)))  # seq counts from 0, no gap
     assert [r["step"] for r in ack_server.records()] == list(range(600))
@@ -105,6 +106,7 @@ def test_close_leaves_undelivered_batches_in_spool_hello_first(
         for i in range(30):
             sink.send(steps(i, 1))
         sink.close(timeout=0.5)
+    assert sink.delivered is False
     messages = list(read_spool(spool))
     assert messages[0] == hello
     assert [m["seq"] for m in messages[1:]] == list(range(30))

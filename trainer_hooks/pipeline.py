@@ -222,7 +222,12 @@ class Pipeline:
                         # returns from a GIL-free op (backward) waits for at most one
                         # record's work instead of a whole switch interval (5 ms).
                         time.sleep(0)
-                        for record in self._records(one):
+                        try:
+                            records = self._records(one)
+                        except Exception as e:  # a bug here must not stop the thread
+                            self.once.warn("pipeline", f"gradwatch: a record was lost: {e!r}")
+                            continue
+                        for record in records:
                             n = self._size(record)
                             full = len(batch) >= self.max_batch or size + n > self.max_bytes
                             if batch and full:

@@ -170,3 +170,17 @@ def test_a_full_queue_drops_records_with_one_warning_and_never_blocks(tmp_path: 
     assert pipeline.close(timeout=30)
     sent = [r["epoch"] for r in records_of(tmp_path / "slow.jsonl")]
     assert sent == [i for i, ok in enumerate(accepted) if ok]
+
+
+def test_a_record_that_breaks_the_background_thread_is_lost_alone(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    pipeline = Pipeline(
+        SpoolSink(path, {"type": "hello", "run_id": "r", "rank": 0}), quantities=[],
+        flush_interval=0.0,
+    )
+    with pytest.warns(GradwatchWarning, match="a record was lost"):
+        pipeline.put(Item({"kind": "epoch", "epoch": 0}))
+        pipeline.put(Item(None))  # type: ignore[arg-type]  # not a record: dict(None) fails
+        pipeline.put(Item({"kind": "epoch", "epoch": 1}))
+        assert pipeline.close(timeout=30)
+    assert [r["epoch"] for r in records_of(path)] == [0, 1]

@@ -213,3 +213,16 @@ def test_a_monitor_never_closed_is_closed_at_exit(tmp_path: Path, how: str, stat
     records = spool_records(path)
     assert [r["step"] for r in records if r["kind"] == "step"] == [0, 1, 2]
     assert records[-1]["kind"] == "end" and records[-1]["status"] == status
+
+
+def test_flush_hands_every_step_so_far_to_the_sink(tmp_path: Path) -> None:
+    model = nn.Linear(2, 1)
+    path = tmp_path / "flush.jsonl"
+    monitor = watch(model, run="flush", spool=path, diagnose=False)
+    for _ in range(5):
+        loss = model(torch.ones(1, 2)).sum()
+        loss.backward()
+        monitor.step(loss)
+    assert monitor.flush(timeout=30)
+    assert [r["step"] for r in spool_records(path) if r["kind"] == "step"] == [0, 1, 2, 3, 4]
+    monitor.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +215,36 @@ def test_graph_nodes_follow_the_schedule(tmp_path: Path, every: int) -> None:
     assert [r.get("graph_nodes") for r in steps] == [
         5 if r["step"] % every == 0 else None for r in steps
     ]
+
+
+def test_training_in_another_thread_than_watch_is_checked_there(tmp_path: Path) -> None:
+    path = tmp_path / "thread.jsonl"
+    for _ in range(200):  # give watch()'s thread a high node number
+        torch.ones(1, requires_grad=True).mul(2)
+    rnn = nn.GRU(2, 3)
+    monitor = watch(rnn, run="thread", spool=path, diagnose=False)
+
+    def train(detach: bool) -> None:
+        h = None
+        for _ in range(4):
+            out, h_new = rnn(torch.randn(4, 1, 2), h)
+            loss = out.sum()
+            loss.backward(retain_graph=True)
+            h = h_new.detach() if detach else h_new
+            monitor.step(loss)
+
+    worker = threading.Thread(target=train, args=(True,))
+    worker.start()
+    worker.join(60)
+    assert not [r for r in records_of_after_flush(monitor, path) if r["kind"] == "alert"]
+    worker = threading.Thread(target=train, args=(False,))
+    worker.start()
+    worker.join(60)
+    monitor.close()
+    alerts = [r for r in records_of(path) if r["kind"] == "alert"]
+    assert [(a["subject"], a["step"]) for a in alerts] == [("GRU", 5)]
+
+
+def records_of_after_flush(monitor: Any, path: Path) -> list[dict[str, Any]]:
+    assert monitor.flush(timeout=30)
+    return records_of(path)

@@ -181,6 +181,14 @@ class StaleState(Quantity):
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
         self.step += 1
+        thread = threading.get_ident()
+        if thread != self._thread:
+            # Training moved to another thread than watch()'s: node numbers are per
+            # thread, so marks start over there (the calls of this step, marked in the
+            # old thread, are skipped by the thread check in the hook).
+            self._thread = thread
+            self._marks = _StepMarks()
+            self._last_loss_node = None
         self._mark = self._marks.start(self.step, self._last_loss_node)
         self._last_loss_node = None
         self._seen_this_step.clear()

@@ -16,7 +16,9 @@ in interleaved blocks (every round runs one block of each, in rotating order), w
 the median over rounds, the difference to plain in microseconds, and the median of
 the ``overhead`` field gradwatch itself put into the records.
 
-Run: ``python bench/capture_cost.py [--rounds 7] [--steps 20]``.
+Run: ``python bench/capture_cost.py [--rounds 7] [--steps 20] [--device cuda]``. On
+CUDA the training thread's CPU time is what gradwatch adds to launching the step
+(each block ends with a synchronisation, outside the timed part's hot path).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Decoder(nn.Module):
         self.head = nn.Linear(64, 32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.zeros(x.shape[0], 64)
+        h = x.new_zeros(x.shape[0], 64)
         c = torch.zeros_like(h)
         out, ys = x, []
         for _ in range(24):
@@ -62,12 +64,13 @@ class Decoder(nn.Module):
         return torch.stack(ys, 1)
 
 
-def workloads() -> dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]:
+def workloads(device: str) -> dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]:
     torch.manual_seed(0)
-    return {
+    cases = {
         "lstm121": (Lstm121(), torch.randn(32, 121, 1), torch.randn(32, 121, 1)),
         "cells": (Decoder(), torch.randn(32, 32), torch.randn(32, 24, 32)),
     }
+    return {k: (m.to(device), x.to(device), y.to(device)) for k, (m, x, y) in cases.items()}
 
 
 def block(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
@@ -80,6 +83,8 @@ def block(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.O
         opt.step()
         if monitor is not None:
             monitor.step(loss)
+    if x.is_cuda:
+        torch.cuda.synchronize()
     return (time.thread_time() - started) / steps
 
 
@@ -87,13 +92,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     folder = Path(tempfile.mkdtemp())
-    print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds x {args.steps} steps,"
-          " training-thread CPU time per step, medians over rounds\n")
-    for name, (model, x, y) in workloads().items():
+    print(f"torch {torch.__version__}, {args.device}, 1 thread, "
+          f"{args.rounds} rounds x {args.steps} steps, "
+          "training-thread CPU time per step, medians over rounds\n")
+    for name, (model, x, y) in workloads(args.device).items():
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
         def make(

@@ -54,11 +54,11 @@ def test_run_list_viewer_sees_a_new_run_and_its_end(gradwatch_server, wire):
 
 
 def test_slow_viewer_loses_oldest_and_is_told_while_others_get_everything(gradwatch_server, wire):
-    # A queue a little longer than one connection's window of unacknowledged batches (64),
-    # so a viewer that keeps up never loses anything, and a stuck one overflows.
-    server = gradwatch_server(env={"GRADWATCH_LIVE_QUEUE_SIZE": "80"})
+    # The trainer waits for each ack before the next batch, so a viewer that keeps up
+    # never has more than a message or two queued; a stuck one overflows its 32.
+    server = gradwatch_server(env={"GRADWATCH_LIVE_QUEUE_SIZE": "32"})
     run_id = wire.run_id()
-    batches = 150
+    batches = 250
     # The slow viewer's socket has a tiny receive buffer and its client reads at most one
     # message ahead, so the server's sends to it block once the kernel buffers are full.
     raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -77,10 +77,14 @@ def test_slow_viewer_loses_oldest_and_is_told_while_others_get_everything(gradwa
             target=lambda: fast_got.extend(_records_until(wire, fast, batches - 1))
         )
         reader.start()
-        # ~160 KB per batch: together far more than the socket buffers hold.
-        payload = [[wire.step(b * 10 + i, length=400) for i in range(10)] for b in range(batches)]
-        acks = wire.send_run(server, run_id, payload)
-        assert [a["seq"] for a in acks] == list(range(batches))  # ingest never waited
+        # ~40 KB per batch, ~10 MB in all: more than the socket buffers (~4 MB) and the
+        # queue hold together.
+        with wire.connect(server) as trainer:
+            trainer.send(json.dumps(wire.hello(run_id)))
+            for seq in range(batches):
+                records = [wire.step(seq * 10 + i, length=100) for i in range(10)]
+                trainer.send(json.dumps(wire.batch(run_id, seq, records)))
+                assert wire.recv(trainer) == {"type": "ack", "seq": seq}  # ingest never waited
         reader.join(timeout=90)
         assert not reader.is_alive()
         assert [m["seq"] for m in fast_got] == list(range(batches))  # nothing lost, in order

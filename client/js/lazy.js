@@ -13,7 +13,7 @@ export class OnScreen {
     this.maxBacklog = maxBacklog;
   }
 
-  /** What to draw first (history from REST), whenever the chart is first seen. */
+  /** What to draw first (history from REST, or a Promise of it), when first seen. */
   setHistory(history) {
     this.history = history;
   }
@@ -23,7 +23,12 @@ export class OnScreen {
     this.visible = visible;
     if (!visible) return Promise.resolve();
     if (!this.drawn) {
-      if (!this.drawing) this.drawing = this.draw(this.history).then(() => this.catchUp());
+      if (!this.drawing) {
+        // History may still be on its way (a Promise); the view reports a failed fetch.
+        this.drawing = Promise.resolve(this.history)
+          .then((h) => this.draw(h), () => this.draw(undefined))
+          .then(() => this.catchUp());
+      }
       return this.drawing;
     }
     this.catchUp();

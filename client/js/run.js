@@ -176,6 +176,7 @@ export class RunView {
 
   renderStats(rec) {
     if (!rec) return;
+    this.statsStep = rec.step;
     const items = [["step", fmt(rec.step)], ["epoch", fmt(rec.epoch)], ["loss", fmt(rec.loss)],
       ["total norm", fmt(rec.total_norm)], ["step time", fmtSeconds(rec.duration_s)],
       ["graph nodes", fmt(rec.graph_nodes)], ["memory", fmtBytes(rec.rss_bytes)],
@@ -195,26 +196,34 @@ export class RunView {
     return { steps, epochs, alerts, matrices };
   }
 
-  async load(history = null) {
-    const h = history || (this.replay ? null : await this.fetchHistory());
-    const empty = { steps: { fields: {} }, epochs: [], alerts: [], matrices: [...this.heatmaps.values()].map(() => null) };
-    const { steps, epochs, alerts, matrices } = h || empty;
-    if (this.closed) return;
-    const fields = historySeries(steps, epochs);
-    const tail = fields.duration_s ? fields.duration_s.value.slice(-25) : [];
-    for (const v of tail) this.trend.push(v);
+  /**
+   * History, then live. What is on screen first (alerts, heatmaps, profile) does not
+   * wait for the scalar series, which take longest on a long run: the line charts
+   * below draw when those arrive (and when they are scrolled to, lazy.js).
+   */
+  async load() {
+    const id = encodeURIComponent(this.runId);
     const heatmaps = [...this.heatmaps.values()];
+    const scalars = this.replay ? Promise.resolve([{ fields: {} }, []]) : Promise.all([
+      api(`/api/runs/${id}/steps`, { rank: this.rank, max_points: 2000 }),
+      api(`/api/runs/${id}/epochs`, { rank: this.rank }),
+    ]);
+    const fields = scalars.then(([steps, epochs]) => historySeries(steps, epochs));
+    for (const { view } of this.charts.values()) view.setHistory(fields);
+    const [alerts, ...matrices] = this.replay ? [[], ...heatmaps.map(() => null)] : await Promise.all([
+      api(`/api/runs/${id}/alerts`),
+      ...heatmaps.map(({ view }) =>
+        api(`/api/runs/${id}/timesteps`, { module: view.module, series: view.series, rank: this.rank, max_steps: 500 })),
+    ]);
+    if (this.closed) return;
     heatmaps.forEach(({ view }, i) => {
       const m = matrices[i];
       if (m && m.steps && m.steps.length) this.profile.view.set(view.module, view.series, m.steps[m.steps.length - 1], m.values[m.values.length - 1]);
+      view.setHistory(m);
     });
     for (const a of alerts) this.addAlert(a, a.rank ?? 0);
-    heatmaps.forEach(({ view }, i) => view.setHistory(matrices[i]));
-    for (const { view } of this.charts.values()) view.setHistory(fields);
     this.alertsPanel.render();
-    this.renderStats(this.latestFromHistory(fields));
     this.updateNoData();
-    this.updateTrendNote(fields.trend);
     // First paint: the profile, and whichever charts are on screen (lazy.js).
     await Promise.all([this.profile.view.draw(), this.observeVisibility()]);
     if (this.closed) return;
@@ -223,6 +232,22 @@ export class RunView {
     document.body.dataset.painted = "1";
     for (const item of this.buffer) this.batcher.push(item);
     this.buffer = [];
+    fields.then((f) => this.scalarsArrived(f), (err) => this.showError(err));
+  }
+
+  scalarsArrived(fields) {
+    if (this.closed) return;
+    if (!this.trend.values.length && fields.duration_s) for (const v of fields.duration_s.value.slice(-25)) this.trend.push(v);
+    const latest = this.latestFromHistory(fields);
+    if (!this.statsStep || (latest && latest.step >= this.statsStep)) this.renderStats(latest);
+    this.updateNoData();
+    this.updateTrendNote(fields.trend);
+    document.body.dataset.scalars = "1";
+  }
+
+  showError(err) {
+    stats.errors.push(String(err.message || err));
+    this.statsNode.replaceChildren(el("div", { class: "error-box", role: "alert" }, String(err.message || err)));
   }
 
   /** Watch which charts are on screen; resolves when the first ones seen are drawn. */

@@ -73,7 +73,9 @@ export class LineChart extends OnScreen {
 
   setHistory(series) {
     super.setHistory(series);
-    this.historyHasData = Object.keys(series || {}).some((k) => this.spec.match(k));
+    Promise.resolve(series).then((s) => {
+      this.historyHasData = Object.keys(s || {}).some((k) => this.spec.match(k));
+    }, () => {});
   }
 
   wants(point) {

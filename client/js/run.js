@@ -242,6 +242,7 @@ export class RunView {
     if (!this.statsStep || (latest && latest.step >= this.statsStep)) this.renderStats(latest);
     this.updateNoData();
     this.updateTrendNote(fields.trend);
+    stats.scalarsAt = performance.now();
     document.body.dataset.scalars = "1";
   }
 

@@ -15,6 +15,7 @@ export const stats = {
   flushedItems: 0,
   extendCalls: 0, // Plotly.extendTraces calls
   paintedAt: null, // performance.now() when the current view finished its first paint
+  scalarsAt: null, // ... and when the run view's scalar series (GET /steps) arrived
   errors: [], // messages shown to the user as errors
 };
 

@@ -40,14 +40,14 @@ def count_nodes(root: Any, limit: int = DEFAULT_LIMIT) -> tuple[int, bool]:
     # Holding every visited node keeps its Python wrapper alive, so identity is stable.
     seen = {root}
     stack = [root]
+    add, push, pop = seen.add, stack.append, stack.pop  # ~1 µs a node: every lookup shows
     while stack:
-        node = stack.pop()
-        for child, _ in node.next_functions:
+        for child, _ in pop().next_functions:
             if child is not None and child not in seen:
                 if len(seen) >= limit:
                     return limit, True
-                seen.add(child)
-                stack.append(child)
+                add(child)
+                push(child)
     return len(seen), False
 
 

@@ -125,17 +125,26 @@ class ParamNorms(Quantity):
         # gate chunks that follow the parameters in that device's tensor list
         groups: dict[torch.device, tuple[list[int], list[torch.Tensor], list[tuple[int, int]]]]
         groups = {}
+        # A packed recurrent weight is normed per gate only; its own norm follows from
+        # the gate norms on the host (sqrt of the sum of squares): the largest
+        # gradients of an LSTM are then read once, not twice.
+        split = {
+            i: len(gates)
+            for i, gates in self._gated
+            if grads[i] is not None and grads[i].shape[0] % len(gates) == 0  # type: ignore[union-attr]
+        }
         for i, g in enumerate(grads):
             if g is not None:
                 slots, tensors, _ = groups.setdefault(g.device, ([], [], []))
-                slots.append(i)
-                tensors.append(g.detach())
-        for i, gates in self._gated:
+                if i not in split:
+                    slots.append(i)
+                    tensors.append(g.detach())
+        for i, count in split.items():
             g = grads[i]
-            if g is not None and g.shape[0] % len(gates) == 0:
-                _, tensors, gated = groups[g.device]
-                tensors.extend(g.detach().chunk(len(gates), dim=0))
-                gated.append((i, len(gates)))
+            assert g is not None
+            _, tensors, gated = groups[g.device]
+            tensors.extend(g.detach().chunk(count, dim=0))
+            gated.append((i, count))
         scale = self._scale()
         norms: list[torch.Tensor] = []
         for device, (_, tensors, _) in groups.items():
@@ -182,6 +191,7 @@ class ParamNorms(Quantity):
             for i, count in gated:
                 chunk = values[position : position + count]
                 gate_norms[self._names[i]] = dict(zip(gates_of[i], chunk, strict=True))
+                param_norms[self._names[i]] = math.sqrt(math.fsum(v * v for v in chunk))
                 position += count
         fields: dict[str, Any] = {
             "param_norms": param_norms,

@@ -93,11 +93,12 @@ class Outbox:
 
     @property
     def empty(self) -> bool:
-        return not self.memory and not self.disk
+        return self.pending_batches == 0
 
     @property
     def pending_batches(self) -> int:
-        return len(self.memory) + len(self.disk)
+        """Batches not yet acknowledged (an ack may come out of order, before the head's)."""
+        return sum(1 for b in self.memory if not b.acked) + len(self.disk)
 
     def wire_text(self, seq: int, body: str) -> str:
         return f'{self._prefix}{seq},"records":[{body}]}}'
@@ -209,10 +210,13 @@ class Outbox:
                 return False
         else:
             return False
+        self._drop_acked_head()
+        return True
+
+    def _drop_acked_head(self) -> None:
         while self.memory and self.memory[0].acked:
             self._pop_head()
         self._maybe_remove_spool()
-        return True
 
     def _pop_head(self) -> OutBatch:
         batch = self.memory.popleft()
@@ -226,8 +230,20 @@ class Outbox:
         if self.n_sent == 0 or not self.memory:
             return None
         batch = self._pop_head()
-        self._maybe_remove_spool()
+        self._drop_acked_head()
         return batch
+
+    def reject_sent(self, seq: int) -> OutBatch | None:
+        """Take out batch ``seq`` when it went out on this connection, unacknowledged."""
+        for index, batch in enumerate(self.memory):
+            if batch.seq == seq and batch.sent and not batch.acked:
+                del self.memory[index]
+                self.memory_bytes -= batch.nbytes
+                if index < self.n_sent:
+                    self.n_sent -= 1
+                self._drop_acked_head()
+                return batch
+        return None
 
     def _maybe_remove_spool(self) -> None:
         if self._writer is None or self.disk:
@@ -258,7 +274,8 @@ class Outbox:
             return 0, 0
         lines = [self.hello_text]
         records = 0
-        for batch in self.memory:
+        unacked = [batch for batch in self.memory if not batch.acked]
+        for batch in unacked:
             if batch.text is None:
                 batch.text = self.wire_text(batch.seq, ",".join(batch.parts))
             lines.append(batch.text)
@@ -280,4 +297,4 @@ class Outbox:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
-        return len(self.memory) + len(self.disk), records
+        return len(unacked) + len(self.disk), records

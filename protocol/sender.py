@@ -168,6 +168,7 @@ class WebSocketSink:
         self._session = 0
         self._ws: ClientConnection | None = None
         self._server_error: tuple[int, str] | None = None
+        self._error_seq: int | None = None  # the seq an error names, when it names one
         self._closing = False
         self._closed = False
         self._stop = False
@@ -334,6 +335,7 @@ class WebSocketSink:
             session = self._session
             self._ws = ws
             self._server_error = None
+            self._error_seq = None
             self.resent_batches += sum(1 for b in self._box.memory if b.sent)
             self._box.restart()
             self.connections += 1
@@ -387,20 +389,25 @@ class WebSocketSink:
                             "reconnecting, nothing acknowledged is lost")
             return "lost"
         code, message = error
-        # The error names no seq. The server answers in order, so it concerns the oldest
-        # batch in flight, unless it is about the hello: then no batch is to blame and
-        # dropping one after another would lose them all. A batch is blamed when the
+        # An error may name the refused batch's seq (an optional field); then that batch
+        # is set aside. Without one: the server answers in order, so it concerns the
+        # oldest batch in flight, unless it is about the hello: then no batch is to blame
+        # and dropping one after another would lose them all. A batch is blamed when the
         # hello has been accepted (an ack came on this connection), when the message is
         # too big (a hello never is), or when the error names the records.
         blame_batch = code == CLOSE_TOO_BIG or (
             code == CLOSE_INVALID_DATA
             and (
-                self._box.acked_batches > acked_before
+                self._error_seq is not None
+                or self._box.acked_batches > acked_before
                 or message.startswith(("records", "batch"))
             )
         )
         if blame_batch:
-            batch = self._box.reject_oldest_sent()
+            if self._error_seq is not None:
+                batch = self._box.reject_sent(self._error_seq)
+            else:
+                batch = self._box.reject_oldest_sent()
             if batch is not None:
                 self._reject(batch, code, message)
                 return "rejected"
@@ -435,11 +442,14 @@ class WebSocketSink:
                         self._box.ack(message["seq"])
                         self._cond.notify_all()
                 elif kind == "error":
+                    seq = message.get("seq")
                     with self._cond:
                         self._server_error = (
                             int(message.get("code", 0) or 0),
                             str(message.get("message", "")),
                         )
+                        named = isinstance(seq, int) and not isinstance(seq, bool)
+                        self._error_seq = seq if named else None
         except (ConnectionClosed, OSError):
             pass
         finally:

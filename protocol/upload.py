@@ -129,15 +129,25 @@ def _upload_part(
             if todo:
                 last_trouble = "the connection was lost"
             continue
-        code, message = error
-        # As in the sender: blame the oldest batch in flight only when the error cannot
-        # be about the hello (see WebSocketSink._why_ended).
+        code, message, named = error
+        # As in the sender: the batch the error names, else the oldest in flight, but only
+        # when the error cannot be about the hello (see WebSocketSink._why_ended).
         blame_batch = code == CLOSE_TOO_BIG or (
             code == CLOSE_INVALID_DATA
-            and (result.acked > acked_before or message.startswith(("records", "batch")))
+            and (
+                named is not None
+                or result.acked > acked_before
+                or message.startswith(("records", "batch"))
+            )
         )
-        if blame_batch and todo:
-            seq, text = todo.popleft()
+        index = 0 if named is None else next(
+            (i for i, (s, _) in enumerate(todo) if s == named), None
+        )
+        if blame_batch and todo and index is None:
+            continue  # it names a batch already acknowledged: go on with the rest
+        if blame_batch and todo and index is not None:
+            seq, text = todo[index]
+            del todo[index]
             result.rejected.append((seq, code, message))
             result.rejected_file = rejected_path(path)
             with open(result.rejected_file, "a", encoding="utf-8") as f:
@@ -150,10 +160,11 @@ def _upload_part(
 def _send_in_order(
     ws: ClientConnection, hello: dict[str, Any], todo: deque[tuple[int, str]],
     result: UploadResult, deadline: float, window: int,
-) -> tuple[int, str] | None:
+) -> tuple[int, str, int | None] | None:
     """Hello, then the batches of ``todo`` pipelined; acked ones leave ``todo``.
 
-    Returns the server's (code, message) when it refused something, else None.
+    Returns the server's (code, message, seq it names or None) when it refused
+    something, else None.
     """
     try:
         ws.send(dumps(hello))
@@ -165,7 +176,7 @@ def _send_in_order(
             raw = ws.recv(timeout=max(0.0, deadline - time.monotonic()))
             message = loads(raw)
             if message.get("type") == "error":
-                return int(message.get("code", 0)), str(message.get("message", ""))
+                return _error(message)
             if message.get("type") == "ack":
                 seq = message.get("seq")
                 # Acks come in order on one connection; a repeat of an acked seq is fine.
@@ -183,9 +194,15 @@ def _send_in_order(
             while True:
                 message = loads(ws.recv(timeout=2.0))
                 if isinstance(message, dict) and message.get("type") == "error":
-                    return int(message.get("code", 0)), str(message.get("message", ""))
+                    return _error(message)
         except (ConnectionClosed, TimeoutError, ValueError):
             pass
         if e.rcvd is not None and e.rcvd.code in (1007, 1008, 1009):
-            return e.rcvd.code, e.rcvd.reason
+            return e.rcvd.code, e.rcvd.reason, None
     return None
+
+
+def _error(message: dict[str, Any]) -> tuple[int, str, int | None]:
+    seq = message.get("seq")
+    named = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+    return int(message.get("code", 0) or 0), str(message.get("message", "")), named

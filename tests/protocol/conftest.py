@@ -34,6 +34,7 @@ class AckServer:
         self.drop_after: int | None = None  # drop the connection after this many batches
         self.token: str | None = None
         self.hello_error: str | None = None  # refuse every hello with this 1007 message
+        self.name_seq_in_errors = False  # errors carry the refused batch's "seq"
         self.acks_held = threading.Event()  # set: receive but do not ack yet
         self.port = 0
         self._server: Server | None = None
@@ -124,8 +125,12 @@ class AckServer:
                     self.received.append(seq)
                     self.cond.notify_all()
                 if seq in self.reject_seqs:
-                    why = f"records[0].step: bad seq {seq}"
-                    ws.send(dumps({"type": "error", "code": 1007, "message": why}))
+                    error: dict[str, Any] = {"type": "error", "code": 1007}
+                    if self.name_seq_in_errors:
+                        error.update(message=f"bad batch {seq}", seq=seq)
+                    else:
+                        error.update(message=f"records[0].step: bad seq {seq}")
+                    ws.send(dumps(error))
                     ws.close(1007, "bad batch")
                     return
                 if self.drop_after is not None and count > self.drop_after:

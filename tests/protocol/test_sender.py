@@ -136,6 +136,27 @@ def test_rejected_batch_is_set_aside_and_the_rest_delivered(
     assert sink.stats()["rejected_batches"] == 1
 
 
+def test_an_error_naming_its_seq_sets_exactly_that_batch_aside(
+    ack_server: Any, hello: Any, steps: Any, tmp_path: Path
+) -> None:
+    """The optional "seq" of an error wins over the oldest-in-flight rule: here the
+    refused batch is the first on its connection and the message names no records."""
+    ack_server.acks_held.set()
+    ack_server.name_seq_in_errors = True
+    ack_server.reject_seqs = {2}
+    spool = tmp_path / "run.jsonl"
+    with pytest.warns(GradwatchWarning, match="refused batch seq 2"):
+        sink = WebSocketSink(ack_server.url, hello, spool=spool, max_batch_bytes=1)
+        for i in range(6):
+            sink.send(steps(i, 1))
+        ack_server.wait_for(lambda: 2 in ack_server.received)  # 0, 1 in flight, unacked
+        ack_server.release()
+        assert sink.flush(timeout=30)
+    sink.close(timeout=5)
+    assert ack_server.seqs() == [0, 1, 3, 4, 5]
+    assert [m["seq"] for m in read_spool(tmp_path / "run.rejected.jsonl")] == [2]
+
+
 def test_a_refused_hello_drops_no_batch(
     ack_server: Any, hello: Any, steps: Any, tmp_path: Path
 ) -> None:

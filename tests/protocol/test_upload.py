@@ -163,3 +163,15 @@ def test_cli_upload_refused_hello_sets_no_batch_aside(
     assert done.returncode == 3
     assert "refused the upload (code 1007: run: expected at most 256" in done.stderr
     assert not (tmp_path / "run.rejected.jsonl").exists()
+
+
+def test_upload_sets_aside_the_batch_an_error_names(
+    ack_server: Any, hello: Any, steps: Any, tmp_path: Path
+) -> None:
+    ack_server.name_seq_in_errors = True
+    ack_server.reject_seqs = {0}
+    spool = tmp_path / "run.jsonl"
+    write_spool(spool, [(hello, [steps(i, 1) for i in range(3)])])
+    result = upload(spool, ack_server.url)
+    assert [(seq, code) for seq, code, _ in result.rejected] == [(0, 1007)]
+    assert ack_server.seqs() == [1, 2]

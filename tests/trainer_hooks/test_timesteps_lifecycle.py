@@ -202,8 +202,10 @@ def test_encode_names_the_first_non_finite_timestep_of_each_series() -> None:
         {
             "timesteps": {
                 "lstm": {"input": torch.tensor([1.0, 2.0, nan, inf], dtype=F64)},
-                "cell": {"hidden": torch.tensor([inf, 0.0], dtype=F64),
-                         "cell": torch.tensor([1.0, 1e-300], dtype=F64)},
+                "cell": {
+                    "hidden": torch.tensor([inf, 0.0], dtype=F64),
+                    "cell": torch.tensor([1.0, 1e-300], dtype=F64),
+                },
             }
         }
     )

@@ -24,8 +24,9 @@ def report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def finished_run(gradwatch_server, raw_trainer, tmp_path: Path) -> tuple[Any, Any]:
-    server = gradwatch_server(db=str(tmp_path / "runs.db"))
+def finished_run(gradwatch_server, gradwatch_db: str, raw_trainer) -> tuple[Any, Any]:
+    """A finished run in a real store: SQLite, and PostgreSQL where one is configured."""
+    server = gradwatch_server(db=gradwatch_db)
     trainer = raw_trainer(server, HOSTILE)
     records = [step_record(s, nonfinite=s == 7) for s in range(30)]
     records += [alert_record(12), {"kind": "epoch", "epoch": 0, "step": 19, "t": 0.0,

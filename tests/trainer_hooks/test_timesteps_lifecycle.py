@@ -125,8 +125,14 @@ def test_a_step_not_captured_leaves_the_input_as_it_came() -> None:
     q.detach()
 
 
-def test_retain_graph_and_a_second_backward_report_the_latest_backward() -> None:
+def input_norms(x: torch.Tensor) -> torch.Tensor:
+    assert x.grad is not None
+    return torch.linalg.vector_norm(x.grad, dim=(0, 2))  # x is (B, T, F)
+
+
+def test_a_second_backward_over_a_retained_graph_adds_up_like_grad() -> None:
     model, x = make()
+    x.requires_grad_()
     q = RecurrentTimesteps()
     q.attach(model)
     q.start_step(True)
@@ -136,12 +142,15 @@ def test_retain_graph_and_a_second_backward_report_the_latest_backward() -> None
     loss.backward()
     second = host(q.finish_step(None))
     q.detach()
-    for module, series in first.items():
+    # x.grad holds both passes, and so does the input series
+    torch.testing.assert_close(second["lstm"]["input"], input_norms(x), rtol=1e-12, atol=0.0)
+    for module, series in first.items():  # the same gradient twice: twice the norm
         for name, values in series.items():
-            torch.testing.assert_close(second[module][name], values, rtol=1e-12, atol=0.0)
+            torch.testing.assert_close(second[module][name], 2 * values, rtol=1e-12, atol=0.0)
 
 
-def test_create_graph_gives_the_same_norms_and_a_usable_double_backward() -> None:
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True:UserWarning")
+def test_create_graph_then_a_double_backward_add_up_like_grad() -> None:
     model, x = make()
     q = RecurrentTimesteps()
     q.attach(model)
@@ -150,12 +159,20 @@ def test_create_graph_gives_the_same_norms_and_a_usable_double_backward() -> Non
     plain = host(q.finish_step(None))
     q.start_step(True)
     model.zero_grad()
-    params = list(model.parameters())
-    grads = torch.autograd.grad(model(x).square().sum(), params, create_graph=True)
-    sum(g.square().sum() for g in grads).backward()  # type: ignore[union-attr]
-    assert all(p.grad is not None for p in params)
+    x.requires_grad_()
+    model(x).square().sum().backward(create_graph=True)
+    first = host(q.finish_step(None))
+    for module, series in plain.items():  # first order: as without create_graph
+        for name, values in series.items():
+            torch.testing.assert_close(first[module][name], values, rtol=1e-12, atol=0.0)
+    penalty = sum(p.grad.square().sum() for p in model.parameters())  # type: ignore[union-attr]
+    penalty.backward()  # reaches the same forward graph: x.grad adds second-order terms
+    both = host(q.finish_step(None))
     q.detach()
-    assert plain["lstm"]["input"].shape == (6,)
+    torch.testing.assert_close(both["lstm"]["input"], input_norms(x), rtol=1e-12, atol=0.0)
+    assert not torch.equal(both["lstm"]["input"], first["lstm"]["input"])
+    for p in model.parameters():
+        p.grad = None  # break the parameter <-> gradient cycle create_graph made
 
 
 @pytest.mark.parametrize("reentrant", [False, True])

@@ -68,6 +68,22 @@ def eager(fn: Fn) -> Fn:
     return cast(Fn, call)
 
 
+def accumulate(old: torch.Tensor | None, grad: torch.Tensor | None) -> torch.Tensor | None:
+    """``old + grad`` as autograd accumulates ``.grad`` over several backward passes.
+
+    Hooks keep the gradient itself (detached), not its norm, so that a second
+    backward through the same graph (``retain_graph=True``, a double backward after
+    ``create_graph=True``) adds up as ``.grad`` does; the norm is taken at step end.
+    """
+    if grad is None:
+        return old
+    grad = grad.detach()
+    if old is None:
+        return grad
+    with torch.no_grad():
+        return old + grad
+
+
 def hook_tensor(tensor: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> Any:
     """``tensor.register_hook`` with a type (torch leaves it untyped)."""
     return tensor.register_hook(hook)  # type: ignore[no-untyped-call]
@@ -88,8 +104,9 @@ class Call:
     recomputed: bool = False
     series: dict[str, torch.Tensor | None] = field(default_factory=dict)
     fired: bool = False
-    #: turns gradients kept by the hooks into series; run once, when the step closes
-    finalize: Callable[[], None] | None = None
+    #: turn gradients kept by the hooks into series when the step closes (idempotent:
+    #: they recompute from what the hooks kept)
+    finalizers: list[Callable[[], None]] = field(default_factory=list)
 
 
 def _series_of(call: Call, name: str) -> torch.Tensor:
@@ -105,8 +122,7 @@ def combine_calls(calls: list[Call]) -> dict[str, torch.Tensor]:
     """One float64 series per name from a step's calls (device ops only, no sync)."""
     kept = [c for c in calls if c.fired or not c.recomputed]
     for call in kept:
-        if call.finalize is not None:
-            finalize, call.finalize = call.finalize, None
+        for finalize in call.finalizers:
             finalize()
     names: dict[str, None] = {}
     for call in kept:

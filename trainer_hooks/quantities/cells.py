@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .calls import F64, eager, hook_tensor, in_backward
+from .calls import F64, accumulate, eager, hook_tensor, in_backward
 
 if TYPE_CHECKING:
     from .timesteps import RecurrentTimesteps
@@ -125,7 +125,7 @@ class CellCapture:
         grads: tuple[torch.Tensor | None, ...],
     ) -> None:
         if step == self.owner.generation:  # else: a late backward of an earlier step
-            slots[k] = grads[index]
+            slots[k] = accumulate(slots[k], grads[index])
             if self.recomputed and k in self.recomputed:
                 self.recomputed[k] = True
 
@@ -140,7 +140,8 @@ class CellCapture:
         grads: tuple[torch.Tensor | None, ...],
     ) -> None:
         if step == self.owner.generation:
-            hidden[k], cell[k] = grads[index_h], grads[index_c]
+            hidden[k] = accumulate(hidden[k], grads[index_h])
+            cell[k] = accumulate(cell[k], grads[index_c])
             if self.recomputed and k in self.recomputed:
                 self.recomputed[k] = True
 

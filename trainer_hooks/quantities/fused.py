@@ -4,9 +4,10 @@ A forward pre-hook swaps the module's input sequence ``x`` for a view of it that
 carries a tensor hook (a view costs no copy; raw data that does not require grad gets
 a detached leaf that does, so there is no upstream to lose). In backward the hook
 receives ∂L/∂x, which already contains everything that flowed back through the
-recurrence and, for bidirectional layers, both directions; it reduces it to one
-float64 norm per timestep in one tensor op and returns ``None``, so no gradient
-changes. ``PackedSequence`` inputs are reduced per timestep with ``batch_sizes``.
+recurrence and, for bidirectional layers, both directions; it keeps it (summed over
+backward passes, as ``.grad`` would be) and returns ``None``, so no gradient changes.
+When the step closes it becomes one float64 norm per timestep in one tensor op.
+``PackedSequence`` inputs are reduced per timestep with ``batch_sizes``.
 
 The view (rather than a hook on ``x`` itself) makes the series this module's own: an
 ``x`` also used elsewhere still gives only the gradient flowing into this module.
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from .calls import F64, Call, eager, hook_tensor, in_backward
+from .calls import F64, Call, accumulate, eager, hook_tensor, in_backward
 from .unrolled import unrolled_forward
 
 if TYPE_CHECKING:
@@ -108,11 +109,13 @@ class FusedCapture:
         call.series["input"] = None
         self.calls.append(call)
         step = self.owner.generation
+        kept = _Kept()
+        hook_tensor(probe, lambda g: self._on_grad(step, call, kept, g))
         if packed:
             index = self._index_for(x.batch_sizes, probe.device)
-            hook_tensor(probe, lambda g: self._on_packed_grad(step, call, index, g))
+            call.finalizers.append(lambda: _packed_norms(call, kept, index))
         else:
-            hook_tensor(probe, lambda g: self._on_grad(step, call, time_dim, g))
+            call.finalizers.append(lambda: _norms(call, kept, time_dim))
         if self.owner.exact_now and not packed and self._can_unroll():
             self._pending = (call, probe)
         new_x: Any = (
@@ -158,35 +161,14 @@ class FusedCapture:
         finally:
             self.owner.cost_s += time.perf_counter() - started
 
-    # -- backward (tensor hooks: they only read, and return None) --------------------
+    # -- backward (tensor hooks: they only keep the gradient, and return None) -------
 
-    def _on_grad(self, step: int, call: Call, time_dim: int, grad: torch.Tensor) -> None:
+    def _on_grad(self, step: int, call: Call, kept: _Kept, grad: torch.Tensor) -> None:
         if step != self.owner.generation:
             return  # a late backward of an earlier step
         started = time.perf_counter()
-        try:
-            with torch.no_grad():
-                dims = [d for d in range(grad.dim()) if d != time_dim]
-                call.series["input"] = torch.linalg.vector_norm(grad.detach(), dim=dims, dtype=F64)
-                call.fired = True
-        except Exception as e:
-            self.owner.warn_failure("fused input gradient norm", e)
-        self.owner.cost_s += time.perf_counter() - started
-
-    def _on_packed_grad(
-        self, step: int, call: Call, index: torch.Tensor, grad: torch.Tensor
-    ) -> None:
-        if step != self.owner.generation:
-            return
-        started = time.perf_counter()
-        try:
-            with torch.no_grad():
-                rows = torch.linalg.vector_norm(grad.detach(), dim=1, dtype=F64).square_()
-                sums = torch.zeros(call.length, dtype=F64, device=rows.device)
-                call.series["input"] = sums.index_add_(0, index, rows).sqrt_()
-                call.fired = True
-        except Exception as e:
-            self.owner.warn_failure("packed input gradient norm", e)
+        kept.grad = accumulate(kept.grad, grad)
+        call.fired = True
         self.owner.cost_s += time.perf_counter() - started
 
     def _index_for(self, batch_sizes: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -200,3 +182,24 @@ class FusedCapture:
             if len(self._packed_index) > 16:
                 self._packed_index.popitem(last=False)
         return index
+
+
+class _Kept:
+    """∂L/∂x of one call, summed over the backward passes that reach it."""
+
+    grad: torch.Tensor | None = None
+
+
+def _norms(call: Call, kept: _Kept, time_dim: int) -> None:
+    if kept.grad is not None:
+        with torch.no_grad():
+            dims = [d for d in range(kept.grad.dim()) if d != time_dim]
+            call.series["input"] = torch.linalg.vector_norm(kept.grad, dim=dims, dtype=F64)
+
+
+def _packed_norms(call: Call, kept: _Kept, index: torch.Tensor) -> None:
+    if kept.grad is not None:
+        with torch.no_grad():
+            rows = torch.linalg.vector_norm(kept.grad, dim=1, dtype=F64).square_()
+            sums = torch.zeros(call.length, dtype=F64, device=rows.device)
+            call.series["input"] = sums.index_add_(0, index, rows).sqrt_()

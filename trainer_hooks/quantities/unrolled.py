@@ -26,15 +26,22 @@ import torch
 import torch.nn.functional as F
 from torch import _VF, nn
 
-from .calls import F64, Call, hook_tensor
+from .calls import F64, Call, accumulate, hook_tensor
 
 
 def _layer_input_hook(call: Call, name: str) -> Any:
+    kept: list[torch.Tensor | None] = [None]
+
     def hook(grad: torch.Tensor) -> None:
-        with torch.no_grad():
-            call.series[name] = torch.linalg.vector_norm(grad.detach(), dim=(1, 2), dtype=F64)
+        kept[0] = accumulate(kept[0], grad)
         call.fired = True
 
+    def finalize() -> None:
+        if kept[0] is not None:
+            with torch.no_grad():
+                call.series[name] = torch.linalg.vector_norm(kept[0], dim=(1, 2), dtype=F64)
+
+    call.finalizers.append(finalize)
     return hook
 
 
@@ -84,11 +91,11 @@ class _TopLayer:
         call.series["hidden"] = None
         if module.mode == "LSTM":
             call.series["cell"] = None
-        call.finalize = self.finalize
+        call.finalizers.append(self.finalize)
 
     def hook(self, tensor: torch.Tensor, grads: list[torch.Tensor | None], t: int) -> None:
         def keep(grad: torch.Tensor) -> None:
-            grads[t] = grad
+            grads[t] = accumulate(grads[t], grad)
             self.call.fired = True
 
         hook_tensor(tensor, keep)

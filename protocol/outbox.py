@@ -40,7 +40,40 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .codec import dumps
-from .messages import MAX_RECORDS_PER_BATCH
+from .messages import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH
+
+# Room for the batch envelope ({"type":"batch","run_id":...,"seq":...}) within the limit.
+ENVELOPE_BYTES = 1024
+
+
+def encode_records(
+    records: list[dict[str, Any]], max_bytes: int
+) -> tuple[list[tuple[str, int]], list[dict[str, Any]]]:
+    """Records as JSON array insides of at most ``max_bytes`` / 10,000 records each.
+
+    Returns (chunks as (text, count), records too big for any message).
+    """
+    whole = dumps(records)
+    if len(whole) - 2 <= max_bytes and len(records) <= MAX_RECORDS_PER_BATCH:
+        return [(whole[1:-1], len(records))], []
+    hard = MAX_MESSAGE_BYTES - ENVELOPE_BYTES
+    chunks: list[tuple[str, int]] = []
+    too_big: list[dict[str, Any]] = []
+    parts: list[str] = []
+    size = 0
+    for record in records:
+        text = dumps(record)
+        if len(text) > hard:
+            too_big.append(record)
+            continue
+        if parts and (size + 1 + len(text) > max_bytes or len(parts) >= MAX_RECORDS_PER_BATCH):
+            chunks.append((",".join(parts), len(parts)))
+            parts, size = [], 0
+        parts.append(text)
+        size += len(text) + (1 if len(parts) > 1 else 0)
+    if parts:
+        chunks.append((",".join(parts), len(parts)))
+    return chunks, too_big
 
 
 @dataclass

@@ -1,23 +1,15 @@
 """The websocket sink: records from the Monitor to the server, acknowledged and resent.
 
-``WebSocketSink`` implements :class:`~gradwatch.protocol.sink.Sink`. The Monitor's
-background thread calls ``send(records)``; that only encodes and queues (in a bounded
-memory window, or appends to the spool file) and never touches the network. A
-dedicated thread owns the connection: it sends ``hello``, then every batch in ``seq``
-order, several in flight at once, and drops a batch once the server's ``ack`` says
-it is committed. After a reconnect it sends ``hello`` again and every batch not yet
-acknowledged (the server stores each ``seq`` once). While the server is away,
-batches go to the spool on disk and reconnects back off exponentially with full
-jitter. Nothing raises into the caller; each kind of trouble is warned about once
-(:class:`~gradwatch.protocol.warnings.GradwatchWarning`).
-
-``close(timeout)`` tries to deliver everything within ``timeout`` seconds; whatever is
-left stays in the spool file (``hello`` first, then the unacknowledged batches in
-order), one warning says where, and ``gradwatch upload SPOOL`` sends it later.
+``send(records)`` (the Monitor's background thread) only encodes and queues, in the
+:class:`~gradwatch.protocol.outbox.Outbox`; one thread owns the connection: ``hello``,
+then the batches in ``seq`` order, several in flight, each kept until its ``ack`` and
+resent after a reconnect. While the server is away batches wait in the spool and
+reconnects back off with full jitter; ``close(timeout)`` leaves what is undelivered
+in the spool for ``gradwatch upload``. Nothing raises into the caller; each kind of
+trouble is one ``GradwatchWarning``. docs/DELIVERY.md tells the whole story.
 
 Example:
-    >>> sink = WebSocketSink("ws://127.0.0.1:8765", hello, token=None,
-    ...                      spool="run.jsonl")                      # doctest: +SKIP
+    >>> sink = WebSocketSink("ws://127.0.0.1:8765", hello, spool="run.jsonl")  # doctest: +SKIP
     >>> sink.send([{"kind": "step", "step": 0, "epoch": 0, "t": 0.0}])  # doctest: +SKIP
     >>> sink.close(timeout=5)                                          # doctest: +SKIP
 """
@@ -36,78 +28,16 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from .backoff import Backoff
-from .codec import dumps, loads
-from .messages import (
-    CLOSE_INVALID_DATA,
-    CLOSE_TOO_BIG,
-    MAX_MESSAGE_BYTES,
-    MAX_RECORDS_PER_BATCH,
-)
-from .outbox import Outbox
+from .codec import loads
+from .messages import CLOSE_INVALID_DATA, CLOSE_TOO_BIG, MAX_MESSAGE_BYTES
+from .outbox import ENVELOPE_BYTES, Outbox, encode_records
+from .spoolfiles import default_spool_path, fresh_path, rejected_path
 from .warnings import WarnOnce
 from .wsclient import ingest_url, open_ingest
 
-# Room for the batch envelope ({"type":"batch","run_id":...,"seq":...}) within the limit.
-_ENVELOPE_BYTES = 1024
+__all__ = ["WebSocketSink", "default_spool_path", "encode_records", "rejected_path"]
+
 DEFAULT_CLOSE_TIMEOUT = 10.0
-
-
-def default_spool_path(hello: dict[str, Any]) -> Path:
-    """``.gradwatch/spool/<run_id>-rank<rank>.jsonl`` under the working directory."""
-    return Path(".gradwatch") / "spool" / f"{hello['run_id']}-rank{int(hello['rank'])}.jsonl"
-
-
-def rejected_path(spool: Path) -> Path:
-    """Where batches the server refused for good go: ``run.jsonl`` -> ``run.rejected.jsonl``."""
-    name = spool.name[: -len(".jsonl")] if spool.name.endswith(".jsonl") else spool.name
-    return spool.with_name(name + ".rejected.jsonl")
-
-
-def _fresh(path: Path) -> Path:
-    """``path``, or ``stem-2.jsonl``, ``stem-3.jsonl``... when it already holds data.
-
-    A non-empty spool at start is someone's undelivered data (an earlier run): this
-    sink removes its spool once delivered, so it must never share a file.
-    """
-    if not path.exists() or path.stat().st_size == 0:
-        return path
-    stem = path.name[: -len(".jsonl")] if path.name.endswith(".jsonl") else path.name
-    n = 2
-    while True:
-        candidate = path.with_name(f"{stem}-{n}.jsonl")
-        if not candidate.exists() or candidate.stat().st_size == 0:
-            return candidate
-        n += 1
-
-
-def encode_records(
-    records: list[dict[str, Any]], max_bytes: int
-) -> tuple[list[tuple[str, int]], list[dict[str, Any]]]:
-    """Records as JSON array insides of at most ``max_bytes`` / 10,000 records each.
-
-    Returns (chunks as (text, count), records too big for any message).
-    """
-    whole = dumps(records)
-    if len(whole) - 2 <= max_bytes and len(records) <= MAX_RECORDS_PER_BATCH:
-        return [(whole[1:-1], len(records))], []
-    hard = MAX_MESSAGE_BYTES - _ENVELOPE_BYTES
-    chunks: list[tuple[str, int]] = []
-    too_big: list[dict[str, Any]] = []
-    parts: list[str] = []
-    size = 0
-    for record in records:
-        text = dumps(record)
-        if len(text) > hard:
-            too_big.append(record)
-            continue
-        if parts and (size + 1 + len(text) > max_bytes or len(parts) >= MAX_RECORDS_PER_BATCH):
-            chunks.append((",".join(parts), len(parts)))
-            parts, size = [], 0
-        parts.append(text)
-        size += len(text) + (1 if len(parts) > 1 else 0)
-    if parts:
-        chunks.append((",".join(parts), len(parts)))
-    return chunks, too_big
 
 
 class WebSocketSink:
@@ -150,9 +80,10 @@ class WebSocketSink:
             raise ValueError(f"expected a hello message with run_id and rank, got {hello!r}")
         self.token = token
         self.hello = hello
-        self.spool_path = _fresh(Path(spool) if spool is not None else default_spool_path(hello))
+        chosen = Path(spool) if spool is not None else default_spool_path(hello)
+        self.spool_path = fresh_path(chosen)
         self.rejected_path = rejected_path(self.spool_path)
-        self.max_batch_bytes = min(max_batch_bytes, MAX_MESSAGE_BYTES - _ENVELOPE_BYTES)
+        self.max_batch_bytes = min(max_batch_bytes, MAX_MESSAGE_BYTES - ENVELOPE_BYTES)
         self.connect_timeout = connect_timeout
         self._box = Outbox(
             self.spool_path,

@@ -32,8 +32,8 @@ from websockets.sync.client import ClientConnection
 from .backoff import Backoff
 from .codec import dumps, loads
 from .messages import CLOSE_INVALID_DATA, CLOSE_TOO_BIG
-from .sender import rejected_path
 from .spool import SpoolError, read_spool
+from .spoolfiles import rejected_path
 from .wsclient import ingest_url, open_ingest
 
 

@@ -65,7 +65,7 @@ export class CompareView {
       el("p", { class: "sub" },
         el("span", { style: `color:${COLORS.A}` }, "━ "), el("strong", { id: "cmp-name-a" }, this.names.A), "  vs  ",
         el("span", { style: `color:${COLORS.B}` }, "━ "), el("strong", { id: "cmp-name-b" }, this.names.B)),
-      el("div", { class: "grid" }, grids), el("div", { class: "grid" }, prof.section, heat));
+      el("div", { class: "grid" }, grids), el("div", { class: "grid" }, heat), prof.section);
     for (const k of ["A", "B"]) {
       this.sockets.push(connect({ run: this.ids[k] }, (msg) => {
         if (msg.type !== "records" || msg.run_id !== this.ids[k] || msg.rank !== 0) return;

@@ -241,3 +241,16 @@ def test_view_token_from_the_page_url_rides_on_every_request(
     assert data, w.requests
     assert all("token=view-only" in u for u in data), data
     assert_clean(w)
+
+
+def test_unknown_run_shows_the_servers_answer_instead_of_breaking(gradwatch_server, open_page):
+    server = gradwatch_server()
+    w = open_page(server, "#/run/no-such-run")
+    w.page.wait_for_selector("main .error-box")
+    text = w.page.inner_text("main .error-box")
+    assert "/api/runs/no-such-run: 404" in text
+    # The only console error is Chromium's own line about the 404 answer.
+    assert all("404" in e for e in w.errors), w.errors
+    w.page.click("main a")  # "Back to the runs"
+    w.page.wait_for_selector("#runs-body")
+    assert w.foreign_requests() == []

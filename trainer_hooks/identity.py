@@ -1,8 +1,9 @@
 """Who is reporting: the ``hello`` message, run id, rank, default spool path.
 
 - ``run_id``: ``run_id=`` if given, else the environment variable
-  ``GRADWATCH_RUN_ID`` (set it to the same value on every rank of a distributed run
-  so their records join one run), else a fresh UUID4.
+  ``GRADWATCH_RUN_ID``, else, in an initialised ``torch.distributed`` job, a UUID4
+  drawn by rank 0 and broadcast to every rank (so the ranks of a ``torchrun`` job join
+  one run), else a fresh UUID4.
 - ``rank``/``world_size``: from ``torch.distributed`` when it is initialised, else the
   ``RANK``/``WORLD_SIZE`` environment variables (torchrun sets them), else 0 and 1.
 - Default spool path (``server=None`` and no ``spool=``):
@@ -31,12 +32,27 @@ from gradwatch.protocol.messages import MAX_NAME_CHARS, PROTOCOL_VERSION
 
 
 def run_identity(run_id: str | None) -> str:
-    """The run id: the argument, else ``$GRADWATCH_RUN_ID``, else a new UUID4."""
+    """The run id: the argument, else ``$GRADWATCH_RUN_ID``, else one chosen by rank 0.
+
+    In a distributed job (``torch.distributed`` initialised with more than one rank),
+    rank 0 draws a UUID4 and broadcasts it, so every rank of a ``torchrun`` job streams
+    into one run with no configuration. ``watch()`` is then a collective call: every
+    rank must call it, as every rank builds its model. Alone, a fresh UUID4.
+    """
     if run_id is not None:
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"expected run_id= to be a non-empty string, got {run_id!r}")
         return run_id
-    return os.environ.get("GRADWATCH_RUN_ID") or str(uuid.uuid4())
+    from_env = os.environ.get("GRADWATCH_RUN_ID")
+    if from_env:
+        return from_env
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        chosen: list[str | None] = [str(uuid.uuid4()) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(chosen, src=0)
+        if isinstance(chosen[0], str):
+            return chosen[0]
+    return str(uuid.uuid4())
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -11,6 +11,11 @@ import shutil
 
 import pytest
 
+# Tiny models on a 2-core box: torch's default intra-op threads make a 3 ms step take
+# hundreds of ms under load. Set before any test imports torch, and inherited by every
+# trainer and server process the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REQUIRE_ALL = os.environ.get("GRADWATCH_REQUIRE_ALL") == "1"
 CHROMIUM = os.environ.get("GRADWATCH_CHROMIUM", "/usr/bin/chromium")
 POSTGRES_URL = os.environ.get("GRADWATCH_TEST_POSTGRES_URL")

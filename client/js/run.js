@@ -10,9 +10,11 @@ import { FrameBatcher } from "./batcher.js";
 import { purgeAll } from "./charts.js";
 import { Heatmap } from "./heatmap.js";
 import { connect } from "./live.js";
-import { fmt, fmtBytes, fmtSeconds, isNonFinite, num } from "./num.js";
+import { heatmapKeys, historySeries } from "./history.js";
+import { fmt, fmtBytes, fmtSeconds, num } from "./num.js";
 import { heatmapPanelId, panel, RollingMedian, slope, specs } from "./panels.js";
 import { Profile } from "./profile.js";
+import { RanksView } from "./ranks.js";
 import { LineChart, nonFiniteNote, recordFields } from "./series.js";
 import { state, stats } from "./state.js";
 
@@ -25,37 +27,6 @@ const CHART_INFO = [
   ["graph", "Autograd graph and memory", "Nodes reachable from loss.grad_fn (left) and memory (right, dotted). Growing together: a graph kept across steps."],
   ["modules", "Time per module", "Forward and backward time and calls per step (watch(..., profile=True))."],
 ];
-
-/** Heatmap series of a run: {module: [series]} from the summary (falls back to "input"). */
-function heatmapKeys(summary) {
-  const keys = [];
-  const series = summary.series && typeof summary.series === "object" ? summary.series : {};
-  const modules = Object.keys(series).length ? Object.keys(series) : (summary.recurrent || []);
-  for (const module of modules) for (const s of series[module] || ["input"]) keys.push({ module, series: s });
-  return keys;
-}
-
-/** History as series {key: {step, value}}, plus derived series (trend, non-finite, epochs). */
-function historySeries(steps, epochs) {
-  const fields = { ...(steps.fields || {}) };
-  const dur = fields.duration_s;
-  if (dur && dur.step.length) {
-    const rm = new RollingMedian();
-    fields.trend = { step: dur.step.slice(), value: dur.value.map((v) => rm.push(v)) };
-  }
-  const nf = { step: [], value: [] };
-  for (const name of ["total_norm", "loss"]) {
-    const s = fields[name];
-    if (!s) continue;
-    s.value.forEach((v, i) => { if (isNonFinite(v)) { nf.step.push(s.step[i]); nf.value.push(1); } });
-  }
-  if (nf.step.length) {
-    const order = nf.step.map((s, i) => [s, i]).sort((a, b) => a[0] - b[0]);
-    fields.nonfinite = { step: order.map(([s]) => s), value: order.map(() => 1) };
-  }
-  if (epochs.length) fields.epoch_time = { step: epochs.map((e) => e.epoch), value: epochs.map((e) => e.duration_s) };
-  return fields;
-}
 
 export class RunView {
   constructor(root, runId, { rank = 0, replay = false } = {}) {
@@ -102,7 +73,8 @@ export class RunView {
     if (msg.type === "records" && msg.run_id === this.runId && Array.isArray(msg.records)) {
       for (const rec of msg.records) {
         stats.records += 1;
-        if (msg.rank !== this.rank && rec.kind !== "alert") continue;
+        // Other ranks matter only to the side-by-side charts (ranks.js) and alerts.
+        if (msg.rank !== this.rank && rec.kind !== "alert" && !this.ranksView) continue;
         const item = { rank: msg.rank, rec };
         if (this.loaded) this.batcher.push(item);
         else this.buffer.push(item);
@@ -126,6 +98,7 @@ export class RunView {
         ranks.map((r) => el("option", { value: r, selected: r === this.rank }, String(r))))) : null;
     this.alertsList = el("div", { class: "alerts", id: "alerts-list" });
     this.alertsPanel = new AlertsPanel(this.alertsList, (first, latest) => this.gotoAlert(first, latest));
+    this.ranksView = ranks.length > 1 && !this.replay ? new RanksView(this.runId, ranks) : null;
     const alertsSection = el("section", { class: "panel", id: "panel-alerts" },
       el("header", {}, el("h2", {}, "Alerts"), el("span", { class: "note" }, "what is wrong, the numbers, and the fix")),
       this.alertsList);
@@ -157,6 +130,7 @@ export class RunView {
       this.replay ? el("div", { id: "replay-controls" }) : null,
       this.statsNode,
       alertsSection,
+      this.ranksView ? this.ranksView.section : null,
       el("div", { class: "grid" }, heat.length ? heat : el("section", { class: "panel" },
         el("p", { class: "empty" }, "This run has no recurrent modules with per-timestep capture, so there is no heatmap.")),
       prof.section),
@@ -210,6 +184,7 @@ export class RunView {
     ]);
     const fields = scalars.then(([steps, epochs]) => historySeries(steps, epochs));
     for (const { view } of this.charts.values()) view.setHistory(fields);
+    if (this.ranksView) this.ranksView.load().catch((err) => this.showError(err));
     const [alerts, ...matrices] = this.replay ? [[], ...heatmaps.map(() => null)] : await Promise.all([
       api(`/api/runs/${id}/alerts`),
       ...heatmaps.map(({ view }) =>
@@ -254,7 +229,7 @@ export class RunView {
   /** Watch which charts are on screen; resolves when the first ones seen are drawn. */
   observeVisibility() {
     const byPanel = new Map();
-    for (const { view, panel: p } of [...this.charts.values(), ...this.heatmaps.values()]) byPanel.set(p.section, view);
+    for (const { view, panel: p } of [...this.lineCharts(), ...this.heatmaps.values()]) byPanel.set(p.section, view);
     if (!byPanel.size) return Promise.resolve();
     return new Promise((resolve) => {
       let first = true;
@@ -298,7 +273,9 @@ export class RunView {
     let lastStep = null;
     let alertsChanged = false;
     let profileChanged = false;
+    if (this.ranksView) this.ranksView.push(items);
     for (const { rank, rec } of items) {
+      if (rank !== this.rank && rec.kind !== "alert") continue; // drawn by ranksView above
       if (rec.kind === "step") {
         lastStep = rec;
         for (const [key, value] of recordFields(rec)) points.push({ key, step: rec.step, value });
@@ -341,8 +318,13 @@ export class RunView {
     this.updateNoData();
   }
 
+  /** {view, panel} of every line chart: this rank's, and the ranks side by side. */
+  lineCharts() {
+    return [...this.charts.values(), ...(this.ranksView ? this.ranksView.entries() : [])];
+  }
+
   updateNoData() {
-    for (const { view, panel: p } of this.charts.values()) {
+    for (const { view, panel: p } of this.lineCharts()) {
       p.nodata.hidden = view.hasData;
       const wasHidden = p.chart.hidden;
       p.chart.hidden = !view.hasData;

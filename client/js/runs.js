@@ -67,7 +67,7 @@ export class RunsView {
       el("td", {}, box),
       el("td", { class: "name" }, el("a", { href: href(`#/run/${encodeURIComponent(run.id)}`), class: "run-link" }, String(run.name ?? run.id))),
       el("td", {}, el("span", { class: `badge ${status}`, dataset: { status } }, status)),
-      el("td", { class: "num" }, (run.ranks || []).length || 1),
+      el("td", { class: "num", dataset: { field: "ranks" } }, (run.ranks || []).length || 1),
       el("td", { class: "num", dataset: { field: "last_step" } }, fmt(run.last_step)),
       el("td", { class: "num" }, alerts ? el("span", { class: "count-alerts" }, String(alerts)) : "0"),
       el("td", { class: "ago", dataset: { t: run.updated ?? "" } }, fmtAgo(run.updated)),

@@ -1,0 +1,37 @@
+// History answers from REST shaped for the run view's charts: the heatmap keys of a
+// run summary, and the scalar series with the series derived from them (step-time
+// trend, non-finite markers, epoch times).
+
+import { isNonFinite } from "./num.js";
+import { RollingMedian } from "./panels.js";
+
+/** Heatmap series of a run: {module: [series]} from the summary (falls back to "input"). */
+export function heatmapKeys(summary) {
+  const keys = [];
+  const series = summary.series && typeof summary.series === "object" ? summary.series : {};
+  const modules = Object.keys(series).length ? Object.keys(series) : (summary.recurrent || []);
+  for (const module of modules) for (const s of series[module] || ["input"]) keys.push({ module, series: s });
+  return keys;
+}
+
+/** History as series {key: {step, value}}, plus derived series (trend, non-finite, epochs). */
+export function historySeries(steps, epochs) {
+  const fields = { ...(steps.fields || {}) };
+  const dur = fields.duration_s;
+  if (dur && dur.step.length) {
+    const rm = new RollingMedian();
+    fields.trend = { step: dur.step.slice(), value: dur.value.map((v) => rm.push(v)) };
+  }
+  const nf = { step: [], value: [] };
+  for (const name of ["total_norm", "loss"]) {
+    const s = fields[name];
+    if (!s) continue;
+    s.value.forEach((v, i) => { if (isNonFinite(v)) { nf.step.push(s.step[i]); nf.value.push(1); } });
+  }
+  if (nf.step.length) {
+    const order = nf.step.map((s, i) => [s, i]).sort((a, b) => a[0] - b[0]);
+    fields.nonfinite = { step: order.map(([s]) => s), value: order.map(() => 1) };
+  }
+  if (epochs.length) fields.epoch_time = { step: epochs.map((e) => e.epoch), value: epochs.map((e) => e.duration_s) };
+  return fields;
+}

@@ -140,7 +140,7 @@ class IngestConnection:
                 f" (from hello), got {msg.run_id[:40]!r} rank {msg.rank}",
             )
         await self.window.acquire()
-        future: Future[bool] = self.state.store.submit_batch(msg)
+        future: Future[bool] = self.state.store.submit_batch(msg, self.hello.session)
         await self.pending.put((msg, asyncio.wrap_future(future)))
 
     async def _ack_loop(self) -> None:

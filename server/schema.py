@@ -60,6 +60,9 @@ class Hello(_Open):
     pid: Count | None = None
     model: ModelInfo = ModelInfo()
     config: dict[str, Any] = {}
+    # One per trainer process (optional): seq restarts at 0 in a new process of the same
+    # run and rank, so the server deduplicates on (run_id, rank, session, seq).
+    session: Name = ""
 
 
 class ProfileEntry(_Open):

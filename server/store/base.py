@@ -94,9 +94,10 @@ class Store(Reads, ABC):
         """Create the run (first hello of any rank) and record this rank's hello."""
         return self._submit("hello", hello)
 
-    def submit_batch(self, batch: Any) -> Future[bool]:
-        """Store a validated batch once; the future says whether it was new."""
-        return self._submit("batch", batch)
+    def submit_batch(self, batch: Any, session: str = "") -> Future[bool]:
+        """Store a validated batch once per ``(run_id, rank, session, seq)``; the future
+        says whether it was new. ``session`` is the hello's (one per trainer process)."""
+        return self._submit("batch", (batch, session))
 
     def _submit(self, op: str, payload: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -171,7 +172,8 @@ class Store(Reads, ABC):
         if op == "hello":
             self._write_hello(cur, payload)
             return None
-        return self._write_batch(cur, payload)
+        batch, session = payload
+        return self._write_batch(cur, batch, session)
 
     def _series_id(self, cur: Any, run_id: str, rank: int, name: str) -> int:
         cur.execute(
@@ -214,14 +216,16 @@ class Store(Reads, ABC):
             (hello.run_id, hello.rank, hello.model_dump_json(), now),
         )
 
-    def _write_batch(self, cur: Any, batch: Any) -> bool:
+    def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
         cur.execute(
-            self.sql(self.insert_ignore("batches", ("run_id", "rank", "seq", "stored_at"))),
-            (batch.run_id, batch.rank, batch.seq, time.time()),
+            self.sql(
+                self.insert_ignore("batches", ("run_id", "rank", "session", "seq", "stored_at"))
+            ),
+            (batch.run_id, batch.rank, session, batch.seq, time.time()),
         )
         if cur.rowcount == 0:
             return False  # a repeat: acknowledged, not stored again
-        split = rows.split_batch(batch, self.scalar_in)
+        split = rows.split_batch(batch, self.scalar_in, session)
         if split.steps:
             cur.executemany(self.sql(rows.STEP_INSERT), split.steps)
         if split.scalars:

@@ -15,6 +15,7 @@ strings ``"NaN"``/``"Infinity"`` are kept as they came.
 from __future__ import annotations
 
 import sys
+import zlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,8 @@ STEP_COLUMNS = (
 STEP_INSERT = (
     f"INSERT INTO steps ({', '.join(STEP_COLUMNS)})"  # noqa: S608
     f" VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
+    # A guard, never expected to fire: a colliding row must not wedge ingest.
+    " ON CONFLICT DO NOTHING"
 )
 TIMESTEP_INSERT = (
     "INSERT INTO timesteps (run_id, rank, step, module, series, n, data)"
@@ -111,7 +114,8 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
         f" hello TEXT NOT NULL, connected_at {number}, end_status TEXT, end_step {integer},"
         f" end_t {number}, PRIMARY KEY (run_id, rank))",
         f"CREATE TABLE IF NOT EXISTS batches (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
-        f" seq {integer} NOT NULL, stored_at {number}, PRIMARY KEY (run_id, rank, seq))",
+        f" session TEXT NOT NULL, seq {integer} NOT NULL, stored_at {number},"
+        " PRIMARY KEY (run_id, rank, session, seq))",
         # Clustered in SQLite (WITHOUT ROWID): a run's history is read in step order
         # straight from the table, with no index-to-row lookups.
         f"CREATE TABLE IF NOT EXISTS steps ({step_cols}){clustered}",
@@ -200,14 +204,17 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else dumps(value)
 
 
-def split_batch(batch: Any, scalar: Callable[[Any], Any]) -> SplitBatch:
+def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> SplitBatch:
     """Rows of every table for one validated batch."""
     out = SplitBatch()
     run_id, rank = batch.run_id, batch.rank
     last_step = -1
     last_epoch = -1
     seen: tuple[Any, ...] = ()
-    uid = batch.seq * MAX_RECORDS_PER_BATCH
+    # Unique per (run, rank, step) row: the batch's seq and the record's place in it,
+    # salted with the session, where a new trainer process counts seq from 0 again.
+    uid = (zlib.crc32(session.encode()) & 0xFFFFF) << 43 if session else 0
+    uid += batch.seq * MAX_RECORDS_PER_BATCH
     for record in batch.records:
         uid += 1
         kind = record.kind

@@ -136,3 +136,21 @@ def test_a_refused_connection_does_not_disturb_another_trainer(gradwatch_server,
         good.send(json.dumps(wire.batch(good_run, 1, [wire.step(1)])))
         assert wire.recv(good) == {"type": "ack", "seq": 1}
     assert wire.get_ok(server, f"/api/runs/{good_run}")["last_step"] == 1
+
+
+def test_a_new_session_of_the_same_run_is_not_taken_for_repeats(
+    gradwatch_server, gradwatch_db, wire
+):
+    """A resumed trainer process counts seq from 0 again; its hello's `session` tells the
+    server that these are new batches, while repeats within a session stay deduplicated."""
+    server = gradwatch_server(db=gradwatch_db)
+    run_id = wire.run_id()
+    for session, steps in (("process-1", range(0, 3)), ("process-2", range(3, 6))):
+        for _ in range(2):  # each process also resends its batches once
+            with wire.connect(server) as ws:
+                ws.send(json.dumps({**wire.hello(run_id), "session": session}))
+                for seq, step in enumerate(steps):
+                    ws.send(json.dumps(wire.batch(run_id, seq, [wire.step(step)])))
+                assert [wire.recv(ws)["seq"] for _ in steps] == [0, 1, 2]
+    stored = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=graph_nodes")
+    assert stored["fields"]["graph_nodes"]["step"] == list(range(6))

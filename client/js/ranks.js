@@ -40,13 +40,13 @@ const SPREAD_SPEC = {
   trace: (k) => ({ line: { width: 2, color: k === "spread|duration_s" ? "#d62728" : "#1f77b4" } }),
   layout: {
     xaxis: stepAxis(),
-    yaxis: axis("max / min across ranks (1 = all equal)", { rangemode: "tozero" }),
+    yaxis: axis("max / min over ranks", { rangemode: "tozero" }),
     shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: 1, y1: 1, line: { width: 1, dash: "dot", color: "#7f7f7f" } }],
   },
 };
 
 const PANELS = [
-  ["ranks-spread", "Spread between ranks", "Per step, the largest value over the smallest across ranks. A straggler lifts the step time line; a rank whose gradients diverge lifts the norm line.", SPREAD_SPEC],
+  ["ranks-spread", "Spread between ranks", "Per step, the largest value over the smallest across ranks (1: all ranks equal; dotted). A straggler lifts the step time line; a rank whose gradients diverge lifts the norm line.", SPREAD_SPEC],
   ["ranks-time", "Step time per rank", null, rankSpec("duration_s", ms, axis("step time (ms)", { rangemode: "tozero" }))],
   ["ranks-norm", "Total gradient norm per rank", "Each rank's norm of its own local gradients (before any all-reduce).",
     rankSpec("total_norm", positive, axis("gradient L2 norm (log)", { type: "log", exponentformat: "power" }))],

@@ -164,25 +164,32 @@ class RawTrainer:
     """A trainer-like client speaking protocol v1 on /ws/ingest, waiting for each ack."""
 
     def __init__(
-        self, server: Any, name: str, run_id: str | None = None, token: str | None = None
+        self,
+        server: Any,
+        name: str,
+        run_id: str | None = None,
+        token: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         from websockets.sync.client import connect
 
         self.run_id = run_id or str(uuid.uuid4())
+        self.rank = rank
         self.seq = 0
         query = f"?token={token}" if token else ""
         self._stack = contextlib.ExitStack()
         self.ws = self._stack.enter_context(connect(server.url + "/ws/ingest" + query))
         self.ws.send(json.dumps({
-            "type": "hello", "protocol": 1, "run_id": self.run_id, "run": name, "rank": 0,
-            "world_size": 1, "host": "test-box", "pid": 1,
+            "type": "hello", "protocol": 1, "run_id": self.run_id, "run": name, "rank": rank,
+            "world_size": world_size, "host": "test-box", "pid": 1,
             "model": {"modules": [{"name": "lstm", "type": "LSTM"}], "parameters": 100,
                       "recurrent": ["lstm"]},
             "config": {"every": 1},
         }))  # fmt: skip
 
     def send(self, records: list[dict[str, Any]]) -> None:
-        self.ws.send(json.dumps({"type": "batch", "run_id": self.run_id, "rank": 0,
+        self.ws.send(json.dumps({"type": "batch", "run_id": self.run_id, "rank": self.rank,
                                  "seq": self.seq, "records": records}))  # fmt: skip
         answer = json.loads(self.ws.recv(timeout=30))
         assert answer == {"type": "ack", "seq": self.seq}, answer
@@ -197,9 +204,14 @@ def raw_trainer() -> Iterator[Any]:
     made: list[RawTrainer] = []
 
     def make(
-        server: Any, name: str, run_id: str | None = None, token: str | None = None
+        server: Any,
+        name: str,
+        run_id: str | None = None,
+        token: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> RawTrainer:
-        t = RawTrainer(server, name, run_id, token)
+        t = RawTrainer(server, name, run_id, token, rank, world_size)
         made.append(t)
         return t
 

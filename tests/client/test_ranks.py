@@ -80,15 +80,20 @@ def test_two_ranks_show_side_by_side_with_their_spread_from_history_and_live(
     assert "step 4" in note and "rank 1 slowest" in note and "rank 1 largest" in note
 
     # Live: rank 0 runs ahead, so its steps wait for rank 1's before they have a spread;
-    # then rank 1 straggles 10x at step 9 and its norm falls to half of rank 0's.
+    # rank 1's norm is NaN at step 7 (a gap in the norm spread, not a number); then
+    # rank 1 straggles 10x at step 9 and its norm falls to half of rank 0's.
     r0.send([ranked_step(s) for s in range(5, 10)])
-    r1.send([ranked_step(s, slow=3.0, norm=2.0) for s in range(5, 9)])
+    late = [ranked_step(s, slow=3.0, norm=2.0) for s in range(5, 9)]
+    late[2]["total_norm"] = "NaN"
+    r1.send(late)
     r1.send([ranked_step(9, slow=10.0, norm=0.5)])
     wait_js(w.page, f"() => document.getElementById('{SPREAD}').data[0].x.length === 10")
     spread = spread_series(w.page)
     assert spread["step time max/min"][0] == list(range(10))
     assert spread["step time max/min"][1][-1] == pytest.approx(10.0)
     assert spread["total norm max/min"][1][-1] == pytest.approx(2.0)
+    assert spread["total norm max/min"][1][7] is None
+    assert spread["step time max/min"][1][7] == pytest.approx(3.0)
     wait_js(w.page, "() => document.querySelector('#panel-ranks-spread .note')"
                     ".textContent.startsWith('step 9')")  # fmt: skip
     note = w.page.inner_text("#panel-ranks-spread header .note")

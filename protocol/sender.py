@@ -31,6 +31,7 @@ from .backoff import Backoff
 from .codec import loads
 from .messages import CLOSE_INVALID_DATA, CLOSE_TOO_BIG, MAX_MESSAGE_BYTES
 from .outbox import ENVELOPE_BYTES, Outbox, encode_records
+from .sink import with_session
 from .spoolfiles import default_spool_path, fresh_path, rejected_path
 from .warnings import WarnOnce
 from .wsclient import ingest_url, open_ingest
@@ -79,6 +80,7 @@ class WebSocketSink:
         if not isinstance(hello, dict) or "run_id" not in hello or "rank" not in hello:
             raise ValueError(f"expected a hello message with run_id and rank, got {hello!r}")
         self.token = token
+        hello = with_session(hello)
         self.hello = hello
         chosen = Path(spool) if spool is not None else default_spool_path(hello)
         self.spool_path = fresh_path(chosen)

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any, Protocol
 
 from .spool import SpoolWriter
@@ -31,6 +32,19 @@ class Sink(Protocol):
         """Deliver or persist what is pending, waiting at most ``timeout`` seconds."""
 
 
+def with_session(hello: dict[str, Any]) -> dict[str, Any]:
+    """The hello with a ``session`` of its own, drawn now unless it already has one.
+
+    ``seq`` counts from 0 in every trainer process; a resumed process of the same run
+    and rank would repeat the seqs of the one before it. The server deduplicates on
+    ``(run_id, rank, session, seq)``, so one session per sender keeps the two apart,
+    while a spool replayed twice keeps its session and is still stored once.
+    """
+    if hello.get("session"):
+        return hello
+    return {**hello, "session": str(uuid.uuid4())}
+
+
 class SpoolSink:
     """Writes the hello, then one ``batch`` message per ``send``, to a JSON Lines file.
 
@@ -40,9 +54,9 @@ class SpoolSink:
 
     def __init__(self, path: str | os.PathLike[str], hello: dict[str, Any]) -> None:
         self.path = path
-        self.hello = hello
+        self.hello = with_session(hello)
         self._writer = SpoolWriter(path)
-        self._writer.write(hello)
+        self._writer.write(self.hello)
         self._seq = 0
 
     def send(self, records: list[dict[str, Any]]) -> None:

@@ -93,6 +93,9 @@ def make_hello(
         "run": run,
         "rank": rank,
         "world_size": world_size,
+        # one per process: a resumed process of the same run and rank counts seq from
+        # 0 again, and the server deduplicates on (run_id, rank, session, seq)
+        "session": str(uuid.uuid4()),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "model": {

@@ -25,7 +25,9 @@ def test_every_record_arrives_once_in_order(
     seqs = ack_server.seqs()
     assert seqs == list(range(len(seqs)))  # seq counts from 0, no gap
     assert [r["step"] for r in ack_server.records()] == list(range(600))
-    assert ack_server.hellos[0] == hello
+    # the hello as given, plus a session of this sender's own (resumed processes differ)
+    assert ack_server.hellos[0] == {**hello, "session": sink.hello["session"]}
+    assert len(sink.hello["session"]) == 36
     assert not (tmp_path / "run.jsonl").exists()  # nothing left to upload
 
 
@@ -88,7 +90,7 @@ def test_server_down_at_start_spools_with_bounded_memory_then_delivers(
         assert stats["memory_batches"] == 0 and stats["spooled_batches"] == 500
         # Durable before any close: what a crash right now would leave behind.
         messages = list(read_spool(spool))
-        assert messages[0] == hello and [m["seq"] for m in messages[1:]] == list(range(500))
+        assert messages[0] == sink.hello and [m["seq"] for m in messages[1:]] == list(range(500))
         server = start_ack_server(dead_port)
         assert sink.flush(timeout=60)
     sink.close(timeout=5)
@@ -108,7 +110,7 @@ def test_close_leaves_undelivered_batches_in_spool_hello_first(
         sink.close(timeout=0.5)
     assert sink.delivered is False
     messages = list(read_spool(spool))
-    assert messages[0] == hello
+    assert messages[0] == sink.hello  # with its session, so an upload dedups against it
     assert [m["seq"] for m in messages[1:]] == list(range(30))
     assert [m["records"][0]["step"] for m in messages[1:]] == list(range(30))
     texts = [str(w.message) for w in caught]

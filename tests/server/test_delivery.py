@@ -282,13 +282,6 @@ def test_two_ranks_under_load_through_kill_9_each_stored_exactly_once(
     assert sum(sink.stats()["resent_batches"] for sink in sinks) > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation: seq restarts at 0 in a new process with the same run_id and "
-    "rank (GRADWATCH_RUN_ID reused on resume), and the server takes its batches for "
-    "repeats; needs a protocol extension (a per-process session in hello, or the server "
-    "telling the next seq)",
-)
 def test_resumed_process_with_the_same_run_id_is_not_taken_for_repeats(
     gradwatch_server: Any, wire: Any, tmp_path: Path
 ) -> None:

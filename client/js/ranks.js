@@ -11,6 +11,7 @@ import { el } from "./dom.js";
 import { panel } from "./panels.js";
 import { finite, LineChart, positive } from "./series.js";
 import { historySpread, SpreadTracker, spreadNote } from "./spread.js";
+import { stats } from "./state.js";
 
 // Plotly's default colour cycle: rank r gets RANK_COLORS[r % 10] on every chart.
 const RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -45,8 +46,10 @@ const SPREAD_SPEC = {
   },
 };
 
+const SPREAD_CAPTION = "Per step, the largest value over the smallest across ranks (1: all ranks equal; dotted). A straggler lifts the step time line; a rank whose gradients diverge lifts the norm line.";
+
 const PANELS = [
-  ["ranks-spread", "Spread between ranks", "Per step, the largest value over the smallest across ranks (1: all ranks equal; dotted). A straggler lifts the step time line; a rank whose gradients diverge lifts the norm line.", SPREAD_SPEC],
+  ["ranks-spread", "Spread between ranks", SPREAD_CAPTION, SPREAD_SPEC],
   ["ranks-time", "Step time per rank", null, rankSpec("duration_s", ms, axis("step time (ms)", { rangemode: "tozero" }))],
   ["ranks-norm", "Total gradient norm per rank", "Each rank's norm of its own local gradients (before any all-reduce).",
     rankSpec("total_norm", positive, axis("gradient L2 norm (log)", { type: "log", exponentformat: "power" }))],
@@ -63,6 +66,7 @@ export class RanksView {
     const sections = PANELS.map(([kind, title, caption, spec]) => {
       const p = panel(kind, title, caption);
       this.charts.set(kind, { view: new LineChart(p.chart, spec), panel: p });
+      if (kind === "ranks-spread") this.spreadCaption = p.section.querySelector(".caption");
       return p.section;
     });
     this.section = el("div", { class: "grid", id: "ranks-grid", dataset: { ranks: this.ranks.join(",") } }, sections);
@@ -80,8 +84,12 @@ export class RanksView {
         perRank[this.ranks[i]] = a.fields || {};
         for (const [field, s] of Object.entries(a.fields || {})) out[`${this.ranks[i]}|${field}`] = s;
       });
-      const { series: spread, latest } = historySpread(perRank, this.ranks);
+      const exact = answers.every((a) => !a.downsampled);
+      const { series: spread, latest, binWidth } = historySpread(perRank, this.ranks, exact);
       if (latest && !this.tracker.latest) this.showNote(latest);
+      // Say so when history is binned: its points are means over bins, not steps.
+      if (binWidth > 1) this.spreadCaption.textContent = `${SPREAD_CAPTION} History: bins of ${binWidth} steps (each rank's mean in a bin); live points are per step.`;
+      stats.ranksAt = performance.now();
       return { ...out, ...spread };
     });
     for (const { view } of this.charts.values()) view.setHistory(series);

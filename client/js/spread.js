@@ -35,32 +35,55 @@ export function spreadOf(byRank) {
   return { ratio: max.value / min.value, max: max.value, min: min.value, maxRank: max.rank, minRank: min.rank };
 }
 
+// Bins of a downsampled history: about this many along the step axis.
+const HISTORY_BINS = 1000;
+
 /**
  * Spread series from per-rank history: {rank: {field: {step, value}}} ->
- * {"spread|<field>": {step, value}}, over the steps that every rank has. (On a long run
- * the server downsamples each rank on its own, so fewer steps line up than were trained.)
+ * {series: {"spread|<field>": {step, value}}, latest}. With `exact` (no rank's answer
+ * was downsampled) the spread is per step, over the steps every rank has. A
+ * downsampled answer keeps each bucket's min and max point, at steps that differ from
+ * rank to rank, so then the steps are put in common bins (about 1,000; x is a bin's
+ * first step) and each rank's value in a bin is the mean of its points there.
  */
-export function historySpread(perRank, ranks) {
+export function historySpread(perRank, ranks, exact = true) {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const rank of ranks) {
+    for (const field of Object.keys(SPREAD_FIELDS)) {
+      const s = perRank[rank] && perRank[rank][field];
+      if (s && s.step.length) {
+        lo = Math.min(lo, s.step[0]);
+        hi = Math.max(hi, s.step[s.step.length - 1]);
+      }
+    }
+  }
+  const width = exact || hi < lo ? 1 : Math.max(1, Math.ceil((hi - lo + 1) / HISTORY_BINS));
+  const binOf = (step) => (width === 1 ? step : lo + Math.floor((step - lo) / width) * width);
   const out = {};
   const last = {}; // field -> {step, sp}: the latest step with a spread
   for (const field of Object.keys(SPREAD_FIELDS)) {
-    const byStep = new Map();
+    const byBin = new Map(); // bin -> Map(rank -> [sum, count]); NaN sum: non-finite
     for (const rank of ranks) {
       const s = perRank[rank] && perRank[rank][field];
       if (!s) continue;
       s.step.forEach((step, i) => {
-        if (!byStep.has(step)) byStep.set(step, new Map());
-        byStep.get(step).set(rank, s.value[i]);
+        const bin = binOf(step);
+        if (!byBin.has(bin)) byBin.set(bin, new Map());
+        const m = byBin.get(bin);
+        const acc = m.get(rank) || [0, 0];
+        const n = positiveFinite(s.value[i]);
+        m.set(rank, [n === null ? NaN : acc[0] + n, acc[1] + 1]);
       });
     }
     const series = { step: [], value: [] };
-    for (const step of [...byStep.keys()].sort((a, b) => a - b)) {
-      const m = byStep.get(step);
+    for (const bin of [...byBin.keys()].sort((a, b) => a - b)) {
+      const m = byBin.get(bin);
       if (m.size !== ranks.length) continue;
-      const sp = spreadOf(m);
-      series.step.push(step);
+      const sp = spreadOf(new Map([...m].map(([rank, [sum, count]]) => [rank, sum / count])));
+      series.step.push(bin);
       series.value.push(sp ? sp.ratio : null);
-      if (sp) last[field] = { step, sp };
+      if (sp) last[field] = { step: bin, sp };
     }
     out[`spread|${field}`] = series;
   }
@@ -68,7 +91,7 @@ export function historySpread(perRank, ranks) {
   if (!steps.length) return { series: out, latest: null };
   const latest = { step: Math.max(...steps) };
   for (const [field, l] of Object.entries(last)) if (l.step === latest.step) latest[field] = l.sp;
-  return { series: out, latest };
+  return { series: out, latest, binWidth: width };
 }
 
 /** Live records of every rank in, spread points out once all ranks have a step. */

@@ -16,6 +16,7 @@ export const stats = {
   extendCalls: 0, // Plotly.extendTraces calls
   paintedAt: null, // performance.now() when the current view finished its first paint
   scalarsAt: null, // ... and when the run view's scalar series (GET /steps) arrived
+  ranksAt: null, // ... and when every rank's series and their spread were ready (ranks.js)
   errors: [], // messages shown to the user as errors
 };
 

@@ -129,6 +129,40 @@ def test_two_ranks_show_side_by_side_with_their_spread_from_history_and_live(
     assert_clean(w)
 
 
+def test_spread_of_a_downsampled_history_is_binned_across_ranks(
+    gradwatch_server, open_page, raw_trainer
+):
+    # 2,100 steps per rank: over the 2,000 points the run view asks for, so the server
+    # keeps each bucket's min and max, at steps that differ between the ranks; the
+    # spread must still be there (regression: it was empty when no step lined up).
+    server = gradwatch_server()
+    r0 = raw_trainer(server, "long-ddp", rank=0, world_size=2)
+    r1 = raw_trainer(server, "long-ddp", run_id=r0.run_id, rank=1, world_size=2)
+    light = ("timesteps", "param_norms", "gate_norms")
+    for trainer, slow, shift in ((r0, 1.0, 0), (r1, 2.0, 1)):
+        for start in range(0, 2100, 700):
+            # a wiggle out of phase between the ranks: their buckets' min/max steps differ
+            wiggle = [slow + 0.01 * ((s + shift) % 3) for s in range(start, start + 700)]
+            records = [ranked_step(start + i, slow=x) for i, x in enumerate(wiggle)]
+            for rec in records:
+                for key in light:
+                    del rec[key]
+            trainer.send(records)
+    w = open_page(server, f"#/run/{r0.run_id}")
+    w.page.wait_for_selector("body[data-painted='1'] #ranks-grid")
+    scroll_to(w.page, SPREAD)
+    wait_js(w.page, f"() => document.getElementById('{SPREAD}').data[0].x.length > 0")
+    steps, values = spread_series(w.page)["step time max/min"]
+    assert 500 <= len(steps) <= 1001, len(steps)
+    assert steps == sorted(steps) and steps[0] == 0
+    # Rank 1 is about twice as slow in every bin (the +1 % wiggle averages out).
+    assert all(1.9 < v < 2.1 for v in values), values
+    caption = w.page.inner_text("#panel-ranks-spread .caption")
+    assert "bins of 3 steps" in caption, caption
+    assert "rank 1 slowest" in w.page.inner_text("#panel-ranks-spread header .note")
+    assert_clean(w)
+
+
 WORKER = textwrap.dedent(
     """
     import sys

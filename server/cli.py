@@ -147,7 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--db", default=".gradwatch/demo.db")
     demo.add_argument("--replay", action="store_true", help="show recorded runs, no training")
     demo.add_argument(
-        "--steps", type=int, default=400, help="training steps per example trainer (default 400)"
+        "--steps", type=int, default=None, help="training steps per example (default: per example)"
+    )
+    demo.add_argument(
+        "--only", action="append", metavar="EXAMPLE", help="run only this example (repeatable)"
     )
     demo.set_defaults(handler=_run_demo)
 

@@ -24,12 +24,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-#: (script, what the bug variant shows); every scenario also runs with --fixed.
-SCENARIOS: tuple[tuple[str, str], ...] = (
-    ("long_lstm", "vanishing: the first ~100 of 121 timesteps get no gradient"),
-    ("rotation_lstm", "graph_growth: a hidden state never detached, the graph and step time grow"),
-    ("tree_gru", "slowdown: state kept on tree objects makes every epoch slower"),
-    ("seq2seq_attention", "hotspot: a decoder called once per target token dominates the step"),
+#: (script, demo steps, what the bug variant shows); every scenario also runs --fixed.
+#: The steps keep each pair to about a minute on a 2-core CPU: the bug variants slow
+#: down as they go (that is what they show), and stop at their --max-seconds anyway.
+SCENARIOS: tuple[tuple[str, int, str], ...] = (
+    ("long_lstm", 200, "vanishing: the first ~100 of 121 timesteps get no gradient"),
+    ("rotation_lstm", 60, "graph_growth: a hidden state never detached, graph and step time grow"),
+    ("tree_gru", 80, "graph_growth and slowdown: state kept on tree objects across epochs"),
+    ("seq2seq_attention", 60, "hotspot: a decoder called once per target token dominates"),
 )
 
 
@@ -56,14 +58,14 @@ def plan(args: argparse.Namespace) -> DemoPlan:
     examples = find_examples()
     trainers: list[list[str]] = []
     if examples is not None and not args.replay:
-        for script, _ in SCENARIOS:
+        for script, steps, _ in SCENARIOS:
             path = examples / f"{script}.py"
-            if not path.is_file():
+            if not path.is_file() or (args.only and script not in args.only):
                 continue
             for fixed in (False, True):
                 name = f"{script}{'-fixed' if fixed else ''}"
                 command = [sys.executable, str(path), "--server", ws_url, "--run", name]
-                command += ["--steps", str(args.steps)]
+                command += ["--steps", str(args.steps or steps), "--quiet"]
                 if fixed:
                     command.append("--fixed")
                 trainers.append(command)
@@ -87,15 +89,21 @@ def wait_until_serving(url: str, server: subprocess.Popen[bytes], timeout: float
     raise RuntimeError(f"the server did not answer {url}/api/health within {timeout:.0f} s")
 
 
-def stop(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
     if process.poll() is not None:
         return
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     try:
         process.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def start(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    # A session of its own: Ctrl-C reaches the demo alone, which then stops the
+    # trainers and the server in order, instead of every child dying mid-import.
+    return subprocess.Popen(command, env=env, start_new_session=True)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -107,37 +115,47 @@ def run_demo(args: argparse.Namespace) -> int:
             "or use --replay to serve what a demo recorded). Serving the dashboard only.",
             file=sys.stderr,
         )
-    server = subprocess.Popen(
+    server = start(
         [sys.executable, "-m", "gradwatch.server.cli", "serve", "--host", "127.0.0.1",
-         "--port", str(args.port), "--db", str(demo.db)],
+         "--port", str(args.port), "--db", str(demo.db), "--log-level", "warning"],
     )
-    trainers: list[subprocess.Popen[bytes]] = []
+    # Pairs (a bug and its twin) run side by side, one scenario after the other: eight
+    # torch processes at once would spend the first minute importing on a small box.
+    pending = [demo.trainers[i : i + 2] for i in range(0, len(demo.trainers), 2)]
+    running: list[subprocess.Popen[bytes]] = []
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     try:
         wait_until_serving(demo.url, server, timeout=60)
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        for command in demo.trainers:
-            trainers.append(subprocess.Popen(command, env=env))
         print()
         print(f"  gradwatch dashboard: {demo.url}")
         print(f"  database:            {demo.db}")
-        if trainers:
-            count = len(trainers)
-            print(f"  {count} example trainers are streaming (each bug and its fixed twin):")
-            for script, shows in SCENARIOS:
+        if demo.trainers:
+            print("  Streaming the examples, each bug beside its fixed twin:")
+            for script, _, shows in SCENARIOS:
                 print(f"    - {script}: {shows}")
             print("  Open a bug run, then compare it with its -fixed twin.")
+        else:
+            print("  Showing the runs recorded in the database (no training).")
         print("  Ctrl-C stops everything.")
-        print()
-        code = server.wait()
-        print(f"gradwatch demo: the server exited with code {code}", file=sys.stderr)
-        return code or 1
+        print(flush=True)
+        while True:
+            running = [p for p in running if p.poll() is None]
+            if not running and pending:
+                running = [start(command, env) for command in pending.pop(0)]
+                continue
+            try:
+                code = server.wait(timeout=1.0)  # the tick of this supervisor
+            except subprocess.TimeoutExpired:
+                continue
+            print(f"gradwatch demo: the server exited with code {code}", file=sys.stderr)
+            return code or 1
     except KeyboardInterrupt:
-        print("\ngradwatch demo: stopping trainers and server...")
+        print("\ngradwatch demo: stopping trainers and server...", flush=True)
         return 0
     except RuntimeError as e:
         print(f"gradwatch demo: {e}", file=sys.stderr)
         return 1
     finally:
-        for trainer in trainers:
+        for trainer in running:
             stop(trainer)
-        stop(server)
+        stop(server, signal.SIGINT)

@@ -70,6 +70,7 @@ export class RunView {
   }
 
   onMessage(msg) {
+    if (msg.type === "records" && msg.run_id === this.runId && this.newRank(msg.rank)) return;
     if (msg.type === "records" && msg.run_id === this.runId && Array.isArray(msg.records)) {
       for (const rec of msg.records) {
         stats.records += 1;
@@ -85,6 +86,20 @@ export class RunView {
       Object.assign(this.summary, msg.run);
       this.renderHeader();
     }
+  }
+
+  /**
+   * A rank that joined after the page loaded (the ranks of a torchrun job say hello
+   * moments apart): repaint, so a one-rank view becomes the side-by-side one. Once per
+   * rank and view (state.remounted), so a rank the summary does not list cannot loop.
+   */
+  newRank(rank) {
+    const known = Array.isArray(this.summary.ranks) ? this.summary.ranks : [0];
+    const key = `${this.runId}|${rank}`;
+    if (this.replay || !Number.isInteger(rank) || known.includes(rank) || state.remounted.has(key)) return false;
+    state.remounted.add(key);
+    this.reload();
+    return true;
   }
 
   build() {

@@ -6,6 +6,7 @@ export const state = {
   runs: new Map(), // id -> run summary (GET /api/runs, live "run" messages)
   view: null, // the mounted view: {unmount()}
   connected: false,
+  remounted: new Set(), // "<run>|<rank>": run views repainted for a rank that joined late
 };
 
 export const stats = {

@@ -129,6 +129,28 @@ def test_two_ranks_show_side_by_side_with_their_spread_from_history_and_live(
     assert_clean(w)
 
 
+def test_a_rank_that_joins_while_the_page_is_open_shows_side_by_side(
+    gradwatch_server, open_page, raw_trainer
+):
+    server = gradwatch_server()
+    r0 = raw_trainer(server, "late-rank", rank=0, world_size=2)
+    r0.send([ranked_step(s) for s in range(3)])
+    w = open_page(server, f"#/run/{r0.run_id}")
+    w.page.wait_for_selector("body[data-painted='1'] #run-name")
+    assert w.page.locator("#ranks-grid").count() == 0  # one rank so far: the plain view
+    r1 = raw_trainer(server, "late-rank", run_id=r0.run_id, rank=1, world_size=2)
+    r1.send([ranked_step(s, slow=4.0) for s in range(3)])
+    w.page.wait_for_selector("body[data-painted='1'] #ranks-grid")
+    scroll_to(w.page, SPREAD)
+    wait_js(w.page, f"() => document.getElementById('{SPREAD}').data[0].x.length === 3")
+    assert spread_series(w.page)["step time max/min"][1] == pytest.approx([4.0] * 3)
+    r0.send([ranked_step(3)])
+    r1.send([ranked_step(3, slow=4.0)])
+    wait_js(w.page, f"() => document.getElementById('{SPREAD}').data[0].x.length === 4")
+    assert w.page.inner_text("#crumbs").endswith("late-rank")
+    assert_clean(w)
+
+
 def test_spread_of_a_downsampled_history_is_binned_across_ranks(
     gradwatch_server, open_page, raw_trainer
 ):

@@ -13,6 +13,9 @@ RUN useradd --create-home gradwatch && mkdir /data && chown gradwatch /data
 USER gradwatch
 VOLUME ["/data"]
 EXPOSE 8765
+# Settings come from GRADWATCH_* variables (docker-compose.yml sets them): the
+# database (SQLite on the volume, or GRADWATCH_DB=postgresql://...), the tokens.
 # Inside the container the server must listen on all interfaces to be reachable
-# through the published port, which the server allows only with a token.
-CMD ["sh", "-c", "gradwatch serve --host 0.0.0.0 --port 8765 --db /data/gradwatch.db --token \"$GRADWATCH_TOKEN\" --view-token \"$GRADWATCH_VIEW_TOKEN\""]
+# through the published port; gradwatch serve allows that only with a token.
+ENV GRADWATCH_HOST=0.0.0.0 GRADWATCH_PORT=8765 GRADWATCH_DB=/data/gradwatch.db
+CMD ["gradwatch", "serve"]

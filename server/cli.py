@@ -12,8 +12,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import getpass
+import socket
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -35,19 +38,29 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def serving_banner(settings: Any) -> str:
+    """Where the dashboard is, and, on loopback, how to reach it from another machine."""
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    url = f"http://{host}:{settings.port}/"
+    lines = [f"gradwatch: serving on {url} (db {settings.db_kind})"]
+    view = settings.view_token or settings.token
+    if view:
+        lines.append(f"  viewer link: {url}?token=<your view token>")
+    if settings.host in ("127.0.0.1", "localhost", "::1"):
+        lines.append(
+            "  from your laptop: ssh -N -L "
+            f"{settings.port}:127.0.0.1:{settings.port} {getpass.getuser()}@{socket.gethostname()}"
+            f"  then open http://127.0.0.1:{settings.port}/  (docs/REMOTE.md)"
+        )
+    return "\n".join(lines)
+
+
 def _serve(args: argparse.Namespace) -> int:
     """``gradwatch serve``: refuses a non-loopback bind without a token (exit 2)."""
     from gradwatch.server.settings import Settings, is_loopback
 
-    if not is_loopback(args.host) and not args.token:
-        print(
-            f"gradwatch serve: --host {args.host} is reachable from other machines; expected "
-            "--token TOKEN (and --view-token for read-only viewers), got none. Nothing was "
-            "started. Bind 127.0.0.1 and use an SSH tunnel, or set tokens.",
-            file=sys.stderr,
-        )
-        return 2
     try:
+        # flags win over GRADWATCH_* variables; a flag not given (None) leaves them be
         settings = Settings.from_env(
             host=args.host,
             port=args.port,
@@ -59,12 +72,19 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"gradwatch serve: {error}", file=sys.stderr)
         return 2
+    if not is_loopback(settings.host) and not settings.token:
+        print(
+            f"gradwatch serve: --host {settings.host} is reachable from other machines; "
+            "expected --token TOKEN (and --view-token for read-only viewers), got none. "
+            "Nothing was started. Bind 127.0.0.1 and use an SSH tunnel, or set tokens.",
+            file=sys.stderr,
+        )
+        return 2
     import uvicorn
 
     from gradwatch.server.app import create_app
 
-    where = f"http://{args.host}:{args.port}"
-    print(f"gradwatch: serving on {where} (db {settings.db_kind})", flush=True)
+    print(serving_banner(settings), flush=True)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -123,11 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     serve = sub.add_parser("serve", help="run the server and dashboard")
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    # Defaults live in Settings; None here lets GRADWATCH_* variables apply.
+    serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8765)")
     serve.add_argument(
         "--db",
-        default="gradwatch.db",
+        default=None,
         help="SQLite file path or postgresql:// URL (default gradwatch.db)",
     )
     serve.add_argument("--token", default=None, help="ingest token (required off loopback)")

@@ -1,14 +1,17 @@
 """Min/max downsampling of one scalar series, so that a 1e6-step run draws at once.
 
-Steps are split into equal-count buckets; each bucket contributes the point with its
-smallest and the point with its largest value, in step order, so spikes survive at
-any zoom. Non-finite values (``"NaN"``, ``"Infinity"``, ``"-Infinity"`` strings) rank
-above every number, so a bucket with a NaN always shows it. The stores do the same in
-SQL (:meth:`gradwatch.server.store.reads.Reads.bucket_extremes`); this is the reference.
+Steps are split into aligned buckets of a power-of-two width (bucket = ``step // width``,
+see :func:`bucket_width`); each bucket contributes the point with its smallest and the
+point with its largest value, in step order, so spikes survive at any zoom. Aligned
+power-of-two buckets are what the stores' rollups tile exactly (store/rollups.py).
+Non-finite values (``"NaN"``, ``"Infinity"``, ``"-Infinity"`` strings) rank above every
+number, so a bucket with a NaN always shows it. The stores do the same from their
+rollups and in SQL (:meth:`gradwatch.server.store.reads.Reads.bucket_extremes`); this
+is the reference.
 
 Example:
     >>> minmax([0, 1, 2, 3, 4, 5], [5.0, 1.0, 9.0, 2.0, "NaN", 3.0], max_points=4)
-    ([1, 2, 3, 4], [1.0, 9.0, 2.0, 'NaN'])
+    ([1, 2, 4, 5], [1.0, 9.0, 'NaN', 3.0])
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ def minmax(
 ) -> tuple[list[int], list[Any]]:
     """At most ``max_points`` points of ``(steps, values)``: each bucket's min and max.
 
-    ``steps`` ascending. Buckets have equal step width, ``ceil(span / (max_points // 2))``,
-    the same buckets the stores compute in SQL (this is their reference).
+    ``steps`` ascending. Buckets are ``step // width`` for the :func:`bucket_width` of
+    the first and last step, the same buckets the stores compute (this is their
+    reference); ties keep the earliest step.
     """
     if max_points < 2:
         raise ValueError(f"max_points: expected at least 2, got {max_points}")
@@ -37,11 +41,10 @@ def minmax(
         raise ValueError(f"expected as many values as steps, got {len(values)} and {n}")
     if n <= max_points:
         return list(steps), list(values)
-    first = steps[0]
-    width = -(-(steps[-1] - first + 1) // (max_points // 2))
+    width = bucket_width(steps[0], steps[-1], max_points // 2)
     extremes: dict[int, tuple[int, int]] = {}
     for i, step in enumerate(steps):
-        b = (step - first) // width
+        b = step // width
         if b not in extremes:
             extremes[b] = (i, i)
             continue
@@ -50,6 +53,23 @@ def minmax(
         extremes[b] = (i if key < _key(values[lo]) else lo, i if key > _key(values[hi]) else hi)
     chosen = sorted({i for pair in extremes.values() for i in pair})
     return [steps[i] for i in chosen], [values[i] for i in chosen]
+
+
+def bucket_width(first: int, last: int, buckets: int) -> int:
+    """The smallest power of two ``w`` with at most ``buckets`` buckets ``step // w``
+    between ``first`` and ``last``.
+
+    >>> bucket_width(0, 999_999, 1000)
+    1024
+    >>> bucket_width(9, 14, 1)
+    8
+    """
+    if buckets < 1:
+        raise ValueError(f"buckets: expected at least 1, got {buckets}")
+    width = 1
+    while last // width - first // width + 1 > buckets:
+        width *= 2
+    return width
 
 
 def pick_rows(n: int, k: int) -> list[int]:

@@ -30,10 +30,12 @@ from concurrent.futures import Future
 from typing import Any, ClassVar
 
 from ..settings import Settings
-from . import rows
+from . import rollups, rows
 from .reads import Reads
 
 _STOP = object()
+# (index in a `steps` row, field name) of the columns the history API serves.
+_ROLLED_COLUMNS = tuple((rows.STEP_COLUMNS.index(f), f) for f in rows.SCALAR_FIELDS)
 
 
 class StoreError(RuntimeError):
@@ -226,18 +228,32 @@ class Store(Reads, ABC):
         if cur.rowcount == 0:
             return False  # a repeat: acknowledged, not stored again
         split = rows.split_batch(batch, self.scalar_in, session)
+        ids = self._series_ids
+        key = (batch.run_id, batch.rank)
+        values = []
         if split.steps:
             cur.executemany(self.sql(rows.STEP_INSERT), split.steps)
         if split.scalars:
-            ids = self._series_ids
-            key = (batch.run_id, batch.rank)
-            values = []
             for name, step, value in split.scalars:
                 series = ids.get((key, name))
                 if series is None:
                     series = ids[key, name] = self._series_id(cur, batch.run_id, batch.rank, name)
                 values.append((series, step, value))
             cur.executemany(self.sql(rows.SCALAR_INSERT), values)
+        # The plain columns get series ids too, for their rollups only.
+        for column, name in _ROLLED_COLUMNS:
+            series = None
+            for row in split.steps:
+                if row[column] is not None:
+                    if series is None:
+                        series = ids.get((key, name))
+                        if series is None:
+                            series = ids[key, name] = self._series_id(
+                                cur, batch.run_id, batch.rank, name
+                            )
+                    values.append((series, row[2], row[column]))
+        if values:
+            cur.executemany(self.sql(rollups.UPSERT), rollups.aggregate(values, self.value_key))
         if split.timesteps:
             cur.executemany(self.sql(rows.TIMESTEP_INSERT), split.timesteps)
         if split.epochs:

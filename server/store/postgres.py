@@ -16,7 +16,7 @@ import psycopg
 from gradwatch.protocol.messages import NONFINITE_STRINGS
 
 from ..settings import Settings
-from . import rows
+from . import rollups, rows
 from .base import Store
 
 
@@ -53,23 +53,31 @@ class PostgresStore(Store):
             return NONFINITE_STRINGS[value]
         return value
 
+    value_key = staticmethod(rollups.postgres_key)
+
     def bucket_extremes(
-        self, table: str, where: str, params: Sequence[Any], expr: str, lo: int, width: int
+        self,
+        table: str,
+        where: str,
+        params: Sequence[Any],
+        expr: str,
+        bounds: Sequence[tuple[int, int]],
     ) -> list[tuple[int, Any]]:
         # One statement per extreme: a LATERAL top-1 over each bucket's key range, so
         # PostgreSQL never sorts the whole range (DISTINCT ON over 1e6 rows: 6.8 s vs 1.7 s).
         # Non-finite floats order above every number (NaN highest), as in SQLite.
-        hi = int(params[-1])
+        starts = [b[0] for b in bounds]
+        ends = [b[1] for b in bounds]
         found: list[tuple[int, Any]] = []
         for order in ("ASC", "DESC"):
             found.extend(
                 self.query(
                     "SELECT m.step, m.v FROM"  # noqa: S608
-                    " generate_series(?::bigint, ?::bigint, ?::bigint) AS b(lo) CROSS JOIN LATERAL"
+                    " unnest(?::bigint[], ?::bigint[]) AS b(lo, hi) CROSS JOIN LATERAL"
                     f" (SELECT step, {expr} AS v FROM {table} WHERE {where}"
-                    f" AND step >= b.lo AND step < b.lo + ?::bigint AND {expr} IS NOT NULL"
+                    f" AND step >= b.lo AND step <= b.hi AND {expr} IS NOT NULL"
                     f" ORDER BY {expr} {order}, step LIMIT 1) AS m",
-                    (lo, hi, width, *params, width),
+                    (starts, ends, *params),
                 )
             )
         return found

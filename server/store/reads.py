@@ -10,8 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..downsample import pick_rows
-from . import rows
+from ..downsample import bucket_width, pick_rows
+from . import rollups, rows
 
 _PARAM_FAMILIES = ("param_norms", "gate_norms", "profile")
 PROFILE_KEYS = ("forward_s", "backward_s", "calls")
@@ -23,6 +23,10 @@ class RunNotFound(KeyError):
 
 class Reads:
     """Query methods; mixed into :class:`gradwatch.server.store.base.Store`."""
+
+    # How this backend orders stored values (min/max); PostgreSQL has its own.
+    value_key = staticmethod(rollups.sqlite_key)
+    _rollups_from: float | None = None
 
     def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
@@ -142,9 +146,15 @@ class Reads:
 
     # ----- series ------------------------------------------------------------------
     def bucket_extremes(
-        self, table: str, where: str, params: Sequence[Any], expr: str, lo: int, width: int
+        self,
+        table: str,
+        where: str,
+        params: Sequence[Any],
+        expr: str,
+        bounds: Sequence[tuple[int, int]],
     ) -> list[tuple[int, Any]]:
-        """(step, value) of the min and the max of ``expr`` in each bucket of ``width`` steps.
+        """(step, value) of the min and the max of ``expr`` in each bucket: ``bounds``
+        are the buckets' first and last steps, inside the range of ``params``.
 
         SQLite: an aggregate query with one ``min()``/``max()`` takes its bare columns
         from the row holding that extreme, so ``step`` is the extreme's own step. Text
@@ -155,7 +165,6 @@ class Reads:
         # whole range sorted 1e6 rows into a temporary B-tree (measured ~2.5x slower).
         # ``where`` ends with "step >= ? AND step <= ?", its last two parameters.
         head = tuple(params[:-2])
-        hi = int(params[-1])
         conn = self.reader()
         found: list[tuple[int, Any]] = []
         try:
@@ -165,8 +174,8 @@ class Reads:
                     f"SELECT step, {fn}({expr}) FROM {table} WHERE {where}"  # noqa: S608
                     f" AND {expr} IS NOT NULL"
                 )
-                for start in range(lo, hi + 1, width):
-                    cur.execute(sql, (*head, start, min(hi, start + width - 1)))
+                for start, end in bounds:
+                    cur.execute(sql, (*head, start, end))
                     row = cur.fetchone()
                     if row is not None and row[1] is not None:
                         found.append((row[0], row[1]))
@@ -204,13 +213,15 @@ class Reads:
     ) -> dict[str, Any]:
         """Downsampled scalar series of one rank (docs/API.md ``/steps``).
 
-        Up to ``max_points`` rows come back as they are; beyond that the database
-        itself finds each bucket's min and max (buckets of equal step width), so a
-        1e6-step run is never pulled into Python row by row.
+        Up to ``max_points`` rows come back as they are; beyond that each bucket's min
+        and max (aligned buckets of a power-of-two width, downsample.bucket_width) come
+        from the rollups kept at ingest (store/rollups.py), so a 1e6-step run reads
+        ~1,000 rollup rows per field; only a bucket cut by ``from``/``to``, buckets
+        finer than the finest rollup, and runs older than the rollups read step rows.
         """
         if max_points < 2:
             raise ValueError(f"max_points: expected at least 2, got {max_points}")
-        self.run_summary(run_id)  # 404 before any work
+        started = self.run_summary(run_id)["started"]  # 404 before any work
         names = list(fields) if fields else self.scalar_fields(run_id)
         columns = {name: self._field_sql(name) for name in names}
         lo = 0 if start is None else start
@@ -224,21 +235,24 @@ class Reads:
         total = int(total)
         out: dict[str, Any] = {}
         downsampled = total > max_points
-        buckets = max_points // 2
-        width = 1 if not total else -(-(int(last) - int(first) + 1) // buckets)
+        width = bucket_width(int(first), int(last), max_points // 2) if downsampled else 1
+        level = rollups.level_for(width) if downsampled and self._rolled(started) else None
         for name, column in columns.items():
             args: tuple[Any, ...]
-            if column is None:
+            series: int | None = None
+            if column is None or level is not None:
                 found_id = self.query(
                     "SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?",
                     (run_id, rank, name),
                 )
-                if not found_id:
+                series = found_id[0][0] if found_id else None
+            if column is None:
+                if series is None:
                     out[name] = {"step": [], "value": []}
                     continue
                 table, sql = "scalars", "value"
                 clause = "series = ? AND step >= ? AND step <= ?"
-                args = (found_id[0][0], lo, hi)
+                args = (series, lo, hi)
             else:
                 table, sql, clause, args = "steps", column, where, params
             if not downsampled:
@@ -248,10 +262,12 @@ class Reads:
                     args,
                 )
             else:
-                bounded = (*args[:-1], min(int(args[-1]), int(last)))
-                found = sorted(
-                    set(self.bucket_extremes(table, clause, bounded, sql, int(first), width))
+                bounded = (*args[:-1], min(hi, int(last)))
+                found = self._bucketed(
+                    table, clause, bounded, sql, int(first), width, level, series
                 )
+                if name in rows.INTEGER_FIELDS:  # PostgreSQL rollups hold them as float8
+                    found = [(s, _integral(v)) for s, v in found]
             out[name] = {"step": [r[0] for r in found], "value": [_number(r[1]) for r in found]}
         return {
             "rank": rank,
@@ -261,6 +277,54 @@ class Reads:
             "downsampled": downsampled,
             "fields": out,
         }
+
+    def _rolled(self, started: Any) -> bool:
+        """Whether a run started when this database already kept rollups."""
+        if self._rollups_from is None:
+            found = self.query("SELECT value FROM meta WHERE key = 'rollups_from'")
+            self._rollups_from = float(found[0][0]) if found else float("inf")
+        return started is not None and float(started) >= self._rollups_from
+
+    def _bucketed(
+        self,
+        table: str,
+        clause: str,
+        args: tuple[Any, ...],
+        sql: str,
+        first: int,
+        width: int,
+        level: int | None,
+        series: int | None,
+    ) -> list[tuple[int, Any]]:
+        """(step, value) of each bucket's min and max, in step order; ``args`` end with
+        the range read, ``first`` its first step."""
+        lo, hi = int(args[-2]), int(args[-1])
+        buckets = range(first // width, hi // width + 1)
+        raw = list(buckets)
+        found: dict[int, Any] = {}
+        if level is not None and series is not None:
+            # Buckets cut by the range's ends mix steps inside and outside it: only
+            # those read step rows; the rest are whole rollup blocks.
+            inner = [b for b in buckets if b * width >= lo and b * width + width - 1 <= hi]
+            raw = [b for b in buckets if not inner or b < inner[0] or b > inner[-1]]
+            if inner:
+                shift = (width.bit_length() - 1) - level
+                merged = rollups.merge_buckets(
+                    self.query(
+                        "SELECT block, min_step, min_v, max_step, max_v FROM rollups"
+                        " WHERE series = ? AND level = ? AND block >= ? AND block <= ?",
+                        (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1),
+                    ),
+                    shift,
+                    self.value_key,
+                )
+                for lo_step, lo_v, hi_step, hi_v in merged.values():
+                    found[lo_step] = lo_v
+                    found[hi_step] = hi_v
+        if raw:
+            bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
+            found.update(self.bucket_extremes(table, clause, args, sql, bounds))
+        return sorted(found.items())
 
     def timesteps(
         self,
@@ -329,6 +393,12 @@ class Reads:
             record["rank"] = r
             out.append(record)
         return out
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _number(value: Any) -> Any:

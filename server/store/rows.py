@@ -15,6 +15,7 @@ strings ``"NaN"``/``"Infinity"`` are kept as they came.
 from __future__ import annotations
 
 import sys
+import time
 import zlib
 from array import array
 from collections.abc import Callable
@@ -140,6 +141,16 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
         "CREATE INDEX IF NOT EXISTS alerts_run ON alerts (run_id, id)",
         "CREATE TABLE IF NOT EXISTS run_keys (run_id TEXT NOT NULL, family TEXT NOT NULL,"
         " key TEXT NOT NULL, sub TEXT NOT NULL, PRIMARY KEY (run_id, family, key, sub))",
+        # Min/max per block of 2**level steps of each series (store/rollups.py).
+        f"CREATE TABLE IF NOT EXISTS rollups (series {integer} NOT NULL,"
+        f" level {integer} NOT NULL, block {integer} NOT NULL, min_step {integer},"
+        f" min_v {number}, max_step {integer}, max_v {number},"
+        f" PRIMARY KEY (series, level, block)){clustered}",
+        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        # Runs started before the rollups existed in this database have none: their
+        # history is read from the rows (store/reads.py).
+        "INSERT INTO meta (key, value) VALUES ('rollups_from',"  # noqa: S608 (a float)
+        f" '{time.time()!r}') ON CONFLICT DO NOTHING",
     ]
 
 

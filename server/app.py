@@ -63,10 +63,23 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         own = store is None
         opened = await asyncio.to_thread(open_store, settings) if own else store
         assert opened is not None
-        app.state.gradwatch = AppState(settings, opened)
+        state = AppState(settings, opened)
+        app.state.gradwatch = state
+        feed = None
+        if opened.kind == "postgresql":
+            # Replicas on one PostgreSQL see each other's batches live (docs/DEPLOY.md).
+            from .replicas import ReplicaFeed
+            from .store.postgres import PostgresStore
+
+            assert isinstance(opened, PostgresStore)
+            feed = ReplicaFeed(state, opened)
+            await feed.start()
+        state.replicas = feed
         try:
             yield
         finally:
+            if feed is not None:
+                await feed.stop()
             if own:
                 await asyncio.to_thread(opened.close)
 

@@ -83,6 +83,16 @@ class Hub:
     def viewer_count(self) -> int:
         return sum(len(v) for v in self._channels.values())
 
+    def channels(self) -> list[str]:
+        """The channels that have viewers now."""
+        return list(self._channels)
+
+    def lag(self, channel: str) -> None:
+        """Tell the viewers of ``channel`` that live messages were lost elsewhere (another
+        replica's batches that could not be read back): ``lagged`` with ``dropped`` 1, a
+        lower bound, so that they refetch history."""
+        self.publish(channel, '{"type":"lagged","dropped":1}')
+
     def publish(self, channel: str, text: str) -> None:
         """Hand ``text`` to every viewer of ``channel``; never waits."""
         for viewer in tuple(self._channels.get(channel, ())):

@@ -23,6 +23,8 @@ class AppState:
         self.connected: Counter[str] = Counter()
         self._summary_due: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # The live feed from other replicas (a ReplicaFeed on PostgreSQL), else None.
+        self.replicas: Any = None
 
     def status(self, summary: dict[str, Any]) -> str:
         """live, finished, crashed or stale (docs/API.md)."""

@@ -4,19 +4,25 @@ One writer connection on the store's writer thread, one read connection per read
 thread; no pool is needed for that. Numbers live in ``double precision``, which holds
 NaN and the infinities natively; they leave as the protocol's strings. Use a fresh
 database or schema per deployment: ``postgresql://user@host/db?options=-csearch_path%3Dgw``.
+
+Several replicas may share one database: each batch's transaction also stores its
+records for live viewers and NOTIFYs the other replicas (:mod:`.pgfeed`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import psycopg
 
-from gradwatch.protocol.messages import NONFINITE_STRINGS
+from gradwatch.protocol.messages import ALERT, END, NONFINITE_STRINGS
 
+from ..schema import RECORDS
 from ..settings import Settings
-from . import rollups, rows
+from . import pgfeed, rollups, rows
 from .base import Store
 
 
@@ -27,7 +33,33 @@ class PostgresStore(Store):
     placeholder: ClassVar[str] = "%s"
 
     def __init__(self, settings: Settings) -> None:
+        # Set before the writer thread starts (in Store.__init__); the channel is set
+        # by create_schema, which knows the connection's schema.
+        self.replica = uuid.uuid4().hex[:16]
+        self.channel = pgfeed.channel_for("public")
+        self._pruned = 0.0
         super().__init__(settings)
+
+    def listener(self, deliver: Callable[[pgfeed.Delivery], None]) -> pgfeed.Listener:
+        """A (not yet started) thread that hands ``deliver`` what other replicas stored."""
+        return pgfeed.Listener(self.settings.db, self.channel, self.replica, deliver)
+
+    def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
+        """``(id, run_id, rank, seq, records)`` of stored live batches, by row id."""
+        return self.query(
+            "SELECT id, run_id, rank, seq, records FROM live_batches WHERE id = ANY(?)",
+            (list(ids),),
+        )
+
+    def live_rows_since(self, seconds: float) -> list[tuple[Any, ...]]:
+        """``(id, run_id, rank, seq, records, urgent)`` other replicas stored in the last
+        ``seconds``, in the order they were stored (a LISTEN connection came back)."""
+        return self.query(
+            "SELECT id, run_id, rank, seq, records, urgent FROM live_batches"
+            " WHERE created >= clock_timestamp() - make_interval(secs => ?) AND replica <> ?"
+            " ORDER BY id",
+            (seconds, self.replica),
+        )
 
     def connect(self) -> Any:
         return psycopg.connect(self.settings.db, autocommit=False)
@@ -43,7 +75,34 @@ class PostgresStore(Store):
                 serial="BIGSERIAL PRIMARY KEY",
             ):
                 cur.execute(statement)
+            cur.execute(pgfeed.LIVE_TABLE)
+            cur.execute(pgfeed.LIVE_INDEX)
+            cur.execute("SELECT current_schema()")
+            self.channel = pgfeed.channel_for(str(cur.fetchone()[0]))
         conn.commit()
+
+    # The writer thread runs these inside the transaction of the hello or batch, so the
+    # notification leaves at its COMMIT, after the rows are readable by every replica.
+    def _write_hello(self, cur: Any, hello: Any) -> None:
+        super()._write_hello(cur, hello)
+        cur.execute(pgfeed.ANNOUNCE_HELLO, (self.channel, self.replica, hello.run_id))
+
+    def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
+        if not super()._write_batch(cur, batch, session):
+            return False
+        records = RECORDS.dump_json(batch.records, exclude_unset=True).decode()
+        # As ingest decides for its own viewers: the runs list updates at once.
+        urgent = any(r.kind in (END, ALERT) for r in batch.records)
+        cur.execute(
+            pgfeed.ANNOUNCE_BATCH,
+            (self.replica, batch.run_id, batch.rank, batch.seq, urgent, records,
+             self.channel, self.replica, batch.run_id, urgent),
+        )
+        now = time.monotonic()
+        if now - self._pruned > pgfeed.PRUNE_EVERY_S:
+            self._pruned = now
+            cur.execute(pgfeed.PRUNE, (pgfeed.RETAIN_S,))
+        return True
 
     def alive(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken

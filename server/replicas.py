@@ -1,0 +1,142 @@
+"""Live across replicas: what other ``gradwatch serve`` processes on the same
+PostgreSQL stored reaches this replica's viewers exactly as a local batch would.
+
+The listen thread (:class:`gradwatch.server.store.pgfeed.Listener`) hands each
+notification to this replica's event loop; one task takes them in arrival order, reads
+back the records of the batches that have viewers here (one query for all that are
+waiting), and publishes ``{"type":"records","run_id","rank","seq","records"}`` to the
+run's viewers and a run summary to run-list viewers. Local batches never pass through
+here: ingest publishes them itself, and the listener drops this replica's own notes.
+
+Example (``create_app`` does this for a PostgreSQL store):
+    >>> feed = ReplicaFeed(state, store)   # doctest: +SKIP
+    >>> await feed.start()                 # LISTEN is in place when it returns  # doctest: +SKIP
+    >>> await feed.stop()                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from gradwatch.protocol.codec import dumps
+
+from .live import RUNS_CHANNEL
+from .state import AppState
+from .store.pgfeed import RETAIN_S, Delivery, Listener
+from .store.postgres import PostgresStore
+
+log = logging.getLogger("gradwatch.server")
+
+# Notifications taken from the queue and read back together, at most.
+CHUNK = 256
+# Row ids remembered as delivered, so a resync after a reconnect sends none twice.
+SEEN = 100_000
+
+
+def records_message(run_id: str, rank: int, seq: int, records: str) -> str:
+    """The live message of one batch, built as ingest builds it (records already JSON).
+
+    >>> records_message("r", 0, 3, '[{"kind":"epoch","epoch":0,"step":0}]')
+    '{"type":"records","run_id":"r","rank":0,"seq":3,"records":[{"kind":"epoch","epoch":0,"step":0}]}'
+    """
+    head = dumps({"type": "records", "run_id": run_id, "rank": rank, "seq": seq})
+    return head[:-1] + ',"records":' + records + "}"
+
+
+class ReplicaFeed:
+    """Publishes to this replica's viewers what other replicas stored."""
+
+    def __init__(self, state: AppState, store: PostgresStore) -> None:
+        self.state = state
+        self.store = store
+        self.delivered = 0  # batches of other replicas published to viewers here
+        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._seen: OrderedDict[int, None] = OrderedDict()
+        self._listener: Listener | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        """Start listening; returns once LISTEN is in place, so a replica that answers
+        /api/health already receives what the others store."""
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._consume())
+        self._listener = self.store.listener(self._from_thread)
+        await asyncio.to_thread(self._listener.start)
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            await asyncio.to_thread(self._listener.stop)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _from_thread(self, item: Delivery) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def _consume(self) -> None:
+        while True:
+            items = [await self._queue.get()]
+            while len(items) < CHUNK and not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            try:
+                await self._apply(items)
+            except Exception as error:  # the database is away: viewers repaint from history
+                log.warning("gradwatch live across replicas: cannot read back batches: %s", error)
+                self._tell_lagged(None)
+
+    async def _apply(self, items: list[Delivery]) -> None:
+        notes: list[dict[str, Any]] = []
+        for kind, value in items:
+            if kind == "resync":
+                notes.extend(await self._resync(float(value)))
+            else:
+                notes.append(value)
+        wanted = [
+            int(n["id"]) for n in notes
+            if "id" in n and int(n["id"]) not in self._seen and self.state.hub.has_viewers(n["run"])
+        ]
+        rows: dict[int, tuple[Any, ...]] = {}
+        if wanted:
+            rows = {int(r[0]): r for r in await asyncio.to_thread(self.store.live_rows, wanted)}
+        for note in notes:
+            run_id = note["run"]
+            if "id" in note:
+                row_id = int(note["id"])
+                if row_id in self._seen:
+                    continue
+                self._remember(row_id)
+                row = rows.get(row_id) or note.get("row")
+                if row is not None:
+                    _, _, rank, seq, records = row[:5]
+                    self.state.hub.publish(run_id, records_message(run_id, rank, seq, records))
+                    self.delivered += 1
+                elif row_id in wanted:
+                    self._tell_lagged(run_id)  # expired before it could be read back
+            self.state.run_changed(run_id, urgent=bool(note.get("u") or note.get("hello")))
+
+    async def _resync(self, seconds: float) -> list[dict[str, Any]]:
+        """Notes for what other replicas stored while the LISTEN connection was away."""
+        if seconds > RETAIN_S:
+            self._tell_lagged(None)  # older rows are gone: repaint from history
+        found = await asyncio.to_thread(self.store.live_rows_since, min(seconds, RETAIN_S))
+        return [{"id": r[0], "run": r[1], "u": r[5], "row": r} for r in found]
+
+    def _remember(self, row_id: int) -> None:
+        self._seen[row_id] = None
+        if len(self._seen) > SEEN:
+            self._seen.popitem(last=False)
+
+    def _tell_lagged(self, run_id: str | None) -> None:
+        """Viewers of ``run_id`` (None: every run) missed batches; they refetch history."""
+        channels = [run_id] if run_id is not None else self.state.hub.channels()
+        for channel in channels:
+            if channel != RUNS_CHANNEL:
+                self.state.hub.lag(channel)

@@ -6,13 +6,16 @@ is warned about once. Everything else happens here, off the training thread: wai
 for a step's host copy, let each quantity encode its part, merge the parts into one
 step record, run the diagnoses, and hand batches to the sink.
 
-Batching: the training thread appends items to a deque (atomic, no lock) and wakes
-nobody; the thread polls it every ``flush_interval`` seconds (epoch, flush and close
-wake it at once). Waking a thread per step cost tens of microseconds and, worse,
-made the training thread wait for a lock and the GIL inside ``step()`` (2-4 ms on a
-busy box). The thread sends what it found (at most ``max_batch`` records, about
-``max_bytes`` of JSON per batch), so a slow step rate gives low latency and a fast
-one few, larger batches.
+Batching: the training thread appends items to a deque (atomic, no lock); the
+thread polls it every ``flush_interval`` seconds (epoch, flush and close wake it at
+once). Waking a thread on every step cost tens of microseconds and, worse, made the
+training thread wait for a lock and the GIL inside ``step()`` (2-4 ms on a busy box).
+So a step wakes the thread only when it is *idle*: it had nothing to do, and it last
+woke at least ``min_gap`` seconds ago. A slow step rate (the thread idle between
+steps) then hands each record over at once instead of up to ``flush_interval`` later;
+a fast one still costs at most one wake per ``min_gap``, and the records that came
+meanwhile go together in the next batch. The thread sends what it found (at most
+``max_batch`` records, about ``max_bytes`` of JSON per batch).
 
 Example:
     >>> from gradwatch.protocol.sink import SpoolSink
@@ -111,6 +114,7 @@ class Pipeline:
         once: WarnOnce | None = None,
         maxsize: int = 4096,
         flush_interval: float = 0.02,
+        min_gap: float = 0.005,
         max_batch: int = 1000,
         max_bytes: int = MAX_MESSAGE_BYTES // 2,
     ) -> None:
@@ -120,6 +124,7 @@ class Pipeline:
         self.once = once or WarnOnce()
         self.maxsize = maxsize
         self.flush_interval = flush_interval
+        self.min_gap = min_gap
         self.max_batch = min(max_batch, MAX_RECORDS_PER_BATCH)
         self.max_bytes = max_bytes
         self.dropped = 0
@@ -127,6 +132,9 @@ class Pipeline:
         # nobody on an ordinary step; the thread polls every flush_interval.
         self._items: deque[Any] = deque()
         self._wake = threading.Event()
+        # True while the thread waits with nothing queued and min_gap has passed since
+        # it last woke: then (only) a put() wakes it. A plain bool: the GIL orders it.
+        self._idle = False
         self._closed = False
         self._last: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._run, name="gradwatch-pipeline", daemon=True)
@@ -148,7 +156,8 @@ class Pipeline:
             )
             return False
         self._items.append(item)
-        if urgent:
+        if urgent or self._idle:
+            self._idle = False  # one wake per idle spell, however many steps come
             self._wake.set()
         return True
 
@@ -184,10 +193,24 @@ class Pipeline:
 
     # -- background thread ------------------------------------------------------
 
+    def _wait(self) -> None:
+        """Sleep until the next poll, or until a put() wakes an idle thread."""
+        interval = max(self.flush_interval, 0.001)  # never a busy loop
+        gap = min(max(self.min_gap, 0.0), interval)
+        if gap > 0 and self._wake.wait(gap):  # not wakeable by steps yet: rate bound
+            self._wake.clear()
+            return
+        # Idle from here: the flag before the queue check, so a put() in between
+        # either sees the flag (and wakes us) or its item is seen here.
+        self._idle = True
+        if not self._items:
+            self._wake.wait(interval - gap)
+        self._idle = False
+        self._wake.clear()
+
     def _run(self) -> None:
         while True:
-            self._wake.wait(max(self.flush_interval, 0.001))  # never a busy loop
-            self._wake.clear()
+            self._wait()
             batch: list[dict[str, Any]] = []
             size = 0
             while self._items:

@@ -1,0 +1,68 @@
+"""The hand-over to the background thread: at once when it is idle, bounded when busy."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from gradwatch.protocol import read_spool
+from gradwatch.protocol.sink import SpoolSink
+from gradwatch.trainer_hooks.pipeline import Item, Pipeline
+
+
+class CountingSpool(SpoolSink):
+    """A real spool that also counts batches and signals the first one."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, {"type": "hello", "run_id": "r", "rank": 0})
+        self.batches: list[int] = []
+        self.first = threading.Event()
+
+    def send(self, records: list[dict[str, Any]]) -> None:
+        super().send(records)
+        self.batches.append(len(records))
+        self.first.set()
+
+
+def wait_idle(pipeline: Pipeline, timeout: float = 10.0) -> None:
+    done = threading.Event()
+    # poll on the thread's own flag, bounded: it turns True once min_gap has passed
+    for _ in range(int(timeout / 0.01)):
+        if pipeline._idle:
+            return
+        done.wait(0.01)
+    raise AssertionError("the pipeline thread never went idle")
+
+
+def test_an_idle_thread_takes_a_step_record_at_once_not_at_its_next_poll(tmp_path: Path) -> None:
+    sink = CountingSpool(tmp_path / "idle.jsonl")
+    # a 60 s poll: without the idle wake the record would wait that long
+    pipeline = Pipeline(sink, quantities=[], flush_interval=60.0, min_gap=0.01)
+    try:
+        wait_idle(pipeline)
+        pipeline.put(Item({"kind": "step", "step": 0}))
+        assert sink.first.wait(10.0), "an idle thread was not woken by put()"
+    finally:
+        assert pipeline.close(timeout=30)
+    records = [r for m in read_spool(tmp_path / "idle.jsonl") if m["type"] == "batch"
+               for r in m["records"]]
+    assert [r["step"] for r in records] == [0]
+
+
+def test_a_burst_of_steps_wakes_the_thread_once_per_gap_not_per_step(tmp_path: Path) -> None:
+    sink = CountingSpool(tmp_path / "burst.jsonl")
+    pipeline = Pipeline(sink, quantities=[], flush_interval=60.0, min_gap=0.01)
+    try:
+        wait_idle(pipeline)
+        # from its next wake on, the thread is not wakeable by steps for 30 s
+        pipeline.min_gap = 30.0
+        for i in range(300):
+            pipeline.put(Item({"kind": "step", "step": i}))
+        assert pipeline.flush(timeout=30)
+    finally:
+        assert pipeline.close(timeout=30)
+    # the first put wakes the idle thread (one batch); the other 299 wake nobody and
+    # wait for the flush (a wake per step would have sent up to 300 batches)
+    assert sum(sink.batches) == 300
+    assert len(sink.batches) <= 2, sink.batches

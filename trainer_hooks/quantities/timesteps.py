@@ -142,6 +142,8 @@ class RecurrentTimesteps(Quantity):
 
     def detach(self) -> None:
         super().detach()
+        for cell in self._cells:
+            cell.arm(False)
         self._fused, self._cells, self.modules = [], [], []
 
     # -- per step --------------------------------------------------------------------
@@ -157,6 +159,7 @@ class RecurrentTimesteps(Quantity):
             fused.reset()
         for cell in self._cells:
             cell.reset()
+            cell.arm(capture)
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
         """``{"timesteps": {module: {series: float64 device tensor}}}``; never syncs."""

@@ -198,12 +198,40 @@ def breakdown(args: argparse.Namespace) -> dict[str, float]:
             store.submit_batch(b).result()
         t4 = time.perf_counter()
         store.close()
+        rollups_us = _rollups_us(str(Path(folder) / "b.db"), parsed) / n * 1e6
     return {
         "json parse + validate": (t1 - t0) / n * 1e6,
         "build rows (pack floats, dump JSON)": (t2 - t1) / n * 1e6,
         "store (rows + SQLite insert + commit)": (t4 - t3) / n * 1e6,
+        "of which history rollups (aggregate + upsert)": rollups_us,
         "json.loads alone": _json_loads_us(texts, n),
     }
+
+
+def _rollups_us(db: str, parsed: list[Any]) -> float:
+    """Seconds the store's rollup work takes for ``parsed``, redone on its own: the same
+    aggregate and upserts, into new series of the same database, one commit per batch."""
+    import sqlite3
+
+    from gradwatch.server.store import base, rollups
+    from gradwatch.server.store.rows import split_batch
+
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA synchronous=NORMAL")  # as the store's writer
+    ids: dict[str, int] = {}
+    took = 0.0
+    for b in parsed:
+        split = split_batch(b, lambda v: v)
+        t0 = time.perf_counter()
+        values = [(ids.setdefault(name, 10**9 + len(ids)), s, v) for name, s, v in split.scalars]
+        for column, name in base._ROLLED_COLUMNS:
+            series = ids.setdefault(name, 10**9 + len(ids))
+            values.extend((series, r[2], r[column]) for r in split.steps if r[column] is not None)
+        conn.executemany(rollups.UPSERT, rollups.aggregate(values, rollups.sqlite_key))
+        conn.commit()
+        took += time.perf_counter() - t0
+    conn.close()
+    return took
 
 
 def _json_loads_us(texts: list[str], n: int) -> float:

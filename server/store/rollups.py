@@ -64,16 +64,20 @@ def aggregate(values: Iterable[tuple[int, int, Any]], key: Key) -> list[tuple[An
     so a batch costs one pass over its values.
     """
     level = LEVELS[0]
+    groups: dict[tuple[int, int], list[tuple[Any, int]]] = {}
+    for series, step, value in values:
+        at = (series, step >> level)
+        group = groups.get(at)
+        if group is None:
+            groups[at] = [(value, step)]
+        else:
+            group.append((value, step))
     # (series, block) -> [min_step, min_v, max_step, max_v, min_key, max_key]
     blocks: dict[tuple[int, int], list[Any]] = {}
-    for series, step, value in values:
-        k = key(value)
-        at = (series, step >> level)
-        found = blocks.get(at)
-        if found is None:
-            blocks[at] = [step, value, step, value, k, k]
-            continue
-        _merge(found, step, value, k, step, value, k)
+    nan_floats = key is postgres_key
+    for at, group in groups.items():
+        lo_step, lo, hi_step, hi = _extremes(group, key, nan_floats)
+        blocks[at] = [lo_step, lo, hi_step, hi, key(lo), key(hi)]
     out: list[tuple[Any, ...]] = []
     previous = level
     for i, level in enumerate(LEVELS):
@@ -89,6 +93,27 @@ def aggregate(values: Iterable[tuple[int, int, Any]], key: Key) -> list[tuple[An
             blocks, previous = coarser, level
         out.extend((s, level, blk, b[0], b[1], b[2], b[3]) for (s, blk), b in blocks.items())
     return out
+
+
+def _extremes(group: list[tuple[Any, int]], key: Key, nan_floats: bool) -> tuple[Any, ...]:
+    """(min_step, min, max_step, max) of ``(value, step)`` pairs, earliest step on ties."""
+    # Plain numbers compare in C (min() of the pairs: lowest value, then earliest step),
+    # ~4x faster than a key function per value; the non-finite ones take the key path
+    # (strings cannot be compared with numbers, NaN compares with nothing).
+    try:
+        if nan_floats and any(v != v for v, _ in group):
+            raise TypeError
+        lo, lo_step = min(group)
+        hi = max(group)[0]
+    except TypeError:
+        keyed = [(key(v), s, v) for v, s in group]
+        _, lo_step, lo = min(keyed)
+        top = max(keyed)[0]
+        hi = next(v for k, _, v in keyed if k == top)
+        hi_step = min(s for k, s, _ in keyed if k == top)
+        return lo_step, lo, hi_step, hi
+    hi_step = min(s for v, s in group if v == hi)
+    return lo_step, lo, hi_step, hi
 
 
 def _merge(

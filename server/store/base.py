@@ -35,7 +35,10 @@ from .reads import Reads
 
 _STOP = object()
 # (index in a `steps` row, field name) of the columns the history API serves.
-_ROLLED_COLUMNS = tuple((rows.STEP_COLUMNS.index(f), f) for f in rows.SCALAR_FIELDS)
+_ROLLED_COLUMNS = (
+    (rows.STEP_COLUMNS.index("step"), rollups.STEP_SERIES),
+    *((rows.STEP_COLUMNS.index(f), f) for f in rows.SCALAR_FIELDS),
+)
 
 
 class StoreError(RuntimeError):
@@ -240,7 +243,7 @@ class Store(Reads, ABC):
                     series = ids[key, name] = self._series_id(cur, batch.run_id, batch.rank, name)
                 values.append((series, step, value))
             cur.executemany(self.sql(rows.SCALAR_INSERT), values)
-        # The plain columns get series ids too, for their rollups only.
+        # The plain columns and the step numbers get series ids too, for rollups only.
         for column, name in _ROLLED_COLUMNS:
             series = None
             for row in split.steps:

@@ -228,15 +228,20 @@ class Reads:
         hi = 2**62 if stop is None else stop
         where = "run_id = ? AND rank = ? AND step >= ? AND step <= ?"
         params = (run_id, rank, lo, hi)
-        ((total, first, last),) = self.query(
-            f"SELECT COUNT(*), MIN(step), MAX(step) FROM steps WHERE {where}",  # noqa: S608
-            params,
-        )
+        rolled = self._rolled(started)
+        counted = self._rollup_count(run_id, rank, lo, hi) if rolled else None
+        if counted is None:
+            ((total, first, last),) = self.query(
+                f"SELECT COUNT(*), MIN(step), MAX(step) FROM steps WHERE {where}",  # noqa: S608
+                params,
+            )
+        else:
+            total, first, last = counted
         total = int(total)
         out: dict[str, Any] = {}
         downsampled = total > max_points
         width = bucket_width(int(first), int(last), max_points // 2) if downsampled else 1
-        level = rollups.level_for(width) if downsampled and self._rolled(started) else None
+        level = rollups.level_for(width) if downsampled and rolled else None
         for name, column in columns.items():
             args: tuple[Any, ...]
             series: int | None = None
@@ -284,6 +289,42 @@ class Reads:
             found = self.query("SELECT value FROM meta WHERE key = 'rollups_from'")
             self._rollups_from = float(found[0][0]) if found else float("inf")
         return started is not None and float(started) >= self._rollups_from
+
+    def _rollup_count(
+        self, run_id: str, rank: int, lo: int, hi: int
+    ) -> tuple[int, Any, Any] | None:
+        """(count, first, last) of the steps in ``lo..hi`` from the step numbers' rollups
+        (whole blocks) and the rows at the ends; None when the rank has no rollups."""
+        found = self.query(
+            "SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?",
+            (run_id, rank, rollups.STEP_SERIES),
+        )
+        if not found:
+            return None
+        blocks, rest = rollups.cover(lo, hi)
+        parts = [
+            self.query(
+                "SELECT SUM(n), MIN(min_step), MAX(max_step) FROM rollups"
+                " WHERE series = ? AND level = ? AND block >= ? AND block <= ?",
+                (found[0][0], level, first, last),
+            )[0]
+            for level, first, last in blocks
+        ]
+        parts.extend(
+            self.query(
+                "SELECT COUNT(*), MIN(step), MAX(step) FROM steps"
+                " WHERE run_id = ? AND rank = ? AND step >= ? AND step <= ?",
+                (run_id, rank, a, b),
+            )[0]
+            for a, b in rest
+        )
+        firsts = [p[1] for p in parts if p[1] is not None]
+        lasts = [p[2] for p in parts if p[2] is not None]
+        return (
+            sum(int(p[0] or 0) for p in parts),
+            min(firsts) if firsts else None,
+            max(lasts) if lasts else None,
+        )
 
     def _bucketed(
         self,

@@ -15,7 +15,7 @@ the ``"NaN"``/``"Infinity"`` strings win every max; in PostgreSQL NaN above +inf
 Example:
     >>> rows = aggregate([(7, 3, 2.0), (7, 70, 5.0), (7, 65, 1.0)], sqlite_key)
     >>> sorted(r for r in rows if r[1] == 6)
-    [(7, 6, 0, 3, 2.0, 3, 2.0), (7, 6, 1, 65, 1.0, 70, 5.0)]
+    [(7, 6, 0, 3, 2.0, 3, 2.0, 1), (7, 6, 1, 65, 1.0, 70, 5.0, 2)]
 """
 
 from __future__ import annotations
@@ -27,12 +27,16 @@ from typing import Any
 # Levels 16x apart: a bucket merges at most 16 rows of the level below it, and a batch
 # of 100 steps upserts ~6 rows per series (4 levels), a few % of its insert cost.
 LEVELS = (6, 10, 14, 18)
+# The series of the step numbers themselves, per (run, rank): its rollups' counts and
+# first/last steps answer the history's `total` without counting 1e6 rows.
+STEP_SERIES = "step"
 
 Key = Callable[[Any], tuple[int, Any]]
 
 UPSERT = (  # noqa: S608 (constant text, no outside input)
-    "INSERT INTO rollups (series, level, block, min_step, min_v, max_step, max_v)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (series, level, block) DO UPDATE SET"
+    "INSERT INTO rollups (series, level, block, min_step, min_v, max_step, max_v, n)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (series, level, block) DO UPDATE SET"
+    " n = rollups.n + excluded.n,"
     " min_step = CASE WHEN {lower} THEN excluded.min_step ELSE rollups.min_step END,"
     " min_v = CASE WHEN {lower} THEN excluded.min_v ELSE rollups.min_v END,"
     " max_step = CASE WHEN {higher} THEN excluded.max_step ELSE rollups.max_step END,"
@@ -72,12 +76,12 @@ def aggregate(values: Iterable[tuple[int, int, Any]], key: Key) -> list[tuple[An
             groups[at] = [(value, step)]
         else:
             group.append((value, step))
-    # (series, block) -> [min_step, min_v, max_step, max_v, min_key, max_key]
+    # (series, block) -> [min_step, min_v, max_step, max_v, min_key, max_key, count]
     blocks: dict[tuple[int, int], list[Any]] = {}
     nan_floats = key is postgres_key
     for at, group in groups.items():
         lo_step, lo, hi_step, hi = _extremes(group, key, nan_floats)
-        blocks[at] = [lo_step, lo, hi_step, hi, key(lo), key(hi)]
+        blocks[at] = [lo_step, lo, hi_step, hi, key(lo), key(hi), len(group)]
     out: list[tuple[Any, ...]] = []
     previous = level
     for i, level in enumerate(LEVELS):
@@ -90,8 +94,9 @@ def aggregate(values: Iterable[tuple[int, int, Any]], key: Key) -> list[tuple[An
                     coarser[at] = list(b)
                 else:
                     _merge(found, b[0], b[1], b[4], b[2], b[3], b[5])
+                    found[6] += b[6]
             blocks, previous = coarser, level
-        out.extend((s, level, blk, b[0], b[1], b[2], b[3]) for (s, blk), b in blocks.items())
+        out.extend((s, level, blk, b[0], b[1], b[2], b[3], b[6]) for (s, blk), b in blocks.items())
     return out
 
 
@@ -130,6 +135,34 @@ def level_for(width: int) -> int | None:
     two) steps; None when buckets are finer than every level (read the rows)."""
     fitting = [level for level in LEVELS if 1 << level <= width]
     return fitting[-1] if fitting else None
+
+
+def cover(lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """Steps ``lo..hi`` as whole rollup blocks ``(level, first block, last block)``,
+    coarsest first, and the step ranges at the ends that no block fits.
+
+    >>> cover(10, 2000)
+    ([(6, 1, 30)], [(10, 63), (1984, 2000)])
+    """
+    blocks: list[tuple[int, int, int]] = []
+    rest: list[tuple[int, int]] = []
+    pending = [(lo, hi, len(LEVELS) - 1)]
+    while pending:
+        a, b, i = pending.pop()
+        if a > b:
+            continue
+        if i < 0:
+            rest.append((a, b))
+            continue
+        size = 1 << LEVELS[i]
+        first, last = -(-a // size), (b + 1) // size - 1
+        if first > last:
+            pending.append((a, b, i - 1))
+            continue
+        blocks.append((LEVELS[i], first, last))
+        pending.append(((last + 1) * size, b, i - 1))
+        pending.append((a, first * size - 1, i - 1))
+    return blocks, rest
 
 
 def merge_buckets(

@@ -144,7 +144,7 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
         # Min/max per block of 2**level steps of each series (store/rollups.py).
         f"CREATE TABLE IF NOT EXISTS rollups (series {integer} NOT NULL,"
         f" level {integer} NOT NULL, block {integer} NOT NULL, min_step {integer},"
-        f" min_v {number}, max_step {integer}, max_v {number},"
+        f" min_v {number}, max_step {integer}, max_v {number}, n {integer} NOT NULL,"
         f" PRIMARY KEY (series, level, block)){clustered}",
         "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         # Runs started before the rollups existed in this database have none: their

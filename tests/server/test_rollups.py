@@ -18,7 +18,9 @@ from gradwatch.server.store.rollups import LEVELS, aggregate, sqlite_key
 
 def _store_run(store, run: str, steps: list[int], values: list, batch_sizes: list[int]) -> None:
     """Send ``steps`` in batches of the given sizes (repeated), in shuffled order."""
-    store.submit_hello(parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": run}))).result()
+    store.submit_hello(
+        parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": run}))
+    ).result()
     records = [
         {"kind": "step", "step": s, "loss": v, "graph_nodes": s % 97, "param_norms": {"w": v}}
         for s, v in zip(steps, values, strict=True)
@@ -136,7 +138,7 @@ def test_history_reads_the_rollups_not_the_rows(gradwatch_db):
 def test_rollup_rows_keep_the_earliest_step_of_equal_extremes():
     rows = aggregate([(1, 5, 2.0), (1, 3, 2.0), (1, 4, "NaN"), (1, 6, "NaN")], sqlite_key)
     finest = [r for r in rows if r[1] == LEVELS[0]]
-    assert finest == [(1, LEVELS[0], 0, 3, 2.0, 4, "NaN")]
+    assert finest == [(1, LEVELS[0], 0, 3, 2.0, 4, "NaN", 4)]
     assert [r[1] for r in rows] == list(LEVELS)
 
 

@@ -21,7 +21,9 @@ Example:
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 # Levels 16x apart: a bucket merges at most 16 rows of the level below it, and a batch
@@ -68,20 +70,27 @@ def aggregate(values: Iterable[tuple[int, int, Any]], key: Key) -> list[tuple[An
     so a batch costs one pass over its values.
     """
     level = LEVELS[0]
-    groups: dict[tuple[int, int], list[tuple[Any, int]]] = {}
-    for series, step, value in values:
-        at = (series, step >> level)
-        group = groups.get(at)
-        if group is None:
-            groups[at] = [(value, step)]
+    # Grouped by series on the value tuples themselves, then cut into blocks in C
+    # (sort, bisect, min/max with itemgetter keys): building a (series, block) key and
+    # a pair per value cost ~5x more (24 vs 5 us per record of 27 values).
+    per_series: dict[int, list[tuple[int, int, Any]]] = {}
+    for row in values:
+        found = per_series.get(row[0])
+        if found is None:
+            per_series[row[0]] = [row]
         else:
-            group.append((value, step))
+            found.append(row)
     # (series, block) -> [min_step, min_v, max_step, max_v, min_key, max_key, count]
     blocks: dict[tuple[int, int], list[Any]] = {}
-    nan_floats = key is postgres_key
-    for at, group in groups.items():
-        lo_step, lo, hi_step, hi = _extremes(group, key, nan_floats)
-        blocks[at] = [lo_step, lo, hi_step, hi, key(lo), key(hi), len(group)]
+    for series, rows in per_series.items():
+        rows.sort(key=_STEP)  # already in step order but for a shuffled batch
+        i, n = 0, len(rows)
+        while i < n:
+            block = rows[i][1] >> level
+            j = bisect_left(rows, (block + 1) << level, lo=i, key=_STEP)
+            lo, hi = _extremes(rows[i:j], key)
+            blocks[series, block] = [lo[1], lo[2], hi[1], hi[2], key(lo[2]), key(hi[2]), j - i]
+            i = j
     out: list[tuple[Any, ...]] = []
     previous = level
     for i, level in enumerate(LEVELS):
@@ -89,36 +98,33 @@ def aggregate(values: Iterable[tuple[int, int, Any]], key: Key) -> list[tuple[An
             coarser: dict[tuple[int, int], list[Any]] = {}
             for (series, block), b in blocks.items():
                 at = (series, block >> (level - previous))
-                found = coarser.get(at)
-                if found is None:
+                found_block = coarser.get(at)
+                if found_block is None:
                     coarser[at] = list(b)
                 else:
-                    _merge(found, b[0], b[1], b[4], b[2], b[3], b[5])
-                    found[6] += b[6]
+                    _merge(found_block, b[0], b[1], b[4], b[2], b[3], b[5])
+                    found_block[6] += b[6]
             blocks, previous = coarser, level
         out.extend((s, level, blk, b[0], b[1], b[2], b[3], b[6]) for (s, blk), b in blocks.items())
     return out
 
 
-def _extremes(group: list[tuple[Any, int]], key: Key, nan_floats: bool) -> tuple[Any, ...]:
-    """(min_step, min, max_step, max) of ``(value, step)`` pairs, earliest step on ties."""
-    # Plain numbers compare in C (min() of the pairs: lowest value, then earliest step),
-    # ~4x faster than a key function per value; the non-finite ones take the key path
-    # (strings cannot be compared with numbers, NaN compares with nothing).
+_STEP = itemgetter(1)
+_VALUE = itemgetter(2)
+
+
+def _extremes(part: list[tuple[int, int, Any]], key: Key) -> tuple[Any, Any]:
+    """The rows of the min and the max value of ``part`` (in step order): min() and
+    max() keep the first of equal values, i.e. the earliest step."""
     try:
-        if nan_floats and any(v != v for v, _ in group):
-            raise TypeError
-        lo, lo_step = min(group)
-        hi = max(group)[0]
+        # NaN (or inf - inf) makes the sum NaN, a string makes it fail: only then do
+        # values need the backend's order; plain numbers compare as they are.
+        total = sum(map(_VALUE, part))
+        if total == total:
+            return min(part, key=_VALUE), max(part, key=_VALUE)
     except TypeError:
-        keyed = [(key(v), s, v) for v, s in group]
-        _, lo_step, lo = min(keyed)
-        top = max(keyed)[0]
-        hi = next(v for k, _, v in keyed if k == top)
-        hi_step = min(s for k, s, _ in keyed if k == top)
-        return lo_step, lo, hi_step, hi
-    hi_step = min(s for v, s in group if v == hi)
-    return lo_step, lo, hi_step, hi
+        pass
+    return min(part, key=lambda r: key(r[2])), max(part, key=lambda r: key(r[2]))
 
 
 def _merge(

@@ -1,0 +1,149 @@
+"""The floor under gradwatch's cost on a cell loop: what PyTorch charges for hooks
+that do nothing, and what each of gradwatch's own pieces costs, on the ``cells``
+workload of ``bench/overhead.py`` (an ``nn.LSTMCell(128)`` decoder, 24 calls a step).
+
+Two tables from one run:
+
+1. Whole steps, interleaved blocks (shuffled each round), CPU time of this process:
+   plain training; plain with an empty forward hook on the cell; plain with that hook
+   adding two empty autograd-node pre-hooks per call (h and c: the shape of the cell
+   capture, doing nothing); gradwatch ``every=1`` and ``every=10``. Median and
+   minimum of the block means, each as a ratio to plain: on a loaded box the minimum
+   is the steadier estimate of a fixed cost, the median what a user sees.
+2. Each piece alone, ``timeit`` best of 7: the stale-state pre-hook on a later call,
+   the cell forward hook (two node hooks added), the float64 norms of the cell series
+   (2 x 24 gradients), the parameter and gate norms, the graph walk.
+
+Run: ``python bench/hook_floor.py [--rounds 30] [--steps 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import random
+import statistics
+import sys
+import time
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import make_step, workload
+
+from gradwatch.trainer_hooks import watch
+
+
+def _nop(*args: Any) -> None:
+    return None
+
+
+def _node_hooks(module: nn.Module, args: Any, out: Any) -> None:
+    h, c = out
+    h.grad_fn.register_prehook(_nop)
+    c.grad_fn.register_prehook(_nop)
+
+
+def whole_steps(rounds: int, steps: int) -> None:
+    base, x, y = workload("cells", torch.device("cpu"))
+    variants: dict[str, tuple[Callable[[], torch.Tensor], Any]] = {}
+    for name in ("plain", "plain (control)"):
+        variants[name] = (make_step(copy.deepcopy(base), x, y), None)
+    model = copy.deepcopy(base)
+    model.cell.register_forward_hook(_nop)
+    variants["empty forward hook"] = (make_step(model, x, y), None)
+    model = copy.deepcopy(base)
+    model.cell.register_forward_hook(_node_hooks)
+    variants["+ 2 empty node hooks/call"] = (make_step(model, x, y), None)
+    for every in (1, 10):
+        model = copy.deepcopy(base)
+        monitor = watch(model, run="floor", server=None, spool=os.devnull, every=every)
+        variants[f"gradwatch every={every}"] = (make_step(model, x, y), monitor)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    shuffle = random.Random(0)
+    for r in range(rounds + 1):
+        shuffle.shuffle(order)
+        for name in order:
+            step, monitor = variants[name]
+            started = time.process_time()
+            for _ in range(steps):
+                loss = step()
+                if monitor is not None:
+                    monitor.step(loss)
+            if monitor is not None:
+                monitor.flush()
+            if r:  # round 0 warms up
+                times[name].append((time.process_time() - started) / steps)
+    med0, min0 = statistics.median(times["plain"]), min(times["plain"])
+    print("| variant | median ms | vs plain | min ms | vs plain |\n| --- | --- | --- | --- | --- |")
+    for name, t in times.items():
+        med, low = statistics.median(t), min(t)
+        print(f"| {name} | {med * 1e3:.3f} | {med / med0:.3f}x | {low * 1e3:.3f} | "
+              f"{low / min0:.3f}x |")
+    for _, monitor in variants.values():
+        if monitor is not None:
+            monitor.close()
+
+
+def pieces() -> None:
+    model, x, y = workload("cells", torch.device("cpu"))
+    monitor = watch(model, run="pieces", server=None, spool=os.devnull, every=1,
+                    diagnose=False)
+    step = make_step(model, x, y)
+    for _ in range(3):
+        monitor.step(step())
+    q = {quantity.name: quantity for quantity in monitor.quantities}
+    cell = model.cell
+    h = c = torch.zeros(32, 128)
+    args = (model.embed(x[0]), (h, c))
+    out = cell(*args)
+    stale, timesteps = q["stale_state"], q["timesteps"]
+    capture = timesteps._cells[0]  # type: ignore[attr-defined]
+    stale._seen_this_step.add(id(cell))  # type: ignore[attr-defined]
+    grads = [torch.randn(32, 128) for _ in range(24)]
+    loss = step()
+    q["graph_nodes"].capturing = True
+
+    def series() -> Any:
+        capture.grads = {"hidden": list(grads), "cell": list(grads)}
+        capture.count, capture.device = 24, torch.device("cpu")
+        capture.used = {"hidden", "cell"}
+        return capture.series()
+
+    rows: list[tuple[str, Callable[[], Any], int]] = [
+        ("stale-state pre-hook, a later call", lambda: stale._pre_forward(cell, args, {}), 24),  # type: ignore[attr-defined]
+        ("cell forward hook (adds 2 node hooks)", lambda: capture._post(cell, args, out), 24),
+        ("cell series: float64 norms of 2 x 24", series, 1),
+        ("parameter and gate norms (float64)", q["param_norms"]._norms, 1),  # type: ignore[attr-defined]
+        ("graph walk", lambda: q["graph_nodes"].finish_step(loss), 1),
+    ]
+    print("\n| piece | µs each | per step | µs per step |\n| --- | --- | --- | --- |")
+    for name, fn, per_step in rows:
+        each = min(timeit.repeat(fn, number=50, repeat=7)) / 50
+        print(f"| {name} | {each * 1e6:.1f} | x{per_step} | {each * per_step * 1e6:.0f} |")
+    capture.reset()
+    monitor.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, cpu, 1 thread, load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    whole_steps(args.rounds, args.steps)
+    pieces()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

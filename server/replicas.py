@@ -100,7 +100,8 @@ class ReplicaFeed:
             else:
                 notes.append(value)
         wanted = [
-            int(n["id"]) for n in notes
+            int(n["id"])
+            for n in notes
             if "id" in n and int(n["id"]) not in self._seen and self.state.hub.has_viewers(n["run"])
         ]
         rows: dict[int, tuple[Any, ...]] = {}

@@ -51,6 +51,9 @@ LIVE_TABLE = (
     " urgent BOOLEAN NOT NULL, records TEXT NOT NULL,"
     " created TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
 )
+# No compression of the records: pglz on 300 KB of JSON took 17 ms per batch, storing
+# it plainly 1.3 ms; the rows live 5 minutes and are never read by history.
+LIVE_STORAGE = "ALTER TABLE live_batches ALTER COLUMN records SET STORAGE EXTERNAL"
 LIVE_INDEX = "CREATE INDEX IF NOT EXISTS live_batches_created ON live_batches (created)"
 # One statement: store the records, then queue the pointer (sent at COMMIT).
 ANNOUNCE_BATCH = (

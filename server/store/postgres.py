@@ -76,6 +76,7 @@ class PostgresStore(Store):
             ):
                 cur.execute(statement)
             cur.execute(pgfeed.LIVE_TABLE)
+            cur.execute(pgfeed.LIVE_STORAGE)
             cur.execute(pgfeed.LIVE_INDEX)
             cur.execute("SELECT current_schema()")
             self.channel = pgfeed.channel_for(str(cur.fetchone()[0]))

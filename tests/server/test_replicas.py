@@ -33,8 +33,10 @@ def shared_schema(postgres_url: str) -> Iterator[tuple[str, str]]:
 def _batches(count: int) -> list[list[dict[str, Any]]]:
     from tests.server.conftest import Wire
 
-    out = [[Wire.step(2 * i), Wire.step(2 * i + 1, loss="NaN" if i == 3 else 0.5)]
-           for i in range(count)]
+    out = [
+        [Wire.step(2 * i), Wire.step(2 * i + 1, loss="NaN" if i == 3 else 0.5)]
+        for i in range(count)
+    ]
     out[-1].append({"kind": "end", "status": "finished", "step": 2 * count - 1})
     return out
 
@@ -75,7 +77,11 @@ def test_viewer_on_replica_b_sees_live_each_batch_sent_to_replica_a(
             # Live: B's viewer has this batch before the trainer sends the next one.
             message = wire.recv(viewer, timeout=30)
             assert message == {
-                "type": "records", "run_id": run_id, "rank": 0, "seq": seq, "records": records
+                "type": "records",
+                "run_id": run_id,
+                "rank": 0,
+                "seq": seq,
+                "records": records,
             }
         # The end record reaches B's runs list too (summaries read from the database).
         deadline = time.monotonic() + 30

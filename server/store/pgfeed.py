@@ -176,8 +176,15 @@ class Listener:
     def _hand(self, payload: str) -> None:
         try:
             note = json.loads(payload)
-            if not isinstance(note, dict) or not isinstance(note.get("run"), str):
-                raise ValueError(f"expected a JSON object with run, got {payload[:80]!r}")
+            # Anyone who may connect can NOTIFY this channel: take only the shapes above.
+            if (
+                not isinstance(note, dict)
+                or not isinstance(note.get("run"), str)
+                or ("id" in note and type(note["id"]) is not int)
+            ):
+                raise ValueError(
+                    f"expected a JSON object with run (and an integer id), got {payload[:80]!r}"
+                )
         except ValueError as error:
             self._warn_once("an unreadable notification", error)
             return

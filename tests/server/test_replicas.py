@@ -52,10 +52,20 @@ def _next_of(wire: Any, viewer: Any, kind: str, deadline: float) -> dict[str, An
             return message
 
 
+def _notify(db: str, schema: str, payloads: list[str]) -> None:
+    import psycopg
+
+    from gradwatch.server.store.pgfeed import channel_for
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        for payload in payloads:
+            conn.execute("SELECT pg_notify(%s, %s)", (channel_for(schema), payload))
+
+
 def test_viewer_on_replica_b_sees_live_each_batch_sent_to_replica_a(
     gradwatch_server, shared_schema, wire
 ):
-    db, _ = shared_schema
+    db, schema = shared_schema
     a = gradwatch_server(db=db)
     b = gradwatch_server(db=db)
     run_id = wire.run_id()
@@ -67,6 +77,8 @@ def test_viewer_on_replica_b_sees_live_each_batch_sent_to_replica_a(
     ):
         assert wire.recv(viewer) == {"type": "subscribed", "run_id": run_id}
         assert wire.recv(runs) == {"type": "subscribed", "run_id": None}
+        # Anyone who can connect may NOTIFY the channel: junk is ignored, not relayed.
+        _notify(db, schema, ["not json", "[1]", json.dumps({"run": run_id, "id": "1"})])
         trainer.send(json.dumps(wire.hello(run_id, run="across-replicas")))
         # The runs list of B shows the new run, from A's hello.
         first = _next_of(wire, runs, "run", time.monotonic() + 30)

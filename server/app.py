@@ -73,7 +73,13 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
 
             assert isinstance(opened, PostgresStore)
             feed = ReplicaFeed(state, opened)
-            await feed.start()
+            try:
+                await feed.start()
+            except BaseException:
+                await feed.stop()
+                if own:
+                    await asyncio.to_thread(opened.close)
+                raise
         state.replicas = feed
         try:
             yield

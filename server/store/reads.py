@@ -10,23 +10,20 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..downsample import bucket_width, pick_rows
-from . import rollups, rows
-
-_PARAM_FAMILIES = ("param_norms", "gate_norms", "profile")
-PROFILE_KEYS = ("forward_s", "backward_s", "calls")
+from ..downsample import pick_rows
+from . import rows
+from .history import PROFILE_KEYS, HistoryReads
 
 
 class RunNotFound(KeyError):
     """No run has this id."""
 
 
-class Reads:
-    """Query methods; mixed into :class:`gradwatch.server.store.base.Store`."""
+class Reads(HistoryReads):
+    """Query methods; mixed into :class:`gradwatch.server.store.base.Store`.
 
-    # How this backend orders stored values (min/max); PostgreSQL has its own.
-    value_key = staticmethod(rollups.sqlite_key)
-    _rollups_from: float | None = None
+    The downsampled scalar history (``steps``) lives in :class:`HistoryReads`.
+    """
 
     def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
@@ -144,228 +141,6 @@ class Reads:
                 names.extend(f"profile/{key}/{p}" for p in PROFILE_KEYS)
         return names
 
-    # ----- series ------------------------------------------------------------------
-    def bucket_extremes(
-        self,
-        table: str,
-        where: str,
-        params: Sequence[Any],
-        expr: str,
-        bounds: Sequence[tuple[int, int]],
-    ) -> list[tuple[int, Any]]:
-        """(step, value) of the min and the max of ``expr`` in each bucket: ``bounds``
-        are the buckets' first and last steps, inside the range of ``params``.
-
-        SQLite: an aggregate query with one ``min()``/``max()`` takes its bare columns
-        from the row holding that extreme, so ``step`` is the extreme's own step. Text
-        ranks above numbers, so the ``"NaN"``/``"Infinity"`` strings win every ``max``.
-        """
-        # One small range query per bucket and extreme, all on one connection: SQLite
-        # walks each step range in its clustered key, where a single GROUP BY over the
-        # whole range sorted 1e6 rows into a temporary B-tree (measured ~2.5x slower).
-        # ``where`` ends with "step >= ? AND step <= ?", its last two parameters.
-        head = tuple(params[:-2])
-        conn = self.reader()
-        found: list[tuple[int, Any]] = []
-        try:
-            cur = conn.cursor()
-            for fn in ("min", "max"):
-                sql = self.sql(
-                    f"SELECT step, {fn}({expr}) FROM {table} WHERE {where}"  # noqa: S608
-                    f" AND {expr} IS NOT NULL"
-                )
-                for start, end in bounds:
-                    cur.execute(sql, (*head, start, end))
-                    row = cur.fetchone()
-                    if row is not None and row[1] is not None:
-                        found.append((row[0], row[1]))
-        finally:
-            conn.rollback()
-        return found
-
-    def _field_sql(self, name: str) -> str | None:
-        """The ``steps`` column of a plain field, None for a named one (``scalars`` rows);
-        ValueError "expected ..., got ..." for a name that is not a field."""
-        if name in rows.SCALAR_FIELDS:
-            return name
-        family, _, rest = name.partition("/")
-        if (
-            (family == "param_norms" and rest)
-            or (family == "gate_norms" and "/" in rest)
-            or (family == "profile" and rest.rpartition("/")[2] in PROFILE_KEYS)
-        ):
-            return None
-        raise ValueError(
-            "fields: expected loss, duration_s, total_norm, graph_nodes, rss_bytes,"
-            " cuda_allocated_bytes, cuda_reserved_bytes, overhead, param_norms/<param>,"
-            " gate_norms/<param>/<gate> or profile/<module>/<forward_s|backward_s|calls>,"
-            f" got {name!r}"
-        )
-
-    def steps(
-        self,
-        run_id: str,
-        rank: int = 0,
-        start: int | None = None,
-        stop: int | None = None,
-        fields: Sequence[str] | None = None,
-        max_points: int = 2000,
-    ) -> dict[str, Any]:
-        """Downsampled scalar series of one rank (docs/API.md ``/steps``).
-
-        Up to ``max_points`` rows come back as they are; beyond that each bucket's min
-        and max (aligned buckets of a power-of-two width, downsample.bucket_width) come
-        from the rollups kept at ingest (store/rollups.py), so a 1e6-step run reads
-        ~1,000 rollup rows per field; only a bucket cut by ``from``/``to``, buckets
-        finer than the finest rollup, and runs older than the rollups read step rows.
-        """
-        if max_points < 2:
-            raise ValueError(f"max_points: expected at least 2, got {max_points}")
-        started = self.run_summary(run_id)["started"]  # 404 before any work
-        names = list(fields) if fields else self.scalar_fields(run_id)
-        columns = {name: self._field_sql(name) for name in names}
-        lo = 0 if start is None else start
-        hi = 2**62 if stop is None else stop
-        where = "run_id = ? AND rank = ? AND step >= ? AND step <= ?"
-        params = (run_id, rank, lo, hi)
-        rolled = self._rolled(started)
-        counted = self._rollup_count(run_id, rank, lo, hi) if rolled else None
-        if counted is None:
-            ((total, first, last),) = self.query(
-                f"SELECT COUNT(*), MIN(step), MAX(step) FROM steps WHERE {where}",  # noqa: S608
-                params,
-            )
-        else:
-            total, first, last = counted
-        total = int(total)
-        out: dict[str, Any] = {}
-        downsampled = total > max_points
-        width = bucket_width(int(first), int(last), max_points // 2) if downsampled else 1
-        level = rollups.level_for(width) if downsampled and rolled else None
-        for name, column in columns.items():
-            args: tuple[Any, ...]
-            series: int | None = None
-            if column is None or level is not None:
-                found_id = self.query(
-                    "SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?",
-                    (run_id, rank, name),
-                )
-                series = found_id[0][0] if found_id else None
-            if column is None:
-                if series is None:
-                    out[name] = {"step": [], "value": []}
-                    continue
-                table, sql = "scalars", "value"
-                clause = "series = ? AND step >= ? AND step <= ?"
-                args = (series, lo, hi)
-            else:
-                table, sql, clause, args = "steps", column, where, params
-            if not downsampled:
-                found = self.query(
-                    f"SELECT step, {sql} FROM {table} WHERE {clause}"  # noqa: S608
-                    f" AND {sql} IS NOT NULL ORDER BY step",
-                    args,
-                )
-            else:
-                bounded = (*args[:-1], min(hi, int(last)))
-                found = self._bucketed(
-                    table, clause, bounded, sql, int(first), width, level, series
-                )
-                if name in rows.INTEGER_FIELDS:  # PostgreSQL rollups hold them as float8
-                    found = [(s, _integral(v)) for s, v in found]
-            out[name] = {"step": [r[0] for r in found], "value": [_number(r[1]) for r in found]}
-        return {
-            "rank": rank,
-            "from": start,
-            "to": stop,
-            "total": total,
-            "downsampled": downsampled,
-            "fields": out,
-        }
-
-    def _rolled(self, started: Any) -> bool:
-        """Whether a run started when this database already kept rollups."""
-        if self._rollups_from is None:
-            found = self.query("SELECT value FROM meta WHERE key = 'rollups_from'")
-            self._rollups_from = float(found[0][0]) if found else float("inf")
-        return started is not None and float(started) >= self._rollups_from
-
-    def _rollup_count(
-        self, run_id: str, rank: int, lo: int, hi: int
-    ) -> tuple[int, Any, Any] | None:
-        """(count, first, last) of the steps in ``lo..hi`` from the step numbers' rollups
-        (whole blocks) and the rows at the ends; None when the rank has no rollups."""
-        found = self.query(
-            "SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?",
-            (run_id, rank, rollups.STEP_SERIES),
-        )
-        if not found:
-            return None
-        blocks, rest = rollups.cover(lo, hi)
-        parts = [
-            self.query(
-                "SELECT SUM(n), MIN(min_step), MAX(max_step) FROM rollups"
-                " WHERE series = ? AND level = ? AND block >= ? AND block <= ?",
-                (found[0][0], level, first, last),
-            )[0]
-            for level, first, last in blocks
-        ]
-        parts.extend(
-            self.query(
-                "SELECT COUNT(*), MIN(step), MAX(step) FROM steps"
-                " WHERE run_id = ? AND rank = ? AND step >= ? AND step <= ?",
-                (run_id, rank, a, b),
-            )[0]
-            for a, b in rest
-        )
-        firsts = [p[1] for p in parts if p[1] is not None]
-        lasts = [p[2] for p in parts if p[2] is not None]
-        return (
-            sum(int(p[0] or 0) for p in parts),
-            min(firsts) if firsts else None,
-            max(lasts) if lasts else None,
-        )
-
-    def _bucketed(
-        self,
-        table: str,
-        clause: str,
-        args: tuple[Any, ...],
-        sql: str,
-        first: int,
-        width: int,
-        level: int | None,
-        series: int | None,
-    ) -> list[tuple[int, Any]]:
-        """(step, value) of each bucket's min and max, in step order; ``args`` end with
-        the range read, ``first`` its first step."""
-        lo, hi = int(args[-2]), int(args[-1])
-        buckets = range(first // width, hi // width + 1)
-        raw = list(buckets)
-        found: dict[int, Any] = {}
-        if level is not None and series is not None:
-            # Buckets cut by the range's ends mix steps inside and outside it: only
-            # those read step rows; the rest are whole rollup blocks.
-            inner = [b for b in buckets if b * width >= lo and b * width + width - 1 <= hi]
-            raw = [b for b in buckets if not inner or b < inner[0] or b > inner[-1]]
-            if inner:
-                shift = (width.bit_length() - 1) - level
-                merged = rollups.merge_buckets(
-                    self.query(
-                        "SELECT block, min_step, min_v, max_step, max_v FROM rollups"
-                        " WHERE series = ? AND level = ? AND block >= ? AND block <= ?",
-                        (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1),
-                    ),
-                    shift,
-                    self.value_key,
-                )
-                for lo_step, lo_v, hi_step, hi_v in merged.values():
-                    found[lo_step] = lo_v
-                    found[hi_step] = hi_v
-        if raw:
-            bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
-            found.update(self.bucket_extremes(table, clause, args, sql, bounds))
-        return sorted(found.items())
 
     def timesteps(
         self,
@@ -434,23 +209,3 @@ class Reads:
             record["rank"] = r
             out.append(record)
         return out
-
-
-def _integral(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _number(value: Any) -> Any:
-    """A column value as the protocol writes it (JSON text from json paths included)."""
-    if isinstance(value, str):
-        if value in ("NaN", "Infinity", "-Infinity"):
-            return value
-        try:
-            return float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            return value
-    if isinstance(value, bool):
-        return int(value)
-    return rows.scalar_out(value)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,20 +11,6 @@ from torch import nn
 from gradwatch.trainer_hooks.quantities.timesteps import RecurrentTimesteps
 
 F64 = torch.float64
-
-
-def captured_step(model: nn.Module, step: Callable[[], Any], **options: Any) -> dict[str, Any]:
-    """One captured step through attach/start_step/finish_step/encode; the record."""
-    q = RecurrentTimesteps(**options)
-    q.attach(model)
-    try:
-        q.start_step(True)
-        step()
-        payload = q.finish_step(None)
-        host = {m: {k: v.cpu() for k, v in s.items()} for m, s in payload["timesteps"].items()}
-        return q.encode({"timesteps": host})
-    finally:
-        q.detach()
 
 
 def series(record: dict[str, Any], module: str, name: str) -> torch.Tensor:
@@ -59,7 +44,9 @@ class Loop(nn.Module):
 
 
 @pytest.mark.parametrize("cell_type", [nn.LSTMCell, nn.GRUCell, nn.RNNCell])
-def test_builtin_cells_are_found_and_each_call_gets_its_total_gradient(cell_type: type) -> None:
+def test_builtin_cells_are_found_and_each_call_gets_its_total_gradient(
+    cell_type: type, captured_step: Any,
+) -> None:
     torch.manual_seed(0)
     model = Loop(cell_type(3, 5).double())
     x = torch.randn(9, 4, 3, dtype=F64)
@@ -93,7 +80,7 @@ class HandGRU(nn.Module):
 
 
 @pytest.mark.parametrize("how", ["module", "name", "class"])
-def test_a_user_named_cell_is_watched_by_module_name_or_class(how: str) -> None:
+def test_a_user_named_cell_is_watched_by_module_name_or_class(how: str, captured_step: Any) -> None:
     torch.manual_seed(1)
     model = Loop(HandGRU(2, 4).double())
     spec: Any = {"module": model.cell, "name": "cell", "class": HandGRU}[how]
@@ -104,7 +91,7 @@ def test_a_user_named_cell_is_watched_by_module_name_or_class(how: str) -> None:
     torch.testing.assert_close(series(record, "cell", "hidden"), norms(kept), rtol=1e-12, atol=0.0)
 
 
-def test_a_decoder_step_called_once_per_target_token_is_indexed_by_call() -> None:
+def test_a_decoder_step_called_once_per_target_token_is_indexed_by_call(captured_step: Any) -> None:
     class DecoderStep(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -144,7 +131,7 @@ def test_a_decoder_step_called_once_per_target_token_is_indexed_by_call() -> Non
     assert len(record["timesteps"]["decoder.rnn"]["hidden"]) == 6  # the inner GRUCell too
 
 
-def test_calls_of_two_accumulated_micro_batches_continue_the_index() -> None:
+def test_calls_of_two_accumulated_micro_batches_continue_the_index(captured_step: Any) -> None:
     torch.manual_seed(3)
     model = Loop(nn.GRUCell(2, 3).double())
     xs = [torch.randn(4, 2, 2, dtype=F64), torch.randn(5, 2, 2, dtype=F64)]
@@ -163,7 +150,7 @@ def test_calls_of_two_accumulated_micro_batches_continue_the_index() -> None:
     torch.testing.assert_close(got, torch.cat(expected), rtol=1e-12, atol=0.0)
 
 
-def test_a_call_whose_output_gets_no_gradient_reads_zero() -> None:
+def test_a_call_whose_output_gets_no_gradient_reads_zero(captured_step: Any) -> None:
     model = Loop(nn.RNNCell(2, 3))
     x = torch.randn(3, 1, 2)
 
@@ -177,7 +164,7 @@ def test_a_call_whose_output_gets_no_gradient_reads_zero() -> None:
     assert got[1] == 0.0 and got[0] > 0.0 and got[2] > 0.0
 
 
-def test_many_calls_grow_the_buffer_and_keep_earlier_norms() -> None:
+def test_many_calls_grow_the_buffer_and_keep_earlier_norms(captured_step: Any) -> None:
     torch.manual_seed(4)
     model = Loop(nn.GRUCell(1, 2).double())
     x = torch.randn(150, 1, 1, dtype=F64)  # more calls than the first buffer holds
@@ -217,7 +204,9 @@ def test_a_bad_exact_hidden_value_says_what_it_expected() -> None:
         RecurrentTimesteps(exact_hidden=-2)
 
 
-def test_a_decoder_with_a_shrinking_batch_keeps_call_order_across_shapes() -> None:
+def test_a_decoder_with_a_shrinking_batch_keeps_call_order_across_shapes(
+    captured_step: Any,
+) -> None:
     torch.manual_seed(5)
     model = Loop(nn.LSTMCell(2, 3).double())
     x = torch.randn(7, 5, 2, dtype=F64)

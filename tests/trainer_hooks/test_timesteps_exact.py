@@ -7,7 +7,6 @@ reads the leaf's gradient, the total derivative ∂L/∂h_t through every later 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,20 +17,6 @@ from gradwatch.trainer_hooks.quantities.timesteps import RecurrentTimesteps
 
 F64 = torch.float64
 T = 8
-
-
-def captured_step(model: nn.Module, step: Callable[[], Any], **options: Any) -> dict[str, Any]:
-    """One captured step through attach/start_step/finish_step/encode; the record."""
-    q = RecurrentTimesteps(**options)
-    q.attach(model)
-    try:
-        q.start_step(True)
-        step()
-        payload = q.finish_step(None)
-        host = {m: {k: v.cpu() for k, v in s.items()} for m, s in payload["timesteps"].items()}
-        return q.encode({"timesteps": host})
-    finally:
-        q.detach()
 
 
 def series(record: dict[str, Any], name: str) -> torch.Tensor:
@@ -76,7 +61,9 @@ class Wrap(nn.Module):
 
 @pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_exact_hidden_equals_the_split_sequence_reference(kind: type, layers: int) -> None:
+def test_exact_hidden_equals_the_split_sequence_reference(
+    kind: type, layers: int, captured_step: Any,
+) -> None:
     torch.manual_seed(layers)
     model = Wrap(kind(3, 5, num_layers=layers).double())
     x = torch.randn(T, 4, 3, dtype=F64)
@@ -92,7 +79,7 @@ def test_exact_hidden_equals_the_split_sequence_reference(kind: type, layers: in
     assert out_grad_only > 0
 
 
-def test_layer_series_is_the_gradient_reaching_the_upper_layer() -> None:
+def test_layer_series_is_the_gradient_reaching_the_upper_layer(captured_step: Any) -> None:
     torch.manual_seed(5)
     model = Wrap(nn.LSTM(3, 4, num_layers=2).double())
     x = torch.randn(T, 2, 3, dtype=F64)
@@ -113,7 +100,7 @@ def test_layer_series_is_the_gradient_reaching_the_upper_layer() -> None:
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_sampled_steps_give_the_fused_outputs_and_gradients(
-    batch_first: bool, bidirectional: bool
+    batch_first: bool, bidirectional: bool, captured_step: Any,
 ) -> None:
     torch.manual_seed(6)
     model = Wrap(nn.LSTM(3, 4, 2, batch_first=batch_first, bidirectional=bidirectional).double())
@@ -161,7 +148,7 @@ def test_exact_hidden_every_n_samples_only_every_nth_captured_step() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
-def test_exact_hidden_skips_projected_lstm_with_one_warning() -> None:
+def test_exact_hidden_skips_projected_lstm_with_one_warning(captured_step: Any) -> None:
     from gradwatch.protocol.warnings import GradwatchWarning
 
     model = Wrap(nn.LSTM(2, 4, proj_size=2))
@@ -172,7 +159,7 @@ def test_exact_hidden_skips_projected_lstm_with_one_warning() -> None:
     assert set(record["timesteps"]["rnn"]) == {"input"}
 
 
-def test_packed_input_keeps_the_fused_output_and_its_input_series() -> None:
+def test_packed_input_keeps_the_fused_output_and_its_input_series(captured_step: Any) -> None:
     from torch.nn.utils.rnn import pack_padded_sequence
 
     torch.manual_seed(7)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,20 +13,6 @@ from gradwatch.trainer_hooks.quantities.timesteps import RecurrentTimesteps
 
 F64 = torch.float64
 FUSED = {"LSTM": nn.LSTM, "GRU": nn.GRU, "RNN": nn.RNN}
-
-
-def captured_step(model: nn.Module, step: Callable[[], Any], **options: Any) -> dict[str, Any]:
-    """One captured step through attach/start_step/finish_step/encode; the record."""
-    q = RecurrentTimesteps(**options)
-    q.attach(model)
-    try:
-        q.start_step(True)
-        step()
-        payload = q.finish_step(None)
-        host = {m: {k: v.cpu() for k, v in s.items()} for m, s in payload["timesteps"].items()}
-        return q.encode({"timesteps": host})
-    finally:
-        q.detach()
 
 
 def series(record: dict[str, Any], module: str, name: str) -> torch.Tensor:
@@ -58,7 +43,7 @@ def loss_of(output: Any) -> torch.Tensor:
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_input_series_equals_autograd_for_every_fused_layout(
-    kind: str, layers: int, batch_first: bool, bidirectional: bool
+    kind: str, layers: int, batch_first: bool, bidirectional: bool, captured_step: Any,
 ) -> None:
     torch.manual_seed(layers * 10 + batch_first * 2 + bidirectional)
     model = FUSED[kind](
@@ -72,7 +57,9 @@ def test_input_series_equals_autograd_for_every_fused_layout(
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=0.0)
 
 
-def test_raw_input_that_does_not_require_grad_is_captured_and_left_untouched() -> None:
+def test_raw_input_that_does_not_require_grad_is_captured_and_left_untouched(
+    captured_step: Any,
+) -> None:
     torch.manual_seed(0)
     model = nn.Sequential()
     model.add_module("rnn", nn.GRU(2, 5, batch_first=True).double())
@@ -83,7 +70,7 @@ def test_raw_input_that_does_not_require_grad_is_captured_and_left_untouched() -
     torch.testing.assert_close(series(record, "rnn", "input"), expected, rtol=1e-12, atol=0.0)
 
 
-def test_input_that_requires_grad_keeps_its_own_gradient_unchanged() -> None:
+def test_input_that_requires_grad_keeps_its_own_gradient_unchanged(captured_step: Any) -> None:
     torch.manual_seed(1)
     model = nn.LSTM(2, 4).double()
     x = torch.randn(6, 2, 2, dtype=F64, requires_grad=True)
@@ -95,7 +82,7 @@ def test_input_that_requires_grad_keeps_its_own_gradient_unchanged() -> None:
     )
 
 
-def test_unbatched_input_runs_time_along_dim_zero() -> None:
+def test_unbatched_input_runs_time_along_dim_zero(captured_step: Any) -> None:
     torch.manual_seed(2)
     model = nn.RNN(3, 4).double()
     x = torch.randn(8, 3, dtype=F64)
@@ -105,7 +92,9 @@ def test_unbatched_input_runs_time_along_dim_zero() -> None:
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_packed_sequence_sums_only_the_rows_present_at_each_timestep(bidirectional: bool) -> None:
+def test_packed_sequence_sums_only_the_rows_present_at_each_timestep(
+    bidirectional: bool, captured_step: Any,
+) -> None:
     torch.manual_seed(3)
     model = nn.LSTM(2, 5, num_layers=2, batch_first=True, bidirectional=bidirectional).double()
     padded = torch.randn(4, 7, 2, dtype=F64)
@@ -125,7 +114,9 @@ def test_packed_sequence_sums_only_the_rows_present_at_each_timestep(bidirection
     torch.testing.assert_close(series(record, "LSTM", "input"), expected, rtol=1e-12, atol=0.0)
 
 
-def test_fp32_lstm_over_121_steps_keeps_early_values_that_fp32_squares_lose() -> None:
+def test_fp32_lstm_over_121_steps_keeps_early_values_that_fp32_squares_lose(
+    captured_step: Any,
+) -> None:
     torch.manual_seed(4)
     model = nn.LSTM(1, 16, batch_first=True)
     with torch.no_grad():  # a forgetful LSTM: gradient shrinks ~0.6x per step back in time
@@ -152,7 +143,7 @@ def test_fp32_lstm_over_121_steps_keeps_early_values_that_fp32_squares_lose() ->
     assert bool((got > 0).all())
 
 
-def test_chunks_that_carry_the_state_append_their_timesteps() -> None:
+def test_chunks_that_carry_the_state_append_their_timesteps(captured_step: Any) -> None:
     torch.manual_seed(5)
     model = nn.LSTM(2, 4, batch_first=True).double()
     x = torch.randn(3, 12, 2, dtype=F64)
@@ -180,7 +171,7 @@ def test_chunks_that_carry_the_state_append_their_timesteps() -> None:
     torch.testing.assert_close(got, torch.cat(expected), rtol=1e-12, atol=0.0)
 
 
-def test_micro_batches_without_carried_state_combine_as_one_batch() -> None:
+def test_micro_batches_without_carried_state_combine_as_one_batch(captured_step: Any) -> None:
     torch.manual_seed(6)
     model = nn.GRU(2, 4).double()
     micro = [torch.randn(10, 3, 2, dtype=F64), torch.randn(10, 5, 2, dtype=F64)]

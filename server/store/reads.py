@@ -7,7 +7,6 @@ values with non-finite numbers as the protocol's strings.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from ..downsample import pick_rows
@@ -25,14 +24,7 @@ class Reads(HistoryReads):
     The downsampled scalar history (``steps``) lives in :class:`HistoryReads`.
     """
 
-    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    def reader(self) -> Any:
-        raise NotImplementedError
-
-    def sql(self, text: str) -> str:
-        raise NotImplementedError
+    # query, reader and sql: declared on HistoryReads, implemented by the Store.
 
     # ----- runs --------------------------------------------------------------------
     def list_runs(self) -> list[dict[str, Any]]:

@@ -165,8 +165,12 @@ def dumps(value: Any) -> str:
 _LITTLE = sys.byteorder == "little"
 
 
-def pack_series(values: list[Any]) -> bytes:
-    """Float64 little-endian bytes; non-finite strings become NaN/inf floats."""
+def pack_series(values: Any) -> bytes:
+    """Float64 little-endian bytes; non-finite strings become NaN/inf floats. A series
+    that came packed (``{"f64": ...}``, schema.PackedSeries) already is these bytes."""
+    packed_bytes = getattr(values, "f64", None)
+    if packed_bytes is not None:
+        return bytes(packed_bytes)
     try:
         packed = array("d", values)
     except TypeError:

@@ -1,8 +1,11 @@
+import base64
 import math
+import struct
 
 import pytest
 
 from gradwatch.protocol import dumps, loads, to_float
+from gradwatch.protocol.codec import pack_timesteps, packed_series
 
 
 def test_nonfinite_numbers_travel_as_strings_a_browser_can_parse() -> None:
@@ -30,3 +33,24 @@ def test_to_float_rejects_non_numbers_clearly() -> None:
         to_float(True)
     with pytest.raises(ValueError, match="got 'nope'"):
         to_float("nope")
+
+
+def test_packed_series_keep_every_float64_bit() -> None:
+    values = [1.234e-29, 5e-324, -0.0, 1.7976931348623157e308, math.nan, math.inf, -math.inf]
+    packed = loads(dumps(packed_series(values)))
+    raw = base64.b64decode(packed["f64"], validate=True)
+    assert raw == struct.pack(f"<{len(values)}d", *values)  # little-endian, bit for bit
+
+
+def test_series_that_are_not_all_numbers_stay_lists() -> None:
+    assert packed_series([1.0, "NaN"]) == [1.0, "NaN"]
+    assert packed_series([]) == {"f64": ""}
+
+
+def test_pack_timesteps_packs_step_series_and_leaves_the_records_given_alone() -> None:
+    step = {"kind": "step", "step": 3, "loss": 0.5, "timesteps": {"lstm": {"input": [1.0, 2.0]}}}
+    alert = {"kind": "alert", "code": "vanishing", "evidence": {"timesteps": {"x": [1.0]}}}
+    out = pack_timesteps([step, alert])
+    assert out[0]["timesteps"] == {"lstm": {"input": packed_series([1.0, 2.0])}}
+    assert out[0]["loss"] == 0.5 and out[1] is alert
+    assert step["timesteps"] == {"lstm": {"input": [1.0, 2.0]}}  # not changed in place

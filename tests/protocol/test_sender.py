@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import math
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -225,6 +228,28 @@ def test_nonfinite_numbers_travel_as_strings(ack_server: Any, hello: Any, tmp_pa
     sink.close(timeout=5)
     (record,) = ack_server.records()
     assert record["loss"] == "NaN" and record["total_norm"] == "Infinity"
+
+
+def test_timestep_series_travel_packed_unless_asked_otherwise(
+    ack_server: Any, hello: Any, tmp_path: Path
+) -> None:
+    values = [0.5, 1e-300, math.nan, math.inf]
+    record = {"kind": "step", "step": 0, "timesteps": {"lstm": {"input": values}}}
+    for pack in (True, False):
+        run = {**hello, "run_id": f"{hello['run_id']}-{pack}"}  # each its own seq 0
+        sink = WebSocketSink(
+            ack_server.url, run, spool=tmp_path / f"{pack}.jsonl", pack_series=pack
+        )
+        sink.send([record])
+        assert sink.flush(timeout=30)
+        sink.close(timeout=5)
+    got = [r["timesteps"]["lstm"]["input"] for r in ack_server.records()]
+    (packed,) = [g for g in got if isinstance(g, dict)]
+    (listed,) = [g for g in got if isinstance(g, list)]
+    raw = base64.b64decode(packed["f64"], validate=True)
+    assert raw == struct.pack("<4d", *values)
+    assert listed == [0.5, 1e-300, "NaN", "Infinity"]
+    assert record["timesteps"]["lstm"]["input"] is values  # the caller's record is untouched
 
 
 def test_big_sends_are_split_within_the_batch_limits(hello: Any, steps: Any) -> None:

@@ -8,6 +8,7 @@ import { el, replaceChildren } from "./dom.js";
 import { FrameBatcher } from "./batcher.js";
 import { Heatmap } from "./heatmap.js";
 import { connect } from "./live.js";
+import { seriesValues } from "./num.js";
 import { panel } from "./panels.js";
 import { profileLayout, profileTraces } from "./profile.js";
 import { finite, LineChart, positive } from "./series.js";
@@ -128,8 +129,8 @@ export class CompareView {
       if (rec.kind !== "step") continue;
       for (const [field] of CHARTS) if (rec[field] !== undefined && rec[field] !== null) points.push({ key: `${k}|${field}`, step: rec.step, value: rec[field] });
       const h = this.heatmaps[k];
-      const values = h && rec.timesteps && rec.timesteps[h.module] ? rec.timesteps[h.module][h.series] : null;
-      if (Array.isArray(values)) {
+      const values = h && rec.timesteps && rec.timesteps[h.module] ? seriesValues(rec.timesteps[h.module][h.series]) : null;
+      if (values !== null) {
         rows[k].push({ step: rec.step, values });
         this.latest[`${k}|${h.module}`] = values;
         profileChanged = true;

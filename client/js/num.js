@@ -19,6 +19,28 @@ export function isNonFinite(value) {
   return n !== null && !Number.isFinite(n);
 }
 
+/**
+ * A per-timestep series as an array of numbers, or null when it is neither form the
+ * protocol allows: a list of numbers, or {"f64": base64 of little-endian float64}
+ * (packed by the trainer; either base64 alphabet). Decoded here, once per record.
+ */
+export function seriesValues(value) {
+  if (Array.isArray(value)) return value;
+  if (!value || typeof value.f64 !== "string") return null;
+  let bin;
+  try {
+    bin = atob(value.f64.replace(/-/g, "+").replace(/_/g, "/"));
+  } catch {
+    return null;
+  }
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i += 1) bytes[i] = bin.charCodeAt(i);
+  const view = new DataView(bytes.buffer);
+  const out = new Array(bytes.length >> 3);
+  for (let i = 0; i < out.length; i += 1) out[i] = view.getFloat64(i * 8, true);
+  return out;
+}
+
 // The heatmap's fixed colour scale: norms span about 1e-30 (no gradient left) to 1e3
 // (exploding). A fixed scale keeps colours comparable between runs and over time.
 export const LOG_MIN = -30;

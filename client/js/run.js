@@ -11,7 +11,7 @@ import { purgeAll } from "./charts.js";
 import { Heatmap } from "./heatmap.js";
 import { connect } from "./live.js";
 import { heatmapKeys, historySeries } from "./history.js";
-import { fmt, fmtBytes, fmtSeconds, num } from "./num.js";
+import { fmt, fmtBytes, fmtSeconds, num, seriesValues } from "./num.js";
 import { heatmapPanelId, panel, RollingMedian, slope, specs } from "./panels.js";
 import { Profile } from "./profile.js";
 import { RanksView } from "./ranks.js";
@@ -298,8 +298,9 @@ export class RunView {
         const m = this.trend.push(rec.duration_s);
         if (m !== null) points.push({ key: "trend", step: rec.step, value: m });
         for (const [module, seriesMap] of Object.entries(rec.timesteps || {})) {
-          for (const [series, values] of Object.entries(seriesMap || {})) {
-            if (!Array.isArray(values)) continue;
+          for (const [series, wire] of Object.entries(seriesMap || {})) {
+            const values = seriesValues(wire);
+            if (values === null) continue;
             const key = `${module}|${series}`;
             if (!rows.has(key)) rows.set(key, []);
             rows.get(key).push({ step: rec.step, values });

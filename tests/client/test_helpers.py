@@ -41,3 +41,35 @@ def test_horizon_and_heatmap_scale_match_the_report(gradwatch_server, open_page)
     assert js["horizons"][0] > 90  # the vanishing profile's early timesteps are cut off
     assert js["horizons"][1] == 0
     assert w.errors == []
+
+
+def test_packed_series_decode_in_the_page_as_python_packs_them(gradwatch_server, open_page):
+    from gradwatch.protocol.codec import packed_series
+
+    values = [1.234e-29, 5e-324, -0.0, 0.5, 1.7976931348623157e308]
+    standard = packed_series(values)
+    urlsafe = {"f64": standard["f64"].replace("+", "-").replace("/", "_")}
+    server = gradwatch_server()
+    w = open_page(server)
+    w.page.wait_for_selector("body[data-painted='1']")
+    js: Any = w.page.evaluate(
+        """async ([standard, urlsafe, nonfinite]) => {
+            const n = await import("/static/js/num.js");
+            const text = (v) => (v === null ? null : v.map((x) => String(x)));
+            return {
+                standard: n.seriesValues(standard),
+                urlsafe: n.seriesValues(urlsafe),
+                nonfinite: text(n.seriesValues(nonfinite)),
+                negzero: Object.is(n.seriesValues(standard)[2], -0),
+                list: n.seriesValues([1, "NaN"]),
+                bad: [n.seriesValues({ f64: "%%%" }), n.seriesValues("1,2"), n.seriesValues(null)],
+            };
+        }""",
+        [standard, urlsafe, packed_series([float("nan"), float("inf"), float("-inf")])],
+    )
+    assert js["standard"] == values and js["urlsafe"] == values
+    assert js["negzero"] is True
+    assert js["nonfinite"] == ["NaN", "Infinity", "-Infinity"]
+    assert js["list"] == [1, "NaN"]
+    assert js["bad"] == [None, None, None]
+    assert w.errors == []

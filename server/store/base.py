@@ -30,22 +30,19 @@ from concurrent.futures import Future
 from typing import Any, ClassVar
 
 from ..settings import Settings
-from . import rollups, rows
+from . import rows
 from .reads import Reads
+from .scalar_writes import ROLLED_COLUMNS as _ROLLED_COLUMNS  # noqa: F401 (bench/ingest.py)
+from .scalar_writes import ScalarWrites
 
 _STOP = object()
-# (index in a `steps` row, field name) of the columns the history API serves.
-_ROLLED_COLUMNS = (
-    (rows.STEP_COLUMNS.index("step"), rollups.STEP_SERIES),
-    *((rows.STEP_COLUMNS.index(f), f) for f in rows.SCALAR_FIELDS),
-)
 
 
 class StoreError(RuntimeError):
     """The database refused or lost a write; the batch was not acknowledged."""
 
 
-class Store(Reads, ABC):
+class Store(ScalarWrites, Reads, ABC):
     """SQL storage shared by SQLite and PostgreSQL; subclasses supply connections."""
 
     kind: ClassVar[str]
@@ -59,8 +56,9 @@ class Store(Reads, ABC):
         self._readers: list[Any] = []
         self._readers_lock = threading.Lock()
         self._closed = False
-        # (run_id, rank), name -> series id; only the writer thread touches it.
-        self._series_ids: dict[tuple[tuple[str, int], str], int] = {}
+        # Ids of series and name sets; only the writer thread touches them.
+        self._series_ids = {}
+        self._name_sets = {}
         writer = self.connect()
         self.create_schema(writer)
         self._writer_conn = writer
@@ -152,7 +150,7 @@ class Store(Reads, ABC):
             # fails (not acknowledged, so resent) and the loop reconnects.
             with contextlib.suppress(Exception):
                 conn.rollback()
-            self._series_ids.clear()  # ids created in the rolled-back transaction are gone
+            self._forget_ids()  # ids created in the rolled-back transaction are gone
             for item in group:
                 self._write_one(conn, item)
             return
@@ -167,7 +165,7 @@ class Store(Reads, ABC):
         except Exception as error:
             with contextlib.suppress(Exception):  # a lost connection is reported below
                 conn.rollback()
-            self._series_ids.clear()
+            self._forget_ids()
             future.set_exception(StoreError(f"{type(error).__name__}: {error}"))
             return
         future.set_result(result)
@@ -179,16 +177,6 @@ class Store(Reads, ABC):
             return None
         batch, session = payload
         return self._write_batch(cur, batch, session)
-
-    def _series_id(self, cur: Any, run_id: str, rank: int, name: str) -> int:
-        cur.execute(
-            self.sql(self.insert_ignore("series", ("run_id", "rank", "name"))), (run_id, rank, name)
-        )
-        cur.execute(
-            self.sql("SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?"),
-            (run_id, rank, name),
-        )
-        return int(cur.fetchone()[0])
 
     def _write_hello(self, cur: Any, hello: Any) -> None:
         now = time.time()
@@ -231,32 +219,10 @@ class Store(Reads, ABC):
         if cur.rowcount == 0:
             return False  # a repeat: acknowledged, not stored again
         split = rows.split_batch(batch, self.scalar_in, session)
-        ids = self._series_ids
-        key = (batch.run_id, batch.rank)
-        values = []
         if split.steps:
             cur.executemany(self.sql(rows.STEP_INSERT), split.steps)
-        if split.scalars:
-            for name, step, value in split.scalars:
-                series = ids.get((key, name))
-                if series is None:
-                    series = ids[key, name] = self._series_id(cur, batch.run_id, batch.rank, name)
-                values.append((series, step, value))
-            cur.executemany(self.sql(rows.SCALAR_INSERT), values)
-        # The plain columns and the step numbers get series ids too, for rollups only.
-        for column, name in _ROLLED_COLUMNS:
-            series = None
-            for row in split.steps:
-                if row[column] is not None:
-                    if series is None:
-                        series = ids.get((key, name))
-                        if series is None:
-                            series = ids[key, name] = self._series_id(
-                                cur, batch.run_id, batch.rank, name
-                            )
-                    values.append((series, row[2], row[column]))
-        if values:
-            cur.executemany(self.sql(rollups.UPSERT), rollups.aggregate(values, self.value_key))
+        # Packed named rows, and the rollups of every series (store/scalar_writes.py).
+        self._write_scalars(cur, batch, split)
         if split.timesteps:
             cur.executemany(self.sql(rows.TIMESTEP_INSERT), split.timesteps)
         if split.epochs:

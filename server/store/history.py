@@ -8,25 +8,25 @@ rollups. Mixed into :class:`gradwatch.server.store.reads.Reads`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..downsample import bucket_width
 from . import rollups, rows
+from .named_reads import NamedReads
 
 _PARAM_FAMILIES = ("param_norms", "gate_norms", "profile")
 PROFILE_KEYS = ("forward_s", "backward_s", "calls")
 
 
-class HistoryReads:
-    """The ``steps`` query and its buckets; the backend supplies ``query``/``sql``."""
+class HistoryReads(NamedReads):
+    """The ``steps`` query and its buckets; the backend supplies ``query``/``sql``.
+
+    Named fields are read from their packed rows (:class:`NamedReads`)."""
 
     # How this backend orders stored values (min/max); PostgreSQL has its own.
     value_key = staticmethod(rollups.sqlite_key)
     _rollups_from: float | None = None
-
-    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
 
     def reader(self) -> Any:
         raise NotImplementedError
@@ -80,7 +80,7 @@ class HistoryReads:
         return found
 
     def _field_sql(self, name: str) -> str | None:
-        """The ``steps`` column of a plain field, None for a named one (``scalars`` rows);
+        """The ``steps`` column of a plain field, None for a named one (packed rows);
         ValueError "expected ..., got ..." for a name that is not a field."""
         if name in rows.SCALAR_FIELDS:
             return name
@@ -138,6 +138,8 @@ class HistoryReads:
         downsampled = total > max_points
         width = bucket_width(int(first), int(last), max_points // 2) if downsampled else 1
         level = rollups.level_for(width) if downsampled and rolled else None
+        sets: dict[int, dict[str, int]] | None = None
+        memo: dict[Any, Any] = {}  # packed rows read once for all the named fields
         for name, column in columns.items():
             args: tuple[Any, ...]
             series: int | None = None
@@ -151,24 +153,43 @@ class HistoryReads:
                 if series is None:
                     out[name] = {"step": [], "value": []}
                     continue
-                table, sql = "scalars", "value"
-                clause = "series = ? AND step >= ? AND step <= ?"
-                args = (series, lo, hi)
-            else:
-                table, sql, clause, args = "steps", column, where, params
-            if not downsampled:
-                found = self.query(
-                    f"SELECT step, {sql} FROM {table} WHERE {clause}"  # noqa: S608
-                    f" AND {sql} IS NOT NULL ORDER BY step",
-                    args,
+                if sets is None:
+                    sets = self.name_sets(run_id, rank)
+            found: Sequence[tuple[Any, ...]]
+            if column is None and sets:
+                found = self._named_field(
+                    run_id, rank, name, series, started, sets, memo, lo, hi,
+                    (int(first), int(last), width, level) if downsampled else None,
                 )
             else:
-                bounded = (*args[:-1], min(hi, int(last)))
-                found = self._bucketed(
-                    table, clause, bounded, sql, int(first), width, level, series
-                )
-                if name in rows.INTEGER_FIELDS:  # PostgreSQL rollups hold them as float8
-                    found = [(s, _integral(v)) for s, v in found]
+                if column is None:  # a run written before the packed rows
+                    table, sql = "scalars", "value"
+                    clause = "series = ? AND step >= ? AND step <= ?"
+                    args = (series, lo, hi)
+                else:
+                    table, sql, clause, args = "steps", column, where, params
+                if not downsampled:
+                    found = self.query(
+                        f"SELECT step, {sql} FROM {table} WHERE {clause}"  # noqa: S608
+                        f" AND {sql} IS NOT NULL ORDER BY step",
+                        args,
+                    )
+                else:
+                    bounded = (*args[:-1], min(hi, int(last)))
+                    found = self._bucketed(
+                        lo,
+                        min(hi, int(last)),
+                        int(first),
+                        width,
+                        level,
+                        series,
+                        lambda b, t=table, c=clause, a=bounded, q=sql: self.bucket_extremes(
+                            t, c, a, q, b
+                        ),
+                    )
+            if name in rows.INTEGER_FIELDS or _is_count(name):
+                # PostgreSQL rollups hold them as float8, packed rows hold float64.
+                found = [(s, _integral(v)) for s, v in found]
             out[name] = {"step": [r[0] for r in found], "value": [_number(r[1]) for r in found]}
         return {
             "rank": rank,
@@ -222,20 +243,49 @@ class HistoryReads:
             max(lasts) if lasts else None,
         )
 
+    def _named_field(
+        self,
+        run_id: str,
+        rank: int,
+        name: str,
+        series: int | None,
+        started: Any,
+        sets: dict[int, dict[str, int]],
+        memo: dict[Any, Any],
+        lo: int,
+        hi: int,
+        buckets: tuple[int, int, int, int | None] | None,
+    ) -> list[tuple[int, Any]]:
+        """A named field from its packed rows: every point of ``lo..hi``, or with
+        ``buckets`` (first, last, width, level) each bucket's min and max."""
+        if buckets is None:
+            return self.named_points(run_id, rank, name, lo, hi, memo, sets, series, started)
+        first, last, width, level = buckets
+        return self._bucketed(
+            lo,
+            min(hi, last),
+            first,
+            width,
+            level,
+            series,
+            lambda bounds: self.named_extremes(
+                run_id, rank, name, bounds, memo, sets, series, started
+            ),
+        )
+
     def _bucketed(
         self,
-        table: str,
-        clause: str,
-        args: tuple[Any, ...],
-        sql: str,
+        lo: int,
+        hi: int,
         first: int,
         width: int,
         level: int | None,
         series: int | None,
+        raw_extremes: Callable[[Sequence[tuple[int, int]]], list[tuple[int, Any]]],
     ) -> list[tuple[int, Any]]:
-        """(step, value) of each bucket's min and max, in step order; ``args`` end with
-        the range read, ``first`` its first step."""
-        lo, hi = int(args[-2]), int(args[-1])
+        """(step, value) of each bucket's min and max, in step order, for the steps
+        ``lo..hi`` (``first`` the first one stored); ``raw_extremes`` answers the
+        buckets that the rollups do not (from the rows)."""
         buckets = range(first // width, hi // width + 1)
         raw = list(buckets)
         found: dict[int, Any] = {}
@@ -260,8 +310,13 @@ class HistoryReads:
                     found[hi_step] = hi_v
         if raw:
             bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
-            found.update(self.bucket_extremes(table, clause, args, sql, bounds))
+            found.update(raw_extremes(bounds))
         return sorted(found.items())
+
+
+def _is_count(name: str) -> bool:
+    """``profile/<module>/calls``: a count, kept as float64 in the packed rows."""
+    return name.startswith("profile/") and name.endswith("/calls")
 
 
 def _integral(value: Any) -> Any:

@@ -2,8 +2,8 @@
 
 Scalars go to their own columns (so the history API reads one column per series);
 named scalars (``param_norms/<p>``, ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``) go
-to rows of ``scalars`` (series id, step, value), so each one's history is one index
-range, not a JSON parse per step; ``nonfinite`` goes to JSON text; each
+to ONE packed row per record of ``named_scalars`` (store/named.py); ``nonfinite`` goes
+to JSON text; each
 per-timestep series goes to its own row of ``timesteps`` as packed little-endian
 float64 (an ``array('d')`` blob): re-encoding 128 floats as JSON text cost ~10x
 more than packing them, and the heatmap reads one module's series without touching
@@ -25,6 +25,9 @@ from typing import Any
 from pydantic_core import to_json
 
 from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
+
+from .named import NamedBuilder, NamedGroup
+from .named import schema as named_schema
 
 # Numeric scalar columns of `steps`, in protocol names (docs/PROTOCOL.md).
 NUMBER_FIELDS = ("t", "duration_s", "loss", "total_norm", "overhead")
@@ -77,11 +80,6 @@ EPOCH_INSERT = (
     "INSERT INTO epochs (run_id, rank, epoch, step, t, duration_s, steps, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# The latest value of a step wins (a step re-sent under a new seq after a restart).
-SCALAR_INSERT = (
-    "INSERT INTO scalars (series, step, value) VALUES (?, ?, ?)"
-    " ON CONFLICT (series, step) DO UPDATE SET value = excluded.value"
-)
 ALERT_INSERT = (
     "INSERT INTO alerts (run_id, rank, step, code, severity, state, subject, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -125,10 +123,10 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
         f" data {blob})",
         "CREATE INDEX IF NOT EXISTS timesteps_lookup"
         " ON timesteps (run_id, module, series, rank, step)",
-        # Named scalars: an integer series id per (run, rank, name) keeps index entries
-        # small; a row of `scalars` is then about 5x cheaper to insert than with text keys.
+        # An integer id per (run, rank, name) of every scalar series: its rollups' key.
         f"CREATE TABLE IF NOT EXISTS series (id {serial}, run_id TEXT NOT NULL,"
         f" rank {integer} NOT NULL, name TEXT NOT NULL, UNIQUE (run_id, rank, name))",
+        # Named scalars as the versions before store/named.py kept them: still read.
         f"CREATE TABLE IF NOT EXISTS scalars (series {integer} NOT NULL, step {integer} NOT NULL,"
         f" value {number}, PRIMARY KEY (series, step)){clustered}",
         f"CREATE TABLE IF NOT EXISTS epochs (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
@@ -151,6 +149,7 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
         # history is read from the rows (store/reads.py).
         "INSERT INTO meta (key, value) VALUES ('rollups_from',"  # noqa: S608 (a float)
         f" '{time.time()!r}') ON CONFLICT DO NOTHING",
+        *named_schema(integer, blob, serial, clustered),
     ]
 
 
@@ -192,7 +191,8 @@ def unpack_series(data: bytes) -> list[float]:
 class SplitBatch:
     steps: list[tuple[Any, ...]] = field(default_factory=list)
     timesteps: list[tuple[Any, ...]] = field(default_factory=list)
-    scalars: list[tuple[Any, ...]] = field(default_factory=list)
+    # Named scalars by name set (store/named.py).
+    named: dict[tuple[str, ...], NamedGroup] = field(default_factory=dict)
     epochs: list[tuple[Any, ...]] = field(default_factory=list)
     alerts: list[tuple[Any, ...]] = field(default_factory=list)
     ends: list[tuple[str, int | None, Any]] = field(default_factory=list)
@@ -200,19 +200,16 @@ class SplitBatch:
     last_step: int | None = None
     last_epoch: int | None = None
 
-
-_NAMES: dict[tuple[str, str], str] = {}
-
-
-def _name(prefix: str, key: str) -> str:
-    """``prefix + key``, interned: the same few names repeat on every record."""
-    try:
-        return _NAMES[prefix, key]
-    except KeyError:
-        if len(_NAMES) > 100_000:
-            _NAMES.clear()
-        name = _NAMES[prefix, key] = prefix + key
-        return name
+    @property
+    def scalars(self) -> list[tuple[str, int, Any]]:
+        """The named scalars as ``(name, step, value)`` in batch order per name set
+        (the previous layout's rows; rollups.aggregate takes them with series ids)."""
+        return [
+            (name, step, value)
+            for names, group in self.named.items()
+            for step, values in zip(group.steps, group.values, strict=True)
+            for name, value in zip(names, values, strict=True)
+        ]
 
 
 def _json_or_none(value: Any) -> str | None:
@@ -225,7 +222,8 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
     run_id, rank = batch.run_id, batch.rank
     last_step = -1
     last_epoch = -1
-    seen: tuple[Any, ...] = ()
+    seen: tuple[bool, ...] = ()
+    builder = NamedBuilder(scalar, out.keys)
     # Unique per (run, rank, step) row: the batch's seq and the record's place in it,
     # salted with the session, where a new trainer process counts seq from 0 again.
     uid = (zlib.crc32(session.encode()) & 0xFFFFF) << 43 if session else 0
@@ -246,23 +244,7 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             row.append(_json_or_none(record.nonfinite))
             row.append(dumps(extra) if extra else None)
             out.steps.append(tuple(row))
-            if record.param_norms:
-                out.scalars.extend(
-                    (_name("param_norms/", p), step, scalar(v))
-                    for p, v in record.param_norms.items()
-                )
-            if record.gate_norms:
-                for p, gates in record.gate_norms.items():
-                    out.scalars.extend(
-                        (_name(f"gate_norms/{p}/", g), step, scalar(v)) for g, v in gates.items()
-                    )
-            if record.profile:
-                for module, entry in record.profile.items():
-                    for key in ("forward_s", "backward_s", "calls"):
-                        value = getattr(entry, key)
-                        if value is not None:
-                            name = _name(f"profile/{module}/", key)
-                            out.scalars.append((name, step, scalar(value)))
+            builder.add(record, step, uid)
             if record.timesteps:
                 for module, series_map in record.timesteps.items():
                     for series, values in series_map.items():
@@ -270,23 +252,12 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
                             (run_id, rank, step, module, series, len(values), pack_series(values))
                         )
                         out.keys.add(("timesteps", module, series))
-            # Names rarely change between records: look at each new set of names once.
-            names = (
-                tuple(d[f] is not None for f in SCALAR_FIELDS),
-                record.param_norms.keys() if record.param_norms else None,
-                tuple(record.gate_norms.items()) if record.gate_norms else None,
-                record.profile.keys() if record.profile else None,
-            )
-            if names != seen:
-                seen = names
+            # Fields rarely change between records: look at each new set once (the
+            # named ones' keys are added by the builder, once per name set).
+            present = tuple(d[f] is not None for f in SCALAR_FIELDS)
+            if present != seen:
+                seen = present
                 out.keys.update(("scalar", f, "") for f in SCALAR_FIELDS if d[f] is not None)
-                if record.param_norms:
-                    out.keys.update(("param_norms", p, "") for p in record.param_norms)
-                if record.gate_norms:
-                    for p, gates in record.gate_norms.items():
-                        out.keys.update(("gate_norms", p, g) for g in gates)
-                if record.profile:
-                    out.keys.update(("profile", mod, "") for mod in record.profile)
         elif kind == "epoch":
             last_epoch = max(last_epoch, record.epoch)
             if record.step is not None:
@@ -318,6 +289,7 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             )
         else:  # end
             out.ends.append((record.status, record.step, record.t))
+    out.named = builder.groups
     out.last_step = last_step if last_step >= 0 else None
     out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out

@@ -1,0 +1,239 @@
+"""Reading named scalars from their packed rows (store/named.py) for ``/steps``.
+
+A named field's history is the rows of its run and rank in a step range, each
+decoded once and shared by every field of the same query; the field's values are
+one C-level slice per name set (``flat[index::width]``). Where several rows hold the
+same step (a step sent again), the one written last wins, per name. Edge and fine
+buckets take each bucket's min and max in Python with the SQL path's semantics: the
+backend's value order (``value_key``; values pass through ``scalar_in`` as stored
+values do), the earliest step among equal values.
+
+Runs started before this layout may hold ``scalars`` rows; those are merged in
+(packed rows win), and a run with no packed rows at all is read by SQL as before.
+
+Example (any store):
+    >>> points = store.named_points("run", 0, "param_norms/w", 0, 99, {})  # doctest: +SKIP
+    [(0, 0.5), (1, 0.25)]
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from typing import Any
+
+from . import named, rollups, rows
+
+# (step, value) in step order, one per step.
+Points = list[tuple[int, Any]]
+
+
+class PackedSpan:
+    """The packed rows of one run and rank in a step range, grouped by name set and
+    decoded on first use."""
+
+    def __init__(self, found: Sequence[tuple[Any, ...]], sets: dict[int, dict[str, int]]) -> None:
+        self.sets = sets
+        # set id -> ([step], [(written, uid)], [data]) in (step, uid) order
+        self.rows: dict[int, tuple[list[int], list[tuple[int, int]], list[bytes]]] = {}
+        self.repeats = False  # some step has more than one row
+        previous = None
+        for step, uid, written, set_id, data in found:
+            part = self.rows.get(set_id)
+            if part is None:
+                part = self.rows[set_id] = ([], [], [])
+            part[0].append(step)
+            part[1].append((written, uid))
+            part[2].append(bytes(data))
+            self.repeats = self.repeats or step == previous
+            previous = step
+        self._flat: dict[int, list[float]] = {}
+
+    def columns(self, name: str) -> list[tuple[list[int], list[tuple[int, int]], list[float]]]:
+        """(steps, write order, values) of ``name`` from each name set holding it."""
+        out = []
+        for set_id, (steps, order, data) in self.rows.items():
+            names = self.sets.get(set_id)
+            index = names.get(name) if names else None
+            if index is None:
+                continue
+            assert names is not None
+            width = len(names)
+            flat = self._flat.get(set_id)
+            if flat is None:
+                flat = self._flat[set_id] = named.decode(b"".join(data))
+            if len(flat) != width * len(steps):  # never expected: rows of another width
+                values = [_at(named.decode(d), index) for d in data]
+            else:
+                values = flat[index::width]
+            out.append((steps, order, values))
+        return out
+
+
+def _at(values: list[float], index: int) -> float:
+    return values[index] if index < len(values) else float("nan")
+
+
+class NamedReads:
+    """Mixed into :class:`gradwatch.server.store.history.HistoryReads`."""
+
+    value_key = staticmethod(rollups.sqlite_key)
+    _named_from: float | None = None
+
+    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def scalar_in(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def name_sets(self, run_id: str, rank: int) -> dict[int, dict[str, int]]:
+        """Each name set of a run and rank: id -> {name: index in its rows}."""
+        cache: dict[int, dict[str, int]] = self.__dict__.setdefault("_decoded_sets", {})
+        if len(cache) > 10_000:
+            cache.clear()
+        out = {}
+        for set_id, text in self.query(
+            "SELECT id, names FROM named_sets WHERE run_id = ? AND rank = ?", (run_id, rank)
+        ):
+            found = cache.get(set_id)
+            if found is None:  # a set never changes: decode its JSON once
+                found = cache[set_id] = {n: i for i, n in enumerate(json.loads(text))}
+            out[set_id] = found
+        return out
+
+    def named_points(
+        self,
+        run_id: str,
+        rank: int,
+        name: str,
+        lo: int,
+        hi: int,
+        memo: dict[Any, Any],
+        sets: dict[int, dict[str, int]] | None = None,
+        series: int | None = None,
+        started: Any = None,
+    ) -> Points:
+        """(step, stored value) of a named field in ``lo..hi``: the last row written of
+        each step; ``memo`` shares the decoded rows between the fields of one query.
+        ``series`` and ``started`` let a run older than this layout add its
+        ``scalars`` rows."""
+        if sets is None:
+            sets = self.name_sets(run_id, rank)
+        span = memo.get((lo, hi))
+        if span is None:
+            span = memo[lo, hi] = PackedSpan(
+                self.query(
+                    "SELECT step, uid, written, names, data FROM named_scalars"
+                    " WHERE run_id = ? AND rank = ? AND step >= ? AND step <= ?"
+                    " ORDER BY step, uid",
+                    (run_id, rank, lo, hi),
+                ),
+                sets,
+            )
+        parts = span.columns(name)
+        legacy: list[tuple[Any, ...]] = []
+        if series is not None and self._older_than_packed(started):
+            legacy = self.query(
+                "SELECT step, value FROM scalars WHERE series = ? AND step >= ? AND step <= ?"
+                " ORDER BY step",
+                (series, lo, hi),
+            )
+        if len(parts) == 1 and not span.repeats and not legacy:
+            steps, _, values = parts[0]
+            return list(zip(steps, self._stored(values), strict=True))
+        # Several name sets, a step sent again, or old rows: the last written wins.
+        latest: dict[int, tuple[tuple[int, int], Any]] = {
+            step: ((-1, -1), value) for step, value in legacy
+        }
+        for steps, order, values in parts:
+            for step, at, value in zip(steps, order, self._stored(values), strict=True):
+                found = latest.get(step)
+                if found is None or found[0] < at:
+                    latest[step] = (at, value)
+        return [(step, latest[step][1]) for step in sorted(latest)]
+
+    def named_extremes(
+        self,
+        run_id: str,
+        rank: int,
+        name: str,
+        bounds: Sequence[tuple[int, int]],
+        memo: dict[Any, Any],
+        sets: dict[int, dict[str, int]] | None = None,
+        series: int | None = None,
+        started: Any = None,
+    ) -> list[tuple[int, Any]]:
+        """(step, value) of the min and the max of each bucket (``bounds``: its first
+        and last steps), as :meth:`bucket_extremes` answers them from SQL."""
+        spans: list[list[int]] = []  # adjacent buckets are read as one range
+        for start, end in sorted(bounds):
+            if spans and start == spans[-1][1] + 1:
+                spans[-1][1] = end
+            else:
+                spans.append([start, end])
+        lows: list[tuple[int, Any]] = []
+        highs: list[tuple[int, Any]] = []
+        for start, end in spans:
+            points = self.named_points(
+                run_id, rank, name, start, end, memo, sets, series, started
+            )
+            inside = [b for b in bounds if start <= b[0] and b[1] <= end]
+            found = bucket_extremes(points, inside, self.value_key)
+            lows.extend(found[0])
+            highs.extend(found[1])
+        return lows + highs
+
+    def _stored(self, values: list[float]) -> list[Any]:
+        """Decoded floats as the backend stores numbers (SQLite: "NaN" strings), so they
+        order and compare as the stored values and the rollups do."""
+        try:
+            total = sum(values)
+            if total - total == 0:  # all finite: nothing to convert
+                return values
+        except TypeError:
+            pass
+        convert = self.scalar_in
+        return [v if v - v == 0 else convert(rows.scalar_out(v)) for v in values]
+
+    def _older_than_packed(self, started: Any) -> bool:
+        """Whether a run started before this database kept packed named rows."""
+        if self._named_from is None:
+            found = self.query("SELECT value FROM meta WHERE key = 'named_from'")
+            self._named_from = float(found[0][0]) if found else float("inf")
+        return started is None or float(started) < self._named_from
+
+
+def bucket_extremes(
+    points: Points, bounds: Sequence[tuple[int, int]], key: rollups.Key
+) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
+    """The min and the max point of each ``(first, last)`` step range of ``points``
+    (in step order): the earliest of equal values, in the order of ``key``.
+
+    >>> bucket_extremes([(0, 2.0), (1, "NaN"), (5, 2.0), (6, 1.0)], [(0, 3), (4, 7)],
+    ...                 rollups.sqlite_key)
+    ([(0, 2.0), (6, 1.0)], [(1, 'NaN'), (5, 2.0)])
+    """
+    steps = [p[0] for p in points]
+    values = [p[1] for p in points]
+    try:
+        total = sum(values)
+        plain = total == total
+    except TypeError:
+        plain = False
+    keys = None if plain else [key(v) for v in values]
+    lows: list[tuple[int, Any]] = []
+    highs: list[tuple[int, Any]] = []
+    for start, end in bounds:
+        i, j = bisect_left(steps, start), bisect_right(steps, end)
+        if i == j:
+            continue
+        if keys is None:
+            part = values[i:j]
+            lo, hi = i + part.index(min(part)), i + part.index(max(part))
+        else:
+            at = keys.__getitem__
+            lo, hi = min(range(i, j), key=at), max(range(i, j), key=at)
+        lows.append(points[lo])
+        highs.append(points[hi])
+    return lows, highs

@@ -1,0 +1,147 @@
+"""The writer thread's scalar work for one batch: packed named rows and rollups.
+
+Mixed into :class:`gradwatch.server.store.base.Store`. Each name set of a batch
+(store/named.py) becomes one id in ``named_sets`` and one row per record in
+``named_scalars``; each name and each plain ``steps`` column keeps its ``series`` id,
+and the rollups of all of them are computed column-wise (store/columns.py) and
+upserted in one ``executemany``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from itertools import repeat
+from typing import Any
+
+from . import named, rollups, rows
+from .columns import Group, aggregate_columns
+
+# (index in a `steps` row, series name) of the columns the history API serves, and
+# the step numbers themselves (their rollups count the steps of a range).
+ROLLED_COLUMNS = (
+    (rows.STEP_COLUMNS.index("step"), rollups.STEP_SERIES),
+    *((rows.STEP_COLUMNS.index(f), f) for f in rows.SCALAR_FIELDS),
+)
+_STEP = rows.STEP_COLUMNS.index("step")
+_UID = rows.STEP_COLUMNS.index("uid")
+
+
+class ScalarWrites:
+    """Packed named scalars and rollups; the Store supplies SQL and series ids."""
+
+    value_key = staticmethod(rollups.sqlite_key)
+    # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
+    # Only the writer thread touches them; both are forgotten after a rollback.
+    _series_ids: dict[tuple[tuple[str, int], str], int]
+    _name_sets: dict[tuple[tuple[str, int], tuple[str, ...]], tuple[int, list[int]]]
+    # The clock of the last batch written: a re-sent step's newest row wins on read.
+    _written: int = 0
+
+    def sql(self, text: str) -> str:
+        raise NotImplementedError
+
+    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
+        raise NotImplementedError
+
+    def _forget_ids(self) -> None:
+        """Ids created in a rolled-back transaction are gone."""
+        self._series_ids.clear()
+        self._name_sets.clear()
+
+    def _series(self, cur: Any, run_id: str, rank: int, name: str) -> int:
+        key = (run_id, rank)
+        found = self._series_ids.get((key, name))
+        if found is None:
+            cur.execute(
+                self.sql(self.insert_ignore("series", ("run_id", "rank", "name"))),
+                (run_id, rank, name),
+            )
+            cur.execute(
+                self.sql("SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?"),
+                (run_id, rank, name),
+            )
+            found = self._series_ids[key, name] = int(cur.fetchone()[0])
+        return found
+
+    def _name_set(
+        self, cur: Any, run_id: str, rank: int, names: tuple[str, ...]
+    ) -> tuple[int, list[int]]:
+        """(id in ``named_sets``, series id of each name) of a name set."""
+        key = (run_id, rank)
+        found = self._name_sets.get((key, names))
+        if found is None:
+            digest, text = named.digest(names)
+            cur.execute(
+                self.sql(
+                    self.insert_ignore("named_sets", ("run_id", "rank", "digest", "names"))
+                ),
+                (run_id, rank, digest, text),
+            )
+            cur.execute(
+                self.sql(
+                    "SELECT id FROM named_sets WHERE run_id = ? AND rank = ? AND digest = ?"
+                ),
+                (run_id, rank, digest),
+            )
+            set_id = int(cur.fetchone()[0])
+            series = [self._series(cur, run_id, rank, name) for name in names]
+            found = self._name_sets[key, names] = (set_id, series)
+        return found
+
+    def _write_scalars(self, cur: Any, batch: Any, split: rows.SplitBatch) -> None:
+        run_id, rank = batch.run_id, batch.rank
+        groups: list[Group] = []
+        if split.named:
+            self._written = written = max(time.time_ns(), self._written + 1)
+            packed: list[tuple[Any, ...]] = []
+            for names, group in split.named.items():
+                set_id, series = self._name_set(cur, run_id, rank, names)
+                packed.extend(
+                    zip(
+                        repeat(run_id),
+                        repeat(rank),
+                        group.steps,
+                        group.uids,
+                        repeat(written),
+                        repeat(set_id),
+                        group.blobs,
+                    )
+                )
+                # One tuple per name, transposed in C.
+                columns = list(zip(*group.values, strict=True))
+                groups.append(Group(group.steps, group.uids, series, columns))
+            cur.executemany(self.sql(named.NAMED_INSERT), packed)
+        if split.steps:
+            groups.extend(self._column_groups(cur, run_id, rank, split.steps))
+        if groups:
+            cur.executemany(self.sql(rollups.UPSERT), aggregate_columns(groups, self.value_key))
+
+    def _column_groups(
+        self, cur: Any, run_id: str, rank: int, step_rows: list[tuple[Any, ...]]
+    ) -> list[Group]:
+        """The plain ``steps`` columns (and the step numbers) as rollup groups: the
+        columns every record has share one group; a column with gaps gets its own."""
+        columns = list(zip(*step_rows, strict=True))
+        steps, uids = columns[_STEP], columns[_UID]
+        whole: list[int] = []
+        whole_columns: list[Sequence[Any]] = []
+        out: list[Group] = []
+        for at, name in ROLLED_COLUMNS:
+            values = columns[at]
+            if None not in values:
+                whole.append(self._series(cur, run_id, rank, name))
+                whole_columns.append(values)
+                continue
+            kept = [i for i, v in enumerate(values) if v is not None]
+            if kept:
+                out.append(
+                    Group(
+                        [steps[i] for i in kept],
+                        [uids[i] for i in kept],
+                        [self._series(cur, run_id, rank, name)],
+                        [[values[i] for i in kept]],
+                    )
+                )
+        out.append(Group(steps, uids, whole, whole_columns))
+        return out

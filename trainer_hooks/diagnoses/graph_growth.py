@@ -42,8 +42,8 @@ from .base import (
     fmt,
     sig,
     theil_sen,
-    trend,
 )
+from .trend import SlidingTrend
 
 
 class GraphGrowthDetector(Detector):
@@ -53,6 +53,7 @@ class GraphGrowthDetector(Detector):
         super().__init__(config)
         window = int(config["graph_window"])
         self._points: deque[tuple[int, int, int | None, bool]] = deque(maxlen=window)
+        self._trend = SlidingTrend(window)
         self._stale: list[str] = []
         self._early: list[int] = []
         self._holding = False
@@ -77,19 +78,20 @@ class GraphGrowthDetector(Detector):
                 bool(record.get("graph_truncated")),
             )
         )
+        self._trend.push(float(step), float(nodes))
         if len(self._early) < int(self.config["graph_min_points"]):
             self._early.append(nodes)
         if len(self._points) < int(self.config["graph_min_points"]):
             return {}
-        xs = [float(p[0]) for p in self._points]
-        ys = [float(p[1]) for p in self._points]
-        slope, last, rising = trend(xs, ys)
+        slope, last, rising = self._trend.trend()
         baseline = max(1, min(self._early))
         ratio = last / baseline
         needed = float(self.config["graph_rising_fraction"]) - (HYSTERESIS if self._holding else 0)
         self._holding = ratio >= float(self.config["graph_growth_ratio"]) and rising >= needed
         if not self._holding:
             return {"graph": None}
+        xs = [float(p[0]) for p in self._points]
+        ys = [float(p[1]) for p in self._points]
         return {"graph": self._finding(xs, ys, slope, ratio, rising, baseline)}
 
     def _finding(

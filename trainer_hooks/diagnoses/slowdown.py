@@ -43,9 +43,9 @@ from .base import (
     median,
     sig,
     theil_sen,
-    trend,
 )
 from .profiles import module_rows
+from .trend import SlidingTrend
 
 #: a correlate "explains" the slowdown when it grew at least this much over the window
 _GREW = {"graph_nodes": 1.2, "rss_bytes": 1.1}
@@ -56,7 +56,12 @@ class SlowdownDetector(Detector):
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
-        self._rows: deque[Mapping[str, Any]] = deque(maxlen=int(config["slowdown_window"]))
+        window = int(config["slowdown_window"])
+        self._rows: deque[Mapping[str, Any]] = deque(maxlen=window)
+        # the window's step times as (step, seconds), its pairwise slopes kept sorted:
+        # this runs on every step record, and recomputing 435 slopes each time was most
+        # of the diagnoses' cost per record
+        self._trend = SlidingTrend(window)
         self._seen = 0
         self._early: list[float] = []
         self._early_fields: dict[str, list[int]] = {}
@@ -83,6 +88,7 @@ class SlowdownDetector(Detector):
                 "profile": record.get("profile"),
             }
         )
+        self._trend.push(float(record["step"]), duration)
         if len(self._early) < int(self.config["slowdown_min_points"]):
             self._early.append(duration)
             for field in _GREW:
@@ -91,9 +97,7 @@ class SlowdownDetector(Detector):
                     self._early_fields.setdefault(field, []).append(value)
         if len(self._early) < int(self.config["slowdown_min_points"]):
             return {}
-        xs = [float(r["step"]) for r in self._rows]
-        ys = [float(r["duration_s"]) for r in self._rows]
-        slope, last, rising = trend(xs, ys)
+        slope, last, rising = self._trend.trend()
         baseline = median(self._early)
         ratio = last / baseline if baseline > 0 else 1.0
         needed = float(self.config["slowdown_rising_fraction"]) - (
@@ -102,6 +106,8 @@ class SlowdownDetector(Detector):
         self._holding = ratio >= float(self.config["slowdown_ratio"]) and rising >= needed
         if not self._holding:
             return {"step_time": None}
+        xs = [float(r["step"]) for r in self._rows]
+        ys = [float(r["duration_s"]) for r in self._rows]
         return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline)}
 
     def _correlates(self) -> dict[str, float]:

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import random
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -43,8 +45,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def step_record(step: int, rng: random.Random, timesteps: int, params: int) -> dict[str, Any]:
-    return {
+def _packed(values: list[float]) -> dict[str, str]:
+    """The packed wire form of a series: base64 of little-endian float64."""
+    return {"f64": base64.b64encode(struct.pack(f"<{len(values)}d", *values)).decode()}
+
+
+def step_record(
+    step: int, rng: random.Random, timesteps: int, params: int, packed: bool = False
+) -> dict[str, Any]:
+    record = {
         "kind": "step",
         "step": step,
         "epoch": step // 1000,
@@ -61,6 +70,12 @@ def step_record(step: int, rng: random.Random, timesteps: int, params: int) -> d
         "rss_bytes": 123456789,
         "overhead": 0.01,
     }
+    if packed:
+        record["timesteps"] = {
+            module: {name: _packed(values) for name, values in series.items()}
+            for module, series in record["timesteps"].items()
+        }
+    return record
 
 
 class Server:
@@ -103,13 +118,13 @@ class Server:
 
 
 def encode_batches(
-    run_id: str, batches: int, per_batch: int, args: argparse.Namespace
+    run_id: str, batches: int, per_batch: int, args: argparse.Namespace, packed: bool = False
 ) -> list[str]:
     rng = random.Random(run_id)
     texts = []
     for seq in range(batches):
         records = [
-            step_record(seq * per_batch + i, rng, args.timesteps, args.params)
+            step_record(seq * per_batch + i, rng, args.timesteps, args.params, packed)
             for i in range(per_batch)
         ]
         texts.append(
@@ -155,11 +170,14 @@ async def trainer(
         await task
 
 
-async def one_round(url: str, trainers: int, records: int, args: argparse.Namespace) -> float:
+async def one_round(
+    url: str, trainers: int, records: int, args: argparse.Namespace, packed: bool
+) -> float:
     per_trainer = records // trainers
     batches = max(1, per_trainer // args.batch)
     payloads = [
-        encode_batches(str(uuid.uuid4()), batches, args.batch, args) for _ in range(trainers)
+        encode_batches(str(uuid.uuid4()), batches, args.batch, args, packed)
+        for _ in range(trainers)
     ]
     start = asyncio.Event()
     tasks = [
@@ -173,7 +191,7 @@ async def one_round(url: str, trainers: int, records: int, args: argparse.Namesp
     return trainers * batches * args.batch / (time.perf_counter() - began)
 
 
-def breakdown(args: argparse.Namespace) -> dict[str, float]:
+def breakdown(args: argparse.Namespace, packed: bool) -> dict[str, float]:
     """Microseconds per record of each server-side stage, in this process."""
     from gradwatch.server.schema import parse_message
     from gradwatch.server.settings import Settings
@@ -181,7 +199,7 @@ def breakdown(args: argparse.Namespace) -> dict[str, float]:
     from gradwatch.server.store.rows import split_batch
 
     run_id = str(uuid.uuid4())
-    texts = encode_batches(run_id, 10, args.batch, args)
+    texts = encode_batches(run_id, 10, args.batch, args, packed)
     n = 10 * args.batch
     t0 = time.perf_counter()
     parsed = [parse_message(t) for t in texts]
@@ -269,14 +287,18 @@ def bench_backend(name: str, db: str, args: argparse.Namespace) -> None:
     server = Server(db)
     url = server.http.replace("http://", "ws://")
     try:
-        rates: dict[int, list[float]] = {}
+        rates: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.repeat):
-            for n in args.trainers:
-                rates.setdefault(n, []).append(asyncio.run(one_round(url, n, args.records, args)))
-        line = "  ".join(
-            f"{n:>2} trainers: {statistics.median(r):>8,.0f} rec/s" for n, r in rates.items()
-        )
-        print(f"{name:<10} {line}")
+            for encoding in args.encoding:
+                for n in args.trainers:
+                    rate = asyncio.run(one_round(url, n, args.records, args, encoding == "packed"))
+                    rates.setdefault((encoding, n), []).append(rate)
+        for encoding in args.encoding:
+            line = "  ".join(
+                f"{n:>2} trainers: {statistics.median(rates[encoding, n]):>8,.0f} rec/s"
+                for n in args.trainers
+            )
+            print(f"{name:<10} {encoding:<6} {line}")
         if args.history_steps:
             asyncio.run(fill_history(url, args.history_steps))
             _, runs = server.get("/api/runs")
@@ -306,21 +328,33 @@ def main() -> None:
     parser.add_argument("--timesteps", type=int, default=128)
     parser.add_argument("--params", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--encoding",
+        nargs="+",
+        choices=["lists", "packed"],
+        default=["lists", "packed"],
+        help="timestep series as JSON lists of numbers or packed {'f64': base64} (both:"
+        " rounds interleaved)",
+    )
     parser.add_argument("--history-steps", type=int, default=1_000_000)
     parser.add_argument("--postgres", default=None, help="also run against this PostgreSQL URL")
     args = parser.parse_args()
-    example = json.dumps(step_record(0, random.Random(0), args.timesteps, args.params))
+    sizes = {
+        e: len(json.dumps(step_record(0, random.Random(0), args.timesteps, args.params, p)))
+        for e, p in (("lists", False), ("packed", True))
+    }
     print(
         f"record: 2 modules x {args.timesteps} timesteps, {args.params} parameter norms,"
-        f" {len(example):,} bytes of JSON; {args.batch} records per batch,"
-        f" {args.window} batches in flight per trainer; median of {args.repeat} rounds"
-        f" of {args.records:,} records; {os.cpu_count()} CPUs"
+        f" {sizes['lists']:,} bytes of JSON with lists, {sizes['packed']:,} packed;"
+        f" {args.batch} records per batch, {args.window} batches in flight per trainer;"
+        f" median of {args.repeat} rounds of {args.records:,} records; {os.cpu_count()} CPUs"
     )
-    stages = breakdown(args)
-    print(
-        "server time per record (in-process): "
-        + ", ".join(f"{k} {v:.1f} us" for k, v in stages.items())
-    )
+    for encoding in args.encoding:
+        stages = breakdown(args, encoding == "packed")
+        print(
+            f"server time per record, {encoding} (in-process): "
+            + ", ".join(f"{k} {v:.1f} us" for k, v in stages.items())
+        )
     with tempfile.TemporaryDirectory() as folder:
         bench_backend("sqlite", str(Path(folder) / "bench.db"), args)
     if args.postgres:

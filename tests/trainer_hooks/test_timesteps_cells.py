@@ -229,3 +229,55 @@ def test_a_decoder_with_a_shrinking_batch_keeps_call_order_across_shapes(
     got = series(record, "cell", "hidden")
     torch.testing.assert_close(got, norms(kept), rtol=1e-12, atol=0.0)
     assert bool((got[:6] > 0).all()) and got[6] == 0.0  # the last call feeds nothing
+
+
+def test_a_user_who_retains_the_cell_outputs_still_reads_their_grad_after_the_step(
+    tmp_path: Any,
+) -> None:
+    """The capture keeps each output's gradient with retain_grad(); it never resets a
+    .grad the user may rely on, so retaining them yourself still gives autograd's."""
+    from gradwatch.trainer_hooks import watch
+
+    torch.manual_seed(5)
+    model = Loop(nn.LSTMCell(3, 5).double())
+    x = torch.randn(6, 2, 3, dtype=F64)
+    plain: list[Any] = []
+    model.run(x, plain).backward()
+    want = [[t.grad.clone() for t in state] for state in plain]
+    model.zero_grad()
+    with watch(model, run="retain", spool=tmp_path / "r.jsonl", diagnose=False) as monitor:
+        kept: list[Any] = []
+        loss = model.run(x, kept)
+        loss.backward()
+        monitor.step(loss)
+        monitor.step(model.run(x))  # the next step starts and closes: no grad is reset
+    for state, expected in zip(kept, want, strict=True):
+        for tensor, grad in zip(state, expected, strict=True):
+            assert torch.equal(tensor.grad, grad)
+
+
+class SelfRetaining(nn.Module):
+    """A user cell that retains its own output's gradient (for its own inspection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.GRUCell(2, 3)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.cell(x, h)
+        out.retain_grad()
+        return out
+
+
+def test_an_output_the_cell_retains_itself_is_captured_through_a_node_hook(
+    captured_step: Any,
+) -> None:
+    torch.manual_seed(6)
+    model = Loop(SelfRetaining().double())
+    x = torch.randn(5, 2, 2, dtype=F64)
+    record = captured_step(model, lambda: model.run(x).backward(), cells=[SelfRetaining])
+    kept: list[Any] = []
+    model.run(x, kept).backward()
+    torch.testing.assert_close(
+        series(record, "cell", "hidden"), norms(kept), rtol=1e-12, atol=0.0
+    )

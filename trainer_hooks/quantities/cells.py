@@ -2,14 +2,27 @@
 
 A forward hook on the cell runs at every call. It fixes the call's index ``k`` right
 then (backward fires hooks in reverse order, so the index cannot be counted there)
-and hooks the autograd node that produced h_k (and c_k when the cell returns
-``(h, c)``; one hook when both come from one node, as with CUDA's fused cell). In
-backward that hook receives the total derivative ∂L/∂h_k, through every later call,
-and only keeps a reference to it; ``finish_step`` turns all of a step's gradients
-into float64 norms with one stack and one norm per shape (a seq2seq decoder with a
-shrinking batch has a few shapes), so the cost per call is one hook and no tensor
-op, and nothing waits for the device. The gradients are held until the step closes:
-about the memory of the hidden states the graph held anyway.
+and asks autograd to keep the gradient of the call's output h_k (and c_k when the
+cell returns ``(h, c)``): ``Tensor.retain_grad()``, a hook autograd runs in C++, so
+backward calls no Python per call. It receives the total derivative ∂L/∂h_k, through
+every later call, and adds up over several backward passes as ``.grad`` does
+(``retain_graph=True``, a double backward). ``finish_step`` reads every kept
+gradient and turns a step's gradients into float64 norms with one stack and one norm
+per shape (a seq2seq decoder with a shrinking batch has a few shapes), so the cost
+per call is one Python hook in forward and no tensor op, and nothing waits for the
+device.
+
+What the user can see: an output h_k now has ``h_k.retains_grad`` and, after backward,
+``h_k.grad`` (the gradient autograd computed anyway; no value anywhere changes).
+gradwatch does not set it back to None: a user who calls ``h.retain_grad()`` after
+the call (the hook has run by then) relies on that ``.grad``, and cannot be told apart.
+The outputs are hidden states the loop replaces at every call; their ``.grad`` lives
+as long as they do.
+
+Where ``retain_grad()`` would not be gradwatch's own (the output already retains its
+gradient because the user asked, or it is a leaf), the capture falls back to a hook
+on the autograd node that produced it (a tensor hook for a leaf), which only keeps a
+reference to the gradient.
 
 What a cell returns: a tensor is h; a tuple or list whose first two items are
 tensors is ``(h, c)``; otherwise its first tensor item is h. A module that returns
@@ -56,9 +69,13 @@ class CellCapture:
         self.reset()
 
     def reset(self) -> None:
+        """Start a step: forget the last one's calls (and the outputs kept for them)."""
         self.count = 0
         self.device: torch.device | None = None
+        # per series, per call: the gradient a fallback hook kept, or the output whose
+        # retained .grad holds it
         self.grads: dict[str, list[torch.Tensor | None]] = {"hidden": [], "cell": []}
+        self.retained: dict[str, list[torch.Tensor | None]] = {"hidden": [], "cell": []}
         self.used: set[str] = set()
         # calls made during backward (checkpoint recomputation) -> did a hook fire?
         self.recomputed: dict[int, bool] = {}
@@ -95,33 +112,29 @@ class CellCapture:
         self.owner.cost_s += time.perf_counter() - started
 
     def _watch_call(self, output: Any) -> None:
-        # the per-call cost of a cell loop is this function and the hooks it adds:
-        # keep both lean (no per-call containers beyond the two list slots)
+        # the per-call cost of a cell loop is this function: keep it lean (no per-call
+        # containers beyond the list slots, no Python hook left for backward)
         h, c = _split_output(output)
         if h is None or not h.requires_grad:
             return
         k = self.count
         self.count = k + 1
         self.device = h.device
-        hidden, cell = self.grads["hidden"], self.grads["cell"]
-        hidden.append(None)
-        cell.append(None)
-        step = self.owner.generation
-        self.used.add("hidden")
+        for slots in (*self.grads.values(), *self.retained.values()):
+            slots.append(None)
         if in_backward():
             self.recomputed[k] = False
-        if c is None or not c.requires_grad:
-            self._hook(h, step, k, hidden)
-            return
-        self.used.add("cell")
-        node = h.grad_fn
-        if node is not None and node is c.grad_fn:  # one node made both (CUDA's fused cell)
-            node.register_prehook(
-                partial(self._keep_pair, step, k, h.output_nr, c.output_nr, hidden, cell)
-            )
-            return
-        self._hook(h, step, k, hidden)
-        self._hook(c, step, k, cell)
+        self._keep(h, k, "hidden")
+        if c is not None and c.requires_grad:
+            self._keep(c, k, "cell")
+
+    def _keep(self, tensor: torch.Tensor, k: int, series: str) -> None:
+        self.used.add(series)
+        if tensor.grad_fn is not None and not tensor.retains_grad:
+            tensor.retain_grad()
+            self.retained[series][k] = tensor
+        else:  # a leaf, or the user retains it already: its .grad is not ours to reset
+            self._hook(tensor, self.owner.generation, k, self.grads[series])
 
     def _hook(
         self, tensor: torch.Tensor, step: int, k: int, slots: list[torch.Tensor | None]
@@ -147,22 +160,6 @@ class CellCapture:
             if self.recomputed and k in self.recomputed:
                 self.recomputed[k] = True
 
-    def _keep_pair(
-        self,
-        step: int,
-        k: int,
-        index_h: int,
-        index_c: int,
-        hidden: list[torch.Tensor | None],
-        cell: list[torch.Tensor | None],
-        grads: tuple[torch.Tensor | None, ...],
-    ) -> None:
-        if step == self.owner.generation:
-            hidden[k] = accumulate(hidden[k], grads[index_h])
-            cell[k] = accumulate(cell[k], grads[index_c])
-            if self.recomputed and k in self.recomputed:
-                self.recomputed[k] = True
-
     def _keep_leaf(
         self, step: int, k: int, slots: list[torch.Tensor | None], grad: torch.Tensor
     ) -> None:
@@ -172,15 +169,26 @@ class CellCapture:
         """This step's float64 series, one entry per kept call (device ops, no sync)."""
         if self.count == 0 or self.device is None:
             return {}
-        dropped = {k for k, fired in self.recomputed.items() if not fired}
+        grads = {
+            series: [
+                kept.grad if kept is not None else hooked
+                for kept, hooked in zip(self.retained[series], self.grads[series], strict=True)
+            ]
+            for series in SERIES
+            if series in self.used
+        }
+        # a call made during backward whose gradient never came (non-reentrant
+        # checkpointing recomputes the forward only to refill saved tensors) is dropped
+        dropped = {
+            k for k, fired in self.recomputed.items()
+            if not fired and all(values[k] is None for values in grads.values())
+        }
         result = {}
         with torch.no_grad():
-            for series in SERIES:
-                if series in self.used:
-                    grads = self.grads[series]
-                    if dropped:
-                        grads = [g for k, g in enumerate(grads) if k not in dropped]
-                    result[series] = norms_in_order(grads, self.device)
+            for series, values in grads.items():
+                if dropped:
+                    values = [g for k, g in enumerate(values) if k not in dropped]
+                result[series] = norms_in_order(values, self.device)
         return result
 
 

@@ -144,6 +144,7 @@ class RecurrentTimesteps(Quantity):
         super().detach()
         for cell in self._cells:
             cell.arm(False)
+            cell.reset()  # drops the outputs it kept
         self._fused, self._cells, self.modules = [], [], []
 
     # -- per step --------------------------------------------------------------------

@@ -28,8 +28,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from .backoff import Backoff
+from .blame import blames_a_batch
 from .codec import loads, pack_timesteps
-from .messages import CLOSE_INVALID_DATA, CLOSE_TOO_BIG, MAX_MESSAGE_BYTES
+from .messages import MAX_MESSAGE_BYTES
 from .outbox import ENVELOPE_BYTES, Outbox, encode_records
 from .sink import with_session
 from .spoolfiles import default_spool_path, fresh_path, rejected_path
@@ -329,21 +330,8 @@ class WebSocketSink:
                             "reconnecting, nothing acknowledged is lost")
             return "lost"
         code, message = error
-        # An error may name the refused batch's seq (an optional field); then that batch
-        # is set aside. Without one: the server answers in order, so it concerns the
-        # oldest batch in flight, unless it is about the hello: then no batch is to blame
-        # and dropping one after another would lose them all. A batch is blamed when the
-        # hello has been accepted (an ack came on this connection), when the message is
-        # too big (a hello never is), or when the error names the records.
-        blame_batch = code == CLOSE_TOO_BIG or (
-            code == CLOSE_INVALID_DATA
-            and (
-                self._error_seq is not None
-                or self._box.acked_batches > acked_before
-                or message.startswith(("records", "batch"))
-            )
-        )
-        if blame_batch:
+        acked_since = self._box.acked_batches > acked_before
+        if blames_a_batch(code, message, self._error_seq, acked_since):  # protocol/blame.py
             if self._error_seq is not None:
                 batch = self._box.reject_sent(self._error_seq)
             else:

@@ -5,6 +5,7 @@ acknowledged before intact."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -33,7 +34,14 @@ record = st.fixed_dictionaries(
         "timesteps": st.dictionaries(
             st.text(max_size=5),
             st.dictionaries(
-                st.text(max_size=5), st.lists(st.floats(allow_nan=False) | json_values, max_size=5)
+                st.text(max_size=5),
+                st.lists(st.floats(allow_nan=False) | json_values, max_size=5)
+                # The packed form: valid, truncated, foreign alphabets, extra keys.
+                | st.fixed_dictionaries(
+                    {"f64": st.binary(max_size=40).map(lambda b: base64.b64encode(b).decode())
+                     | st.text(max_size=12) | json_values},
+                    optional={"extra": json_values},
+                ),
             ),
             max_size=2,
         )

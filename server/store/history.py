@@ -9,6 +9,7 @@ rollups. Mixed into :class:`gradwatch.server.store.reads.Reads`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ..downsample import bucket_width
@@ -158,7 +159,15 @@ class HistoryReads(NamedReads):
             found: Sequence[tuple[Any, ...]]
             if column is None and sets:
                 found = self._named_field(
-                    run_id, rank, name, series, started, sets, memo, lo, hi,
+                    run_id,
+                    rank,
+                    name,
+                    series,
+                    started,
+                    sets,
+                    memo,
+                    lo,
+                    hi,
                     (int(first), int(last), width, level) if downsampled else None,
                 )
             else:
@@ -183,9 +192,7 @@ class HistoryReads(NamedReads):
                         width,
                         level,
                         series,
-                        lambda b, t=table, c=clause, a=bounded, q=sql: self.bucket_extremes(
-                            t, c, a, q, b
-                        ),
+                        partial(self.bucket_extremes, table, clause, bounded, sql),
                     )
             if name in rows.INTEGER_FIELDS or _is_count(name):
                 # PostgreSQL rollups hold them as float8, packed rows hold float64.

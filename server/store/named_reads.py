@@ -175,9 +175,7 @@ class NamedReads:
         lows: list[tuple[int, Any]] = []
         highs: list[tuple[int, Any]] = []
         for start, end in spans:
-            points = self.named_points(
-                run_id, rank, name, start, end, memo, sets, series, started
-            )
+            points = self.named_points(run_id, rank, name, start, end, memo, sets, series, started)
             inside = [b for b in bounds if start <= b[0] and b[1] <= end]
             found = bucket_extremes(points, inside, self.value_key)
             lows.extend(found[0])

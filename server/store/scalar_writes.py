@@ -10,7 +10,7 @@ upserted in one ``executemany``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -73,15 +73,11 @@ class ScalarWrites:
         if found is None:
             digest, text = named.digest(names)
             cur.execute(
-                self.sql(
-                    self.insert_ignore("named_sets", ("run_id", "rank", "digest", "names"))
-                ),
+                self.sql(self.insert_ignore("named_sets", ("run_id", "rank", "digest", "names"))),
                 (run_id, rank, digest, text),
             )
             cur.execute(
-                self.sql(
-                    "SELECT id FROM named_sets WHERE run_id = ? AND rank = ? AND digest = ?"
-                ),
+                self.sql("SELECT id FROM named_sets WHERE run_id = ? AND rank = ? AND digest = ?"),
                 (run_id, rank, digest),
             )
             set_id = int(cur.fetchone()[0])
@@ -91,12 +87,11 @@ class ScalarWrites:
 
     def _write_scalars(self, cur: Any, batch: Any, split: rows.SplitBatch) -> None:
         run_id, rank = batch.run_id, batch.rank
-        groups: list[Group] = []
         if split.named:
             self._written = written = max(time.time_ns(), self._written + 1)
             packed: list[tuple[Any, ...]] = []
             for names, group in split.named.items():
-                set_id, series = self._name_set(cur, run_id, rank, names)
+                set_id = self._name_set(cur, run_id, rank, names)[0]
                 packed.extend(
                     zip(
                         repeat(run_id),
@@ -108,40 +103,51 @@ class ScalarWrites:
                         group.blobs,
                     )
                 )
-                # One tuple per name, transposed in C.
-                columns = list(zip(*group.values, strict=True))
-                groups.append(Group(group.steps, group.uids, series, columns))
             cur.executemany(self.sql(named.NAMED_INSERT), packed)
-        if split.steps:
-            groups.extend(self._column_groups(cur, run_id, rank, split.steps))
+        groups = rollup_groups(
+            split,
+            lambda names: self._name_set(cur, run_id, rank, names)[1],
+            lambda name: self._series(cur, run_id, rank, name),
+        )
         if groups:
             cur.executemany(self.sql(rollups.UPSERT), aggregate_columns(groups, self.value_key))
 
-    def _column_groups(
-        self, cur: Any, run_id: str, rank: int, step_rows: list[tuple[Any, ...]]
-    ) -> list[Group]:
-        """The plain ``steps`` columns (and the step numbers) as rollup groups: the
-        columns every record has share one group; a column with gaps gets its own."""
-        columns = list(zip(*step_rows, strict=True))
-        steps, uids = columns[_STEP], columns[_UID]
-        whole: list[int] = []
-        whole_columns: list[Sequence[Any]] = []
-        out: list[Group] = []
-        for at, name in ROLLED_COLUMNS:
-            values = columns[at]
-            if None not in values:
-                whole.append(self._series(cur, run_id, rank, name))
-                whole_columns.append(values)
-                continue
-            kept = [i for i, v in enumerate(values) if v is not None]
-            if kept:
-                out.append(
-                    Group(
-                        [steps[i] for i in kept],
-                        [uids[i] for i in kept],
-                        [self._series(cur, run_id, rank, name)],
-                        [[values[i] for i in kept]],
-                    )
+
+def rollup_groups(
+    split: rows.SplitBatch,
+    set_series: Callable[[tuple[str, ...]], list[int]],
+    series_of: Callable[[str], int],
+) -> list[Group]:
+    """A batch's series as column groups for :func:`aggregate_columns`: one per name
+    set (``set_series``: the series id of each of its names), one for the plain
+    ``steps`` columns every record has, one for each column with gaps (``series_of``:
+    a name's series id, asked only for columns that have values)."""
+    groups = [
+        # One tuple per name, transposed in C.
+        Group(group.steps, group.uids, set_series(names), list(zip(*group.values, strict=True)))
+        for names, group in split.named.items()
+    ]
+    if not split.steps:
+        return groups
+    columns = list(zip(*split.steps, strict=True))
+    steps, uids = columns[_STEP], columns[_UID]
+    whole: list[int] = []
+    whole_columns: list[Sequence[Any]] = []
+    for at, name in ROLLED_COLUMNS:
+        values = columns[at]
+        if None not in values:
+            whole.append(series_of(name))
+            whole_columns.append(values)
+            continue
+        kept = [i for i, v in enumerate(values) if v is not None]
+        if kept:
+            groups.append(
+                Group(
+                    [steps[i] for i in kept],
+                    [uids[i] for i in kept],
+                    [series_of(name)],
+                    [[values[i] for i in kept]],
                 )
-        out.append(Group(steps, uids, whole, whole_columns))
-        return out
+            )
+    groups.append(Group(steps, uids, whole, whole_columns))
+    return groups

@@ -1,0 +1,401 @@
+"""Named scalars kept as one packed row per step record (store/named.py): the rollups
+computed column-wise equal the reference aggregation, the history read from the
+packed rows has the SQL path's semantics, a step sent again keeps the value written
+last, and a database written in the previous layout (``scalars`` rows) still reads."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import struct
+import zlib
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gradwatch.protocol.messages import NONFINITE_STRINGS
+from gradwatch.server.schema import parse_message
+from gradwatch.server.settings import Settings
+from gradwatch.server.store import open_store
+from gradwatch.server.store.columns import aggregate_columns
+from gradwatch.server.store.rollups import STEP_SERIES, aggregate, postgres_key, sqlite_key
+from gradwatch.server.store.rows import INTEGER_FIELDS, SCALAR_FIELDS, split_batch
+from gradwatch.server.store.scalar_writes import rollup_groups
+
+# A few values that tie, signed zeros, huge ones, the non-finite strings, an integer.
+VALUES = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, 2.0, -1.0, 1e300, -1e300, 3, "NaN", "Infinity", "-Infinity"]),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+def _norm(value: Any) -> tuple[str, str]:
+    """Compares NaN with NaN and tells -0.0 from 0.0 (and 3 from 3.0)."""
+    return type(value).__name__, repr(value)
+
+
+def _as_dict(rows: list[tuple[Any, ...]]) -> dict[tuple[int, int, int], tuple[Any, ...]]:
+    out = {}
+    for series, level, block, lo_step, lo, hi_step, hi, n in rows:
+        assert (series, level, block) not in out, "one row per block"
+        out[series, level, block] = (lo_step, _norm(lo), hi_step, _norm(hi), n)
+    return out
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Step records with several name sets, shuffled steps, gaps and repeats."""
+    records = []
+    for _ in range(draw(st.integers(1, 40))):
+        record: dict[str, Any] = {
+            "kind": "step",
+            # Small steps tie and repeat; large ones cross the coarse levels' blocks.
+            "step": draw(st.one_of(st.integers(0, 150), st.integers(0, 2**20))),
+        }
+        params = draw(st.lists(st.sampled_from(["a", "b", "c"]), unique=True, max_size=3))
+        if params:
+            record["param_norms"] = {p: draw(VALUES) for p in params}
+        if draw(st.booleans()):
+            record["gate_norms"] = {"a": {g: draw(VALUES) for g in ("i", "f")}}
+        if draw(st.booleans()):
+            keys = draw(st.lists(st.sampled_from(["forward_s", "backward_s"]), unique=True))
+            entry: dict[str, Any] = {k: draw(VALUES) for k in keys}
+            if draw(st.booleans()):
+                entry["calls"] = draw(st.integers(0, 3))
+            record["profile"] = {"m": entry}
+        if draw(st.booleans()):
+            record["loss"] = draw(VALUES)
+        if draw(st.booleans()):
+            record["graph_nodes"] = draw(st.integers(0, 5))
+        records.append(record)
+    return records
+
+
+def _reference_values(batch: Any, scalar: Any, ids: dict[str, int]) -> list[tuple[Any, ...]]:
+    """(series, step, value) of every series of the batch, in batch order, as the
+    previous writer handed them to rollups.aggregate."""
+    named: list[tuple[Any, ...]] = []
+    plain: list[tuple[Any, ...]] = []
+    for r in batch.records:
+        for p, v in (r.param_norms or {}).items():
+            named.append((f"param_norms/{p}", r.step, scalar(v)))
+        for p, gates in (r.gate_norms or {}).items():
+            named.extend((f"gate_norms/{p}/{g}", r.step, scalar(v)) for g, v in gates.items())
+        for m, entry in (r.profile or {}).items():
+            for key in ("forward_s", "backward_s", "calls"):
+                if getattr(entry, key) is not None:
+                    named.append((f"profile/{m}/{key}", r.step, scalar(getattr(entry, key))))
+    for name in (STEP_SERIES, *SCALAR_FIELDS):
+        for r in batch.records:
+            value = r.step if name == STEP_SERIES else getattr(r, name)
+            if value is not None:
+                plain.append((name, r.step, value if name in INTEGER_FIELDS else scalar(value)))
+    return [(ids.setdefault(name, len(ids)), step, value) for name, step, value in named + plain]
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=_records(), postgres=st.booleans(), seq=st.integers(0, 50))
+def test_column_rollups_equal_the_reference_aggregate(records, postgres, seq):
+    batch = parse_message(
+        json.dumps({"type": "batch", "run_id": "r", "rank": 0, "seq": seq, "records": records})
+    )
+
+    def to_pg(v: Any) -> Any:
+        return NONFINITE_STRINGS[v] if isinstance(v, str) else v
+
+    scalar, key = (to_pg, postgres_key) if postgres else ((lambda v: v), sqlite_key)
+    ids: dict[str, int] = {}
+    want = aggregate(_reference_values(batch, scalar, ids), key)
+    split = split_batch(batch, scalar, "a-session")
+    got = aggregate_columns(
+        rollup_groups(split, lambda names: [ids[n] for n in names], lambda name: ids[name]),
+        key,
+    )
+    assert _as_dict(got) == _as_dict(want)
+
+
+def _open(db: str, run: str) -> Any:
+    store = open_store(Settings(db=db))
+    hello = {"type": "hello", "protocol": 1, "run_id": run}
+    store.submit_hello(parse_message(json.dumps(hello))).result()
+    return store
+
+
+def _send(store: Any, run: str, seq: int, records: list[dict[str, Any]], session: str = "") -> None:
+    batch = {"type": "batch", "run_id": run, "rank": 0, "seq": seq, "records": records}
+    assert store.submit_batch(parse_message(json.dumps(batch)), session).result()
+
+
+def _execute(db: str, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    """Runs SQL on its own connection ("?" placeholders); the last statement's rows."""
+    found: list[Any] = []
+    if db.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(db, autocommit=True) as conn:
+            for sql, params in statements:
+                cur = conn.execute(sql.replace("?", "%s"), params)
+                found = cur.fetchall() if cur.description else []
+        return found
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    try:
+        for sql, params in statements:
+            found = conn.execute(sql, params).fetchall()
+        conn.commit()
+    finally:
+        conn.close()
+    return found
+
+
+def test_python_bucket_extremes_match_the_sql_ones(gradwatch_db):
+    """Edge and fine buckets come from the packed rows in Python: each bucket's min and
+    max equal what the SQL path (``bucket_extremes`` over ``scalars`` rows holding the
+    same values) answers, non-finite values, ties and empty buckets included."""
+    postgres = gradwatch_db.startswith("postgresql")
+    store = _open(gradwatch_db, "x")
+    runs = iter(range(10**6))
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        points=st.dictionaries(st.integers(0, 400), VALUES, min_size=1, max_size=120),
+        cuts=st.lists(st.integers(0, 400), unique=True, max_size=12),
+    )
+    def check(points, cuts):
+        run, series = f"b-{next(runs)}", 10**9 + len(cuts) * 1000 + len(points)
+        store.submit_hello(
+            parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": run}))
+        ).result()
+        steps = sorted(points)
+        _send(
+            store,
+            run,
+            0,
+            [{"kind": "step", "step": s, "param_norms": {"w": points[s]}} for s in steps],
+        )
+        stored = {
+            s: (NONFINITE_STRINGS[v] if postgres and isinstance(v, str) else v)
+            for s, v in points.items()
+        }
+        _execute(
+            gradwatch_db,
+            [("DELETE FROM scalars WHERE series = ?", (series,))]
+            + [
+                (
+                    "INSERT INTO scalars (series, step, value) VALUES (?, ?, ?)",
+                    (series, s, v if not isinstance(v, int) else float(v)),
+                )
+                for s, v in stored.items()
+            ],
+        )
+        edges = sorted({0, 401, *cuts})
+        bounds = [(a, b - 1) for a, b in itertools.pairwise(edges) if a <= b - 1]
+        sql = store.bucket_extremes(
+            "scalars",
+            "series = ? AND step >= ? AND step <= ?",
+            (series, 0, 400),
+            "value",
+            bounds,
+        )
+        python = store.named_extremes(run, 0, "param_norms/w", bounds, {})
+        assert sorted((s, _norm(v)) for s, v in python) == sorted(
+            (s, _norm(float(v) if isinstance(v, int) else v)) for s, v in sql
+        )
+
+    try:
+        check()
+    finally:
+        store.close()
+
+
+def _points(answer: dict[str, Any]) -> dict[int, Any]:
+    """step -> value of the ``param_norms/w`` field of a ``steps`` answer."""
+    field = answer["fields"]["param_norms/w"]
+    return dict(zip(field["step"], field["value"], strict=True))
+
+
+def _later_session(first: str) -> str:
+    """A session name whose uid salt is lower than ``first``'s: its records' uids are
+    smaller although they are written later, so "highest uid wins" would be wrong."""
+    salt = zlib.crc32(first.encode()) & 0xFFFFF
+    return next(
+        name
+        for name in (f"resumed-{i}" for i in range(1000))
+        if zlib.crc32(name.encode()) & 0xFFFFF < salt
+    )
+
+
+def test_a_step_sent_again_keeps_the_value_written_last(gradwatch_db):
+    """A resumed process (new session) sends steps 5 and 6 again with other values and
+    other names: each name shows the value written last, in full and in buckets."""
+    store = _open(gradwatch_db, "again")
+    try:
+        first = "process-1"
+        _send(
+            store,
+            "again",
+            0,
+            [
+                {
+                    "kind": "step",
+                    "step": s,
+                    "param_norms": {"w": float(s)},
+                    "gate_norms": {"w": {"f": 0.5}},
+                }
+                for s in range(40)
+            ],
+            first,
+        )
+        later = _later_session(first)
+        _send(store, "again", 0, [{"kind": "step", "step": 5, "param_norms": {"w": -100.0}}], later)
+        _send(store, "again", 1, [{"kind": "step", "step": 6, "param_norms": {"w": 60.0}}], later)
+        full = store.steps("again", fields=["param_norms/w", "gate_norms/w/f"])["fields"]
+        want = [float(s) for s in range(40)]
+        want[5], want[6] = -100.0, 60.0
+        assert full["param_norms/w"] == {"step": list(range(40)), "value": want}
+        # The re-sent records had no gate norm: the first one stays.
+        assert full["gate_norms/w/f"]["value"] == [0.5] * 40
+        points = _points(store.steps("again", fields=["param_norms/w"], max_points=4))
+        assert points[5] == -100.0 and points[6] == 60.0
+    finally:
+        store.close()
+
+
+def _to_old_layout(db: str) -> None:
+    """Rewrites the packed rows as the previous version stored them: one ``scalars``
+    row per (series, step), no packed rows, and a database that has kept packed rows
+    only since after every run started."""
+    sets = {
+        set_id: (run, rank, json.loads(names))
+        for set_id, run, rank, names in _execute(
+            db, [("SELECT id, run_id, rank, names FROM named_sets", ())]
+        )
+    }
+    series = {
+        (run, rank, name): sid
+        for sid, run, rank, name in _execute(
+            db, [("SELECT id, run_id, rank, name FROM series", ())]
+        )
+    }
+    statements = []
+    for step, set_id, data in _execute(
+        db, [("SELECT step, names, data FROM named_scalars ORDER BY step, written, uid", ())]
+    ):
+        run, rank, names = sets[set_id]
+        values = struct.unpack(f"<{len(names)}d", bytes(data))
+        for name, value in zip(names, values, strict=True):
+            stored: Any = value
+            if not db.startswith("postgresql") and not math.isfinite(value):
+                stored = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+            if name.endswith("/calls") and not db.startswith("postgresql"):
+                stored = int(value)  # SQLite kept the count as it came
+            statements.append(
+                (
+                    "DELETE FROM scalars WHERE series = ? AND step = ?",
+                    (series[run, rank, name], step),
+                )
+            )
+            statements.append(
+                (
+                    "INSERT INTO scalars (series, step, value) VALUES (?, ?, ?)",
+                    (series[run, rank, name], step, stored),
+                )
+            )
+    statements += [
+        ("DELETE FROM named_scalars", ()),
+        ("DELETE FROM named_sets", ()),
+        ("UPDATE meta SET value = '9e18' WHERE key = 'named_from'", ()),
+    ]
+    _execute(db, statements)
+
+
+def test_an_old_layout_database_keeps_its_named_history(gradwatch_db):
+    """A database written before the packed rows holds ``scalars`` rows: its runs read
+    the same, and a run that goes on after the upgrade merges both (the new rows win)."""
+    fields = ["param_norms/w", "gate_norms/w/f", "profile/m/calls"]
+
+    def record(s: int, w: Any) -> dict[str, Any]:
+        return {
+            "kind": "step",
+            "step": s,
+            "loss": 1.0,
+            "param_norms": {"w": w},
+            "gate_norms": {"w": {"f": float(s % 7)}},
+            "profile": {"m": {"forward_s": 0.1, "calls": s % 5}},
+        }
+
+    store = _open(gradwatch_db, "old")
+    try:
+        _send(store, "old", 0, [record(s, "NaN" if s == 77 else float(s % 13)) for s in range(300)])
+        full = store.steps("old", fields=fields)
+        buckets = store.steps("old", fields=fields, max_points=20)
+    finally:
+        store.close()
+    assert full["fields"]["param_norms/w"]["value"][77] == "NaN"
+    _to_old_layout(gradwatch_db)
+    store = open_store(Settings(db=gradwatch_db))
+    try:
+        assert store.steps("old", fields=fields) == full
+        assert store.steps("old", fields=fields, max_points=20) == buckets
+        # The trainer goes on after the upgrade, and sends step 10 again.
+        _send(store, "old", 1, [record(s, 1000.0 + s) for s in range(300, 400)])
+        _send(store, "old", 2, [record(10, -5.0)])
+        after = store.steps("old", fields=["param_norms/w"])["fields"]["param_norms/w"]
+        assert after["step"] == list(range(400))
+        want = [float(s % 13) for s in range(300)] + [1000.0 + s for s in range(300, 400)]
+        want[77], want[10] = "NaN", -5.0
+        assert after["value"] == want
+        points = _points(store.steps("old", fields=["param_norms/w"], max_points=8))
+        assert points[77] == "NaN" and points[10] == -5.0 and points[399] == 1399.0
+    finally:
+        store.close()
+
+
+def test_profile_calls_stay_integers(gradwatch_db):
+    """Counts travel as integers; packed as float64 they still answer as integers, in
+    full and in buckets."""
+    store = _open(gradwatch_db, "calls")
+    try:
+        _send(
+            store,
+            "calls",
+            0,
+            [{"kind": "step", "step": s, "profile": {"m": {"calls": s % 9}}} for s in range(200)],
+        )
+        for max_points in (2000, 10):
+            got = store.steps("calls", fields=["profile/m/calls"], max_points=max_points)
+            values = got["fields"]["profile/m/calls"]["value"]
+            assert values and all(type(v) is int for v in values), values
+    finally:
+        store.close()
+
+
+def test_a_name_set_of_many_long_names_is_stored(gradwatch_db):
+    """400 names of 250 characters (100 KB of names): found by digest, not by an
+    index on the names (PostgreSQL refuses index entries over ~2.7 KB)."""
+    names = [f"{i:03d}" + "x" * 247 for i in range(400)]
+    store = _open(gradwatch_db, "long")
+    try:
+        _send(
+            store,
+            "long",
+            0,
+            [
+                {
+                    "kind": "step",
+                    "step": s,
+                    "param_norms": {n: float(i + s) for i, n in enumerate(names)},
+                }
+                for s in range(3)
+            ],
+        )
+        got = store.steps("long", fields=[f"param_norms/{names[399]}"])["fields"]
+        assert got[f"param_norms/{names[399]}"] == {
+            "step": [0, 1, 2],
+            "value": [399.0, 400.0, 401.0],
+        }
+    finally:
+        store.close()

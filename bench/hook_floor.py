@@ -6,12 +6,14 @@ Two tables from one run:
 
 1. Whole steps, interleaved blocks (shuffled each round), CPU time of this process:
    plain training; plain with an empty forward hook on the cell; plain with that hook
-   adding two empty autograd-node pre-hooks per call (h and c: the shape of the cell
-   capture, doing nothing); gradwatch ``every=1`` and ``every=10``. Median and
+   adding two empty autograd-node pre-hooks per call (h and c: the shape of the
+   earlier cell capture, doing nothing); plain with the hook calling ``retain_grad()``
+   on h and c (the shape of the cell capture now: a C++ hook, nothing in Python during
+   backward); gradwatch ``every=1`` and ``every=10``. Median and
    minimum of the block means, each as a ratio to plain: on a loaded box the minimum
    is the steadier estimate of a fixed cost, the median what a user sees.
 2. Each piece alone, ``timeit`` best of 7: the stale-state pre-hook on a later call,
-   the cell forward hook (two node hooks added), the float64 norms of the cell series
+   the cell forward hook (on a fresh output each time), the float64 norms of the cell series
    (2 x 24 gradients), the parameter and gate norms, the graph walk.
 
 Run: ``python bench/hook_floor.py [--rounds 30] [--steps 5]``.
@@ -50,6 +52,12 @@ def _node_hooks(module: nn.Module, args: Any, out: Any) -> None:
     c.grad_fn.register_prehook(_nop)
 
 
+def _retain(module: nn.Module, args: Any, out: Any) -> None:
+    h, c = out
+    h.retain_grad()
+    c.retain_grad()
+
+
 def whole_steps(rounds: int, steps: int) -> None:
     base, x, y = workload("cells", torch.device("cpu"))
     variants: dict[str, tuple[Callable[[], torch.Tensor], Any]] = {}
@@ -61,6 +69,9 @@ def whole_steps(rounds: int, steps: int) -> None:
     model = copy.deepcopy(base)
     model.cell.register_forward_hook(_node_hooks)
     variants["+ 2 empty node hooks/call"] = (make_step(model, x, y), None)
+    model = copy.deepcopy(base)
+    model.cell.register_forward_hook(_retain)
+    variants["+ retain_grad on h, c/call"] = (make_step(model, x, y), None)
     for every in (1, 10):
         model = copy.deepcopy(base)
         monitor = watch(model, run="floor", server=None, spool=os.devnull, every=every)
@@ -103,7 +114,8 @@ def pieces() -> None:
     cell = model.cell
     h = c = torch.zeros(32, 128)
     args = (model.embed(x[0]), (h, c))
-    out = cell(*args)
+    # a fresh output per call, as in a loop (a second retain_grad() on one is a no-op)
+    outs = iter([cell(*args) for _ in range(50 * 7 + 50)])
     stale, timesteps = q["stale_state"], q["timesteps"]
     capture = timesteps._cells[0]  # type: ignore[attr-defined]
     stale._seen_this_step.add(id(cell))  # type: ignore[attr-defined]
@@ -112,14 +124,18 @@ def pieces() -> None:
     q["graph_nodes"].capturing = True
 
     def series() -> Any:
-        capture.grads = {"hidden": list(grads), "cell": list(grads)}
+        capture.outputs = [(None, None)] * 24
+        capture.hooked = {"hidden": dict(enumerate(grads)), "cell": dict(enumerate(grads))}
         capture.count, capture.device = 24, torch.device("cpu")
         capture.used = {"hidden", "cell"}
         return capture.series()
 
+    def forward_hook() -> None:
+        capture._post(cell, args, next(outs))
+
     rows: list[tuple[str, Callable[[], Any], int]] = [
         ("stale-state pre-hook, a later call", lambda: stale._pre_forward(cell, args, {}), 24),  # type: ignore[attr-defined]
-        ("cell forward hook (adds 2 node hooks)", lambda: capture._post(cell, args, out), 24),
+        ("cell forward hook (retain_grad on h, c)", forward_hook, 24),
         ("cell series: float64 norms of 2 x 24", series, 1),
         ("parameter and gate norms (float64)", q["param_norms"]._norms, 1),  # type: ignore[attr-defined]
         ("graph walk", lambda: q["graph_nodes"].finish_step(loss), 1),

@@ -33,6 +33,25 @@ class _Leaf:
     dtype: torch.dtype
 
 
+class _Seq:
+    """A list or tuple of the skeleton that holds a leaf somewhere (rebuilt on unpack)."""
+
+    __slots__ = ("as_list", "items")
+
+    def __init__(self, as_list: bool, items: list[Any]) -> None:
+        self.as_list = as_list
+        self.items = items
+
+
+class _Map:
+    """A dict of the skeleton that holds a leaf somewhere (rebuilt on unpack)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: dict[Any, Any]) -> None:
+        self.items = items
+
+
 @dataclass
 class Packed:
     """A payload whose tensor leaves travel to the host as one buffer per device."""
@@ -48,25 +67,45 @@ class Packed:
         return _rebuild(self.skeleton, self.buffers)
 
 
-def _flatten(
-    value: Any, groups: dict[torch.device, list[torch.Tensor]], devices: list[torch.device]
-) -> Any:
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        if t.device not in groups:
-            groups[t.device] = []
-            devices.append(t.device)
-        parts = groups[t.device]
-        offset = sum(p.numel() for p in parts) if parts else 0
-        parts.append(t.reshape(-1).to(torch.float64))
-        return _Leaf(devices.index(t.device), offset, t.shape, t.dtype)
-    if isinstance(value, dict):
-        return {k: _flatten(v, groups, devices) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_flatten(v, groups, devices) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_flatten(v, groups, devices) for v in value)
-    return value
+_CONTAINERS = (torch.Tensor, dict, list, tuple)
+
+
+class _Flattener:
+    """Collects tensor leaves per device; containers without one are kept as they are.
+
+    A payload's plain parts (lists of parameter slots, backward order) are passed by
+    reference rather than copied element by element on the training thread and again
+    on the background thread: quantities hand over fresh containers every step and
+    never touch them again (docs of ``Quantity.finish_step``).
+    """
+
+    def __init__(self) -> None:
+        self.parts: dict[torch.device, list[torch.Tensor]] = {}
+        self.sizes: dict[torch.device, int] = {}
+        self.devices: list[torch.device] = []
+
+    def flatten(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            device = t.device
+            parts = self.parts.get(device)
+            if parts is None:
+                parts = self.parts[device] = []
+                self.sizes[device] = 0
+                self.devices.append(device)
+            offset = self.sizes[device]
+            self.sizes[device] = offset + t.numel()
+            parts.append(t.reshape(-1).to(torch.float64))
+            return _Leaf(self.devices.index(device), offset, t.shape, t.dtype)
+        if isinstance(value, dict):
+            if not any(isinstance(v, _CONTAINERS) for v in value.values()):
+                return value
+            return _Map({k: self.flatten(v) for k, v in value.items()})
+        if isinstance(value, (list, tuple)):
+            if not any(isinstance(v, _CONTAINERS) for v in value):
+                return value
+            return _Seq(isinstance(value, list), [self.flatten(v) for v in value])
+        return value
 
 
 def _rebuild(value: Any, buffers: list[torch.Tensor]) -> Any:
@@ -75,24 +114,23 @@ def _rebuild(value: Any, buffers: list[torch.Tensor]) -> Any:
         for size in value.shape:
             n *= size
         flat = buffers[value.device][value.offset : value.offset + n]
-        return flat.reshape(value.shape).to(value.dtype)
-    if isinstance(value, dict):
-        return {k: _rebuild(v, buffers) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rebuild(v, buffers) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_rebuild(v, buffers) for v in value)
+        rebuilt = flat.view(value.shape)
+        return rebuilt if value.dtype == flat.dtype else rebuilt.to(value.dtype)
+    if isinstance(value, _Map):
+        return {k: _rebuild(v, buffers) for k, v in value.items.items()}
+    if isinstance(value, _Seq):
+        items = [_rebuild(v, buffers) for v in value.items]
+        return items if value.as_list else tuple(items)
     return value
 
 
 def pack(payload: Any) -> Packed:
     """Start moving ``payload``'s tensor leaves to the host; never synchronises."""
-    groups: dict[torch.device, list[torch.Tensor]] = {}
-    devices: list[torch.device] = []
-    skeleton = _flatten(payload, groups, devices)
+    flattener = _Flattener()
+    skeleton = flattener.flatten(payload)
     packed = Packed(skeleton)
-    for device in devices:
-        parts = groups[device]
+    for device in flattener.devices:
+        parts = flattener.parts[device]
         flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
         if device.type == "cuda":
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)

@@ -15,7 +15,9 @@ Life cycle, driven by the Monitor:
 3. ``finish_step(loss)`` from ``monitor.step(loss)``, after backward. Returns a
    *payload*: a dict whose leaves are device tensors or plain Python values. It must
    not synchronise with the device (no ``.item()``, ``.tolist()``, ``.cpu()``): the
-   Monitor moves every tensor leaf to the host in one non-blocking copy.
+   Monitor moves every tensor leaf to the host in one non-blocking copy. Containers
+   without a tensor inside reach ``encode`` as they are (not copied): hand over fresh
+   ones every step and do not change them afterwards.
 4. ``encode(payload)`` on the background thread, with every tensor leaf now a host
    tensor (same shape and dtype): returns the record fields (JSON-able: floats, ints,
    lists, dicts). Two keys are merged rather than copied: ``nonfinite`` dicts of all

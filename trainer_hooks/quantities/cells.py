@@ -228,7 +228,8 @@ class RowBuffer:
             self.key = key
         torch._foreach_copy_(self.rows[:n], grads)
         filled = self.buffer[:n]
-        return torch.linalg.vector_norm(filled, dim=tuple(range(1, filled.dim())))
+        norms: torch.Tensor = torch.linalg.vector_norm(filled, dim=tuple(range(1, filled.dim())))
+        return norms
 
 
 def norms_in_order(

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,14 +46,27 @@ _Blocks = dict[tuple[int, int, int], list[Any]]
 def aggregate_columns(groups: Iterable[Group], key: rollups.Key) -> list[tuple[Any, ...]]:
     """Rollup rows ``(series, level, block, min_step, min_v, max_step, max_v, n)`` of
     every level (for :data:`gradwatch.server.store.rollups.UPSERT`)."""
-    out: _Blocks = {}
+    groups = [g for g in groups if g.steps]
+    # A series in one group only (nearly all) goes straight out; one in several name
+    # sets of the batch has its blocks merged.
+    seen: set[int] = set()
+    shared: set[int] = set()
     for group in groups:
-        if group.steps:
-            _add_group(out, group, key)
-    return [(s, lv, blk, b[0], b[1], b[2], b[3], b[4]) for (s, lv, blk), b in out.items()]
+        for series in group.series:
+            if series in seen:
+                shared.add(series)
+            seen.add(series)
+    out: list[tuple[Any, ...]] = []
+    merged: _Blocks = {}
+    for group in groups:
+        _add_group(out, merged, shared, group, key)
+    out.extend((s, lv, blk, b[0], b[1], b[2], b[3], b[4]) for (s, lv, blk), b in merged.items())
+    return out
 
 
-def _add_group(out: _Blocks, group: Group, key: rollups.Key) -> None:
+def _add_group(
+    out: list[tuple[Any, ...]], merged: _Blocks, shared: set[int], group: Group, key: rollups.Key
+) -> None:
     steps, order, columns = list(group.steps), group.order, group.columns
     ordered = sorted(steps)
     if ordered != steps:
@@ -64,35 +77,60 @@ def _add_group(out: _Blocks, group: Group, key: rollups.Key) -> None:
         columns = [[column[i] for i in perm] for column in columns]
     steps = ordered
     n = len(steps)
-    # The index ranges of every level's blocks; a batch of 100 consecutive steps has
-    # ~5 blocks over 4 levels but only ~3 distinct ranges (the coarse levels repeat).
-    spans: list[tuple[int, int, int, int]] = []  # (level, block, range index, count)
-    ranges: dict[tuple[int, int], int] = {}
-    for level in rollups.LEVELS:
-        i = 0
-        while i < n:
-            block = steps[i] >> level
-            j = bisect_left(steps, (block + 1) << level, i)
-            spans.append((level, block, ranges.setdefault((i, j), len(ranges)), j - i))
-            i = j
-    bounds = list(ranges)
+    # The finest level's blocks as index ranges of the sorted steps, found once for
+    # every column; a coarser block is a run of consecutive finest blocks.
+    finest = rollups.LEVELS[0]
+    fine: list[tuple[int, int]] = []
+    blocks: list[int] = []
+    i = 0
+    while i < n:
+        block = steps[i] >> finest
+        j = bisect_left(steps, (block + 1) << finest, i)
+        fine.append((i, j))
+        blocks.append(block)
+        i = j
+    # (level, block, first finest block, last + 1, number of values)
+    spans = [
+        (finest, b, k, k + 1, j - i) for k, (b, (i, j)) in enumerate(zip(blocks, fine, strict=True))
+    ]
+    for level in rollups.LEVELS[1:]:
+        shift, k = level - finest, 0
+        while k < len(fine):
+            block, m = blocks[k] >> shift, k + 1
+            while m < len(fine) and blocks[m] >> shift == block:
+                m += 1
+            spans.append((level, block, k, m, fine[m - 1][1] - fine[k][0]))
+            k = m
     for series, column in zip(group.series, columns, strict=True):
-        found = _extremes(column, bounds, key)
-        for level, block, at, count in spans:
-            lo, hi = found[at]
+        lows, highs, rank = _extremes(column, fine, key)
+        for level, block, k, m, count in spans:
+            if m - k == 1:
+                lo, hi = lows[k], highs[k]
+            else:
+                # The extremes of a run of blocks are among theirs; min()/max() keep the
+                # first of equal ones, the earliest step.
+                lo, hi = min(lows[k:m], key=rank), max(highs[k:m], key=rank)
+            if series not in shared:
+                out.append(
+                    (series, level, block, steps[lo], column[lo], steps[hi], column[hi], count)
+                )
+                continue
             row = [steps[lo], column[lo], steps[hi], column[hi], count, order[lo], order[hi]]
-            previous = out.get((series, level, block))
+            previous = merged.get((series, level, block))
             if previous is None:
-                out[series, level, block] = row
+                merged[series, level, block] = row
             else:
                 _merge(previous, row, key)
 
 
 def _extremes(
-    column: Sequence[Any], bounds: list[tuple[int, int]], key: rollups.Key
-) -> list[tuple[int, int]]:
-    """(index of the min, index of the max) of ``column[i:j]`` per ``(i, j)``: the
-    first of equal values, i.e. the earliest step (the column is in step order)."""
+    column: Sequence[Any], fine: list[tuple[int, int]], key: rollups.Key
+) -> tuple[list[int], list[int], Callable[[int], Any]]:
+    """Index of the min and of the max of ``column[i:j]`` per ``(i, j)`` (the first of
+    equal values, i.e. the earliest step: the column is in step order), and what
+    ranks an index (its value, or its value's ``key``)."""
+    lows: list[int] = []
+    highs: list[int] = []
     try:
         # NaN (or inf - inf) makes the sum NaN, a "NaN" string makes it fail: only then
         # do values need the backend's order; plain numbers compare as they are.
@@ -100,19 +138,20 @@ def _extremes(
         plain = total == total
     except TypeError:
         plain = False
-    found: list[tuple[int, int]] = []
     if plain:
-        for i, j in bounds:
+        for i, j in fine:
             part = column[i:j]
             # min() returns the first of equal values and index() finds the first equal
             # one: the same element, found in C.
-            found.append((i + part.index(min(part)), i + part.index(max(part))))
-        return found
+            lows.append(i + part.index(min(part)))
+            highs.append(i + part.index(max(part)))
+        return lows, highs, column.__getitem__
     keys = [key(v) for v in column]
-    at = keys.__getitem__
-    for i, j in bounds:
-        found.append((min(range(i, j), key=at), max(range(i, j), key=at)))
-    return found
+    rank = keys.__getitem__
+    for i, j in fine:
+        lows.append(min(range(i, j), key=rank))
+        highs.append(max(range(i, j), key=rank))
+    return lows, highs, rank
 
 
 def _merge(into: list[Any], row: list[Any], key: rollups.Key) -> None:

@@ -266,7 +266,10 @@ class HistoryReads(NamedReads):
         """A named field from its packed rows: every point of ``lo..hi``, or with
         ``buckets`` (first, last, width, level) each bucket's min and max."""
         if buckets is None:
-            return self.named_points(run_id, rank, name, lo, hi, memo, sets, series, started)
+            steps, values = self.named_points(
+                run_id, rank, name, lo, hi, memo, sets, series, started
+            )
+            return list(zip(steps, values, strict=True))
         first, last, width, level = buckets
         return self._bucketed(
             lo,

@@ -75,11 +75,16 @@ def digest(names: tuple[str, ...]) -> tuple[str, str]:
 
 def decode(data: bytes) -> list[float]:
     """A packed row's values (floats, NaN and infinities included)."""
+    return decode_array(data).tolist()
+
+
+def decode_array(data: bytes) -> array[float]:
+    """Packed values (one or many rows back to back) as an ``array('d')``."""
     values = array("d")
     values.frombytes(data)
     if not _LITTLE:
         values.byteswap()
-    return values.tolist()
+    return values
 
 
 @dataclass

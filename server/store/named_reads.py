@@ -12,45 +12,62 @@ Runs started before this layout may hold ``scalars`` rows; those are merged in
 (packed rows win), and a run with no packed rows at all is read by SQL as before.
 
 Example (any store):
-    >>> points = store.named_points("run", 0, "param_norms/w", 0, 99, {})  # doctest: +SKIP
-    [(0, 0.5), (1, 0.25)]
+    >>> store.named_points("run", 0, "param_norms/w", 0, 99, {})  # doctest: +SKIP
+    ([0, 1], [0.5, 0.25])
 """
 
 from __future__ import annotations
 
 import json
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
 
 from . import named, rollups, rows
 
-# (step, value) in step order, one per step.
-Points = list[tuple[int, Any]]
+# (steps, values): one value per step, in step order.
+Points = tuple[list[int], list[Any]]
 
 
 class PackedSpan:
     """The packed rows of one run and rank in a step range, grouped by name set and
     decoded on first use."""
 
-    def __init__(self, found: Sequence[tuple[Any, ...]], sets: dict[int, dict[str, int]]) -> None:
+    def __init__(
+        self,
+        found: Sequence[tuple[Any, ...]],
+        sets: dict[int, dict[str, int]],
+        order: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        """``found``: rows ``(step, set id, data)`` in (step, uid) order; ``order``:
+        their (written, uid), needed only where a step has several rows."""
         self.sets = sets
-        # set id -> ([step], [(written, uid)], [data]) in (step, uid) order
-        self.rows: dict[int, tuple[list[int], list[tuple[int, int]], list[bytes]]] = {}
-        self.repeats = False  # some step has more than one row
-        previous = None
-        for step, uid, written, set_id, data in found:
-            part = self.rows.get(set_id)
+        # set id -> (steps, write order (written, uid), data), in (step, uid) order
+        self.rows: dict[int, tuple[list[int], Sequence[tuple[int, int]], Sequence[bytes]]] = {}
+        self._arrays: dict[int, array[float]] = {}
+        if not found:
+            self.repeats = False
+            return
+        # Transposed in C; nearly always a single name set, kept as it came.
+        steps, set_ids, data = (list(c) for c in zip(*found, strict=True))
+        self.repeats = len(set(steps)) != len(steps)  # some step has several rows
+        if order is None:
+            order = [(0, 0)] * len(steps)
+        if set_ids.count(set_ids[0]) == len(set_ids):
+            self.rows[set_ids[0]] = (steps, order, data)
+            return
+        parts: dict[int, tuple[list[int], list[tuple[int, int]], list[bytes]]] = {}
+        for row in zip(steps, order, set_ids, data, strict=True):
+            part = parts.get(row[2])
             if part is None:
-                part = self.rows[set_id] = ([], [], [])
-            part[0].append(step)
-            part[1].append((written, uid))
-            part[2].append(bytes(data))
-            self.repeats = self.repeats or step == previous
-            previous = step
-        self._flat: dict[int, list[float]] = {}
+                part = parts[row[2]] = ([], [], [])
+            part[0].append(row[0])
+            part[1].append(row[1])
+            part[2].append(row[3])
+        self.rows.update(parts)
 
-    def columns(self, name: str) -> list[tuple[list[int], list[tuple[int, int]], list[float]]]:
+    def columns(self, name: str) -> list[tuple[list[int], Sequence[tuple[int, int]], list[float]]]:
         """(steps, write order, values) of ``name`` from each name set holding it."""
         out = []
         for set_id, (steps, order, data) in self.rows.items():
@@ -60,13 +77,14 @@ class PackedSpan:
                 continue
             assert names is not None
             width = len(names)
-            flat = self._flat.get(set_id)
+            flat = self._arrays.get(set_id)
             if flat is None:
-                flat = self._flat[set_id] = named.decode(b"".join(data))
+                # One decode per name set; each field is then a strided slice, in C.
+                flat = self._arrays[set_id] = named.decode_array(b"".join(map(bytes, data)))
             if len(flat) != width * len(steps):  # never expected: rows of another width
-                values = [_at(named.decode(d), index) for d in data]
+                values = [_at(named.decode(bytes(d)), index) for d in data]
             else:
-                values = flat[index::width]
+                values = flat[index::width].tolist()
             out.append((steps, order, values))
         return out
 
@@ -114,23 +132,15 @@ class NamedReads:
         series: int | None = None,
         started: Any = None,
     ) -> Points:
-        """(step, stored value) of a named field in ``lo..hi``: the last row written of
-        each step; ``memo`` shares the decoded rows between the fields of one query.
+        """(steps, stored values) of a named field in ``lo..hi``: the last row written
+        of each step; ``memo`` shares the decoded rows between the fields of one query.
         ``series`` and ``started`` let a run older than this layout add its
         ``scalars`` rows."""
         if sets is None:
             sets = self.name_sets(run_id, rank)
         span = memo.get((lo, hi))
         if span is None:
-            span = memo[lo, hi] = PackedSpan(
-                self.query(
-                    "SELECT step, uid, written, names, data FROM named_scalars"
-                    " WHERE run_id = ? AND rank = ? AND step >= ? AND step <= ?"
-                    " ORDER BY step, uid",
-                    (run_id, rank, lo, hi),
-                ),
-                sets,
-            )
+            span = memo[lo, hi] = self._packed_span(run_id, rank, lo, hi, sets)
         parts = span.columns(name)
         legacy: list[tuple[Any, ...]] = []
         if series is not None and self._older_than_packed(started):
@@ -141,7 +151,9 @@ class NamedReads:
             )
         if len(parts) == 1 and not span.repeats and not legacy:
             steps, _, values = parts[0]
-            return list(zip(steps, self._stored(values), strict=True))
+            return steps, self._stored(values)  # the steps list is shared by the fields
+        if not parts and not legacy:
+            return [], []
         # Several name sets, a step sent again, or old rows: the last written wins.
         latest: dict[int, tuple[tuple[int, int], Any]] = {
             step: ((-1, -1), value) for step, value in legacy
@@ -151,7 +163,8 @@ class NamedReads:
                 found = latest.get(step)
                 if found is None or found[0] < at:
                     latest[step] = (at, value)
-        return [(step, latest[step][1]) for step in sorted(latest)]
+        ordered = sorted(latest)
+        return ordered, [latest[step][1] for step in ordered]
 
     def named_extremes(
         self,
@@ -175,12 +188,41 @@ class NamedReads:
         lows: list[tuple[int, Any]] = []
         highs: list[tuple[int, Any]] = []
         for start, end in spans:
-            points = self.named_points(run_id, rank, name, start, end, memo, sets, series, started)
-            inside = [b for b in bounds if start <= b[0] and b[1] <= end]
-            found = bucket_extremes(points, inside, self.value_key)
+            steps, values = self.named_points(
+                run_id, rank, name, start, end, memo, sets, series, started
+            )
+            # The buckets' index ranges, found once per steps list (shared by the
+            # fields of one name set); the entry holds the list, so its id stays its own.
+            entry = memo.get(("cuts", id(steps), start, end))
+            if entry is None or entry[0] is not steps:
+                inside = [b for b in bounds if start <= b[0] and b[1] <= end]
+                cuts = [(bisect_left(steps, a), bisect_right(steps, b)) for a, b in inside]
+                entry = memo["cuts", id(steps), start, end] = (steps, cuts)
+            found = bucket_extremes(steps, values, entry[1], self.value_key)
             lows.extend(found[0])
             highs.extend(found[1])
         return lows + highs
+
+    def _packed_span(
+        self, run_id: str, rank: int, lo: int, hi: int, sets: dict[int, dict[str, int]]
+    ) -> PackedSpan:
+        where = "WHERE run_id = ? AND rank = ? AND step >= ? AND step <= ? ORDER BY step, uid"
+        params = (run_id, rank, lo, hi)
+        found = self.query(f"SELECT step, names, data FROM named_scalars {where}", params)  # noqa: S608
+        span = PackedSpan(found, sets)
+        if span.repeats:
+            # A step sent again: which row is newest (read apart: the order columns
+            # cost a third more to fetch, and are rarely needed).
+            order = self.query(f"SELECT written, uid FROM named_scalars {where}", params)  # noqa: S608
+            if len(order) == len(found):  # else a write came between: read both again
+                span = PackedSpan(found, sets, order)
+            else:
+                both = self.query(
+                    f"SELECT step, names, data, written, uid FROM named_scalars {where}",  # noqa: S608
+                    params,
+                )
+                span = PackedSpan([r[:3] for r in both], sets, [r[3:] for r in both])
+        return span
 
     def _stored(self, values: list[float]) -> list[Any]:
         """Decoded floats as the backend stores numbers (SQLite: "NaN" strings), so they
@@ -203,17 +245,15 @@ class NamedReads:
 
 
 def bucket_extremes(
-    points: Points, bounds: Sequence[tuple[int, int]], key: rollups.Key
+    steps: list[int], values: list[Any], cuts: Sequence[tuple[int, int]], key: rollups.Key
 ) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
-    """The min and the max point of each ``(first, last)`` step range of ``points``
-    (in step order): the earliest of equal values, in the order of ``key``.
+    """(step, value) of the min and of the max of ``values[i:j]`` for each ``(i, j)`` of
+    ``cuts`` (``steps`` in order): the earliest of equal values, in ``key``'s order.
 
-    >>> bucket_extremes([(0, 2.0), (1, "NaN"), (5, 2.0), (6, 1.0)], [(0, 3), (4, 7)],
+    >>> bucket_extremes([0, 1, 5, 6], [2.0, "NaN", 2.0, 1.0], [(0, 2), (2, 4), (4, 4)],
     ...                 rollups.sqlite_key)
     ([(0, 2.0), (6, 1.0)], [(1, 'NaN'), (5, 2.0)])
     """
-    steps = [p[0] for p in points]
-    values = [p[1] for p in points]
     try:
         total = sum(values)
         plain = total == total
@@ -222,16 +262,16 @@ def bucket_extremes(
     keys = None if plain else [key(v) for v in values]
     lows: list[tuple[int, Any]] = []
     highs: list[tuple[int, Any]] = []
-    for start, end in bounds:
-        i, j = bisect_left(steps, start), bisect_right(steps, end)
-        if i == j:
+    for i, j in cuts:
+        if i >= j:
             continue
         if keys is None:
             part = values[i:j]
+            # min()/max() return the first of equal values, index() finds it: in C.
             lo, hi = i + part.index(min(part)), i + part.index(max(part))
         else:
             at = keys.__getitem__
             lo, hi = min(range(i, j), key=at), max(range(i, j), key=at)
-        lows.append(points[lo])
-        highs.append(points[hi])
+        lows.append((steps[lo], values[lo]))
+        highs.append((steps[hi], values[hi]))
     return lows, highs

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gradwatch.protocol.messages import NONFINITE_STRINGS
+from gradwatch.server.downsample import bucket_width
 from gradwatch.server.schema import parse_message
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
@@ -397,5 +398,67 @@ def test_a_name_set_of_many_long_names_is_stored(gradwatch_db):
             "step": [0, 1, 2],
             "value": [399.0, 400.0, 401.0],
         }
+    finally:
+        store.close()
+
+
+def _bucketed_reference(
+    steps: list[int], values: list[Any], first: int, last: int, max_points: int
+) -> tuple[list[int], list[Any]]:
+    """Each bucket's min and max point by brute force: the buckets of the run's steps
+    ``first..last`` (every field shares them); "Infinity" ranks above every number on
+    both backends; ties keep the earliest step."""
+    width = bucket_width(first, last, max_points // 2)
+    rank = {
+        s: ((1, 0) if isinstance(v, str) else (0, v)) for s, v in zip(steps, values, strict=True)
+    }
+    buckets: dict[int, list[int]] = {}
+    for s in steps:
+        buckets.setdefault(s // width, []).append(s)
+    kept = set()
+    for members in buckets.values():
+        kept.add(min(members, key=lambda s: (rank[s], s)))
+        kept.add(min(members, key=lambda s: (tuple(-x for x in rank[s]), s)))
+    chosen = sorted(kept)
+    by_step = dict(zip(steps, values, strict=True))
+    return chosen, [by_step[s] for s in chosen]
+
+
+def test_fields_of_several_name_sets_read_like_the_reference(gradwatch_db):
+    """Name sets change within a run (a profile every 3rd step, a parameter that comes
+    and goes): each field holds exactly its own steps, in full and in min/max buckets
+    (edge and fine buckets from the packed rows, whole ones from the rollups)."""
+    store = _open(gradwatch_db, "sets")
+    want: dict[str, dict[int, Any]] = {
+        "param_norms/w": {},
+        "param_norms/v": {},
+        "profile/m/forward_s": {},
+    }
+    records = []
+    for s in range(3000):
+        norms: dict[str, Any] = {"w": (s * 7919) % 1000 / 7}
+        if s % 5 < 2:
+            norms["v"] = "Infinity" if s == 1500 else float(s % 11)
+        record: dict[str, Any] = {"kind": "step", "step": s, "param_norms": norms}
+        if s % 3 == 0:
+            record["profile"] = {"m": {"forward_s": (s % 17) / 100}}
+            want["profile/m/forward_s"][s] = (s % 17) / 100
+        for p, v in norms.items():
+            want[f"param_norms/{p}"][s] = v
+        records.append(record)
+    try:
+        for seq in range(6):
+            _send(store, "sets", seq, records[seq * 500 : (seq + 1) * 500])
+        for max_points, lo, hi in ((4000, 0, 2999), (300, 0, 2999), (40, 123, 2777)):
+            got = store.steps("sets", start=lo, stop=hi, fields=list(want), max_points=max_points)
+            assert got["downsampled"] == (hi - lo + 1 > max_points)
+            for name, series in want.items():
+                steps = [s for s in series if lo <= s <= hi]
+                values = [series[s] for s in steps]
+                expected = (steps, values)
+                if got["downsampled"]:
+                    expected = _bucketed_reference(steps, values, lo, hi, max_points)
+                field = got["fields"][name]
+                assert (field["step"], field["value"]) == expected, name
     finally:
         store.close()

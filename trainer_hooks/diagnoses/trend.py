@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections import deque
 
 from .base import median, trend
@@ -70,9 +70,9 @@ class SlidingTrend:
         finite = math.isfinite(x) and math.isfinite(y)
         slopes = self._slopes
         if slopes is not None and finite:
-            for xi, yi in zip(xs, ys, strict=True):
-                if x != xi:
-                    insort(slopes, (y - yi) / (x - xi))
+            # appended, then one sort: timsort merges the two sorted runs in C
+            slopes += [(y - yi) / (x - xi) for xi, yi in zip(xs, ys, strict=True) if x != xi]
+            slopes.sort()
         xs.append(x)
         ys.append(y)
         if not finite:

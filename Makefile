@@ -33,6 +33,8 @@ typecheck: install
 	for part in protocol trainer_hooks server; do ln -sfn ../../../$$part build/typecheck/gradwatch/$$part; done
 	cd build/typecheck && MYPYPATH=. ../../$(BIN)/mypy --config-file ../../pyproject.toml \
 		-p gradwatch.protocol -p gradwatch.trainer_hooks -p gradwatch.server
+	cd build/typecheck && MYPYPATH=. ../../$(BIN)/mypy --config-file ../../pyproject.toml \
+		../../examples
 
 bench: install
 	$(BIN)/python bench/overhead.py

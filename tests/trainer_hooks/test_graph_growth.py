@@ -52,6 +52,15 @@ def test_shared_nodes_are_counted_once_and_the_walk_is_bounded() -> None:
     assert count_nodes(loss.grad_fn, limit=2) == (2, True)
 
 
+def test_a_walk_limit_equal_to_the_graph_size_is_not_truncation() -> None:
+    w = torch.ones(3, requires_grad=True)
+    loss = ((w * 2.0).sum() + 1.0).pow(2).sum()
+    total = independent_count(loss.grad_fn)
+    assert count_nodes(loss.grad_fn, limit=total) == (total, False)
+    assert count_nodes(loss.grad_fn, limit=total - 1) == (total - 1, True)
+    assert count_nodes(loss.grad_fn, limit=1) == (1, True)
+
+
 class Carrier(nn.Module):
     """Keeps (h, c) on the module across iterations, like the rotation-LSTM report."""
 

@@ -110,7 +110,11 @@ class ScalarWrites:
             lambda name: self._series(cur, run_id, rank, name),
         )
         if groups:
-            cur.executemany(self.sql(rollups.UPSERT), aggregate_columns(groups, self.value_key))
+            self._upsert_rollups(cur, aggregate_columns(groups, self.value_key))
+
+    # PostgreSQL sends them as one statement of arrays (store/postgres.py).
+    def _upsert_rollups(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
+        cur.executemany(self.sql(rollups.UPSERT), found)
 
 
 def rollup_groups(

@@ -176,6 +176,25 @@ def merge_buckets(
 ) -> dict[int, tuple[Any, ...]]:
     """Rollup rows ``(block, min_step, min_v, max_step, max_v)`` merged into buckets of
     ``2**shift`` blocks: bucket -> ``(min_step, min_v, max_step, max_v)``."""
+    found = list(found)
+    try:
+        # Plain numbers (no NaN, no "NaN" string) compare as they are: no key per value.
+        total = sum(r[2] for r in found) + sum(r[4] for r in found)
+        plain = total == total
+    except TypeError:
+        plain = False
+    if plain:
+        merged: dict[int, list[Any]] = {}
+        for block, lo_step, lo, hi_step, hi in found:
+            b = merged.get(block >> shift)
+            if b is None:
+                merged[block >> shift] = [lo_step, lo, hi_step, hi]
+                continue
+            if lo < b[1] or (lo == b[1] and lo_step < b[0]):
+                b[0], b[1] = lo_step, lo
+            if hi > b[3] or (hi == b[3] and hi_step < b[2]):
+                b[2], b[3] = hi_step, hi
+        return {at: tuple(b) for at, b in merged.items()}
     buckets: dict[int, list[Any]] = {}
     for block, lo_step, lo, hi_step, hi in found:
         at = block >> shift

@@ -13,7 +13,7 @@ from gradwatch.server.downsample import minmax
 from gradwatch.server.schema import parse_message
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
-from gradwatch.server.store.rollups import LEVELS, aggregate, sqlite_key
+from gradwatch.server.store.rollups import LEVELS, aggregate, merge_buckets, sqlite_key
 
 
 def _store_run(store, run: str, steps: list[int], values: list, batch_sizes: list[int]) -> None:
@@ -159,3 +159,33 @@ def _execute(db: str, statements: list[str]) -> None:
         conn.commit()
     finally:
         conn.close()
+
+
+def test_history_of_repeating_values_keeps_the_earliest_step_of_each_extreme(gradwatch_db):
+    """Every rollup block holds the same min and max (a sawtooth), so each bucket's
+    extremes tie across its blocks: the answer keeps the earliest step of each, as the
+    reference does, with plain numbers and with a non-finite value in the series."""
+    steps = list(range(20_000))
+    for nonfinite in (False, True):
+        values: list = [float(s % 16) for s in steps]
+        if nonfinite:
+            values[5_000] = "Infinity"
+        run = f"saw-{nonfinite}"
+        store = open_store(Settings(db=gradwatch_db))
+        try:
+            _store_run(store, run, steps, values, [5000])
+            for max_points in (40, 300):
+                got = store.steps(run, fields=["loss", "param_norms/w"], max_points=max_points)
+                want_steps, want_values = minmax(steps, values, max_points)
+                for name in ("loss", "param_norms/w"):
+                    assert got["fields"][name]["step"] == want_steps, (name, max_points)
+                    assert got["fields"][name]["value"] == want_values, (name, max_points)
+        finally:
+            store.close()
+
+
+def test_rollup_buckets_merge_ties_to_the_earliest_step():
+    rows = [(0, 3, 1.0, 5, 9.0), (1, 70, 1.0, 66, 9.0), (2, 130, 0.5, 140, 9.0)]
+    assert merge_buckets(rows, 1, sqlite_key) == {0: (3, 1.0, 5, 9.0), 1: (130, 0.5, 140, 9.0)}
+    with_text = [(0, 3, 1.0, 5, "NaN"), (1, 70, 1.0, 66, "NaN")]
+    assert merge_buckets(with_text, 1, sqlite_key) == {0: (3, 1.0, 5, "NaN")}

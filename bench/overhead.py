@@ -1,4 +1,4 @@
-"""What gradwatch costs a training step, side by side with wandb.watch and TensorBoard.
+r"""What gradwatch costs a training step, side by side with wandb.watch and TensorBoard.
 
 Two workloads from the reports gradwatch exists for:
 
@@ -31,13 +31,23 @@ Run: ``python bench/overhead.py`` (``--rounds``, ``--steps``, ``--device cuda``,
 ``--only lstm121``; ``--threads`` sets torch's intra-op threads, 1 by default so that
 other processes on a small box disturb the run less; ``--clock cpu`` times this
 process's CPU time instead of the wall clock, steadier on a loaded box but blind to
-wandb's separate service process).
+wandb's separate service process; ``--no-others`` leaves wandb and TensorBoard out).
+
+Before/after in one run (``--baseline DIR``): an older gradwatch, imported under the
+package name ``gwbase``, adds ``gradwatch (baseline) every=N`` variants beside the
+current ones, so both see the same box in the same rounds. Make ``DIR`` with::
+
+    mkdir -p DIR/gwbase && touch DIR/gwbase/__init__.py
+    git archive <commit> trainer_hooks protocol | tar -x -C DIR/gwbase
+    grep -rl 'gradwatch\.' DIR/gwbase \
+        | xargs sed -i 's/gradwatch\.\(protocol\|trainer_hooks\)/gwbase.\1/g'
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import os
 import random
 import statistics
@@ -48,6 +58,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -146,7 +157,8 @@ class Variant:
 
 
 def variants(
-    name: str, device: torch.device, stack: ExitStack, tmp: Path, notes: list[str]
+    name: str, device: torch.device, stack: ExitStack, tmp: Path, notes: list[str],
+    others: bool = True, baseline: Callable[..., Any] | None = None,
 ) -> list[Variant]:
     base, x, y = workload(name, device)
     found: list[Variant] = []
@@ -168,6 +180,19 @@ def variants(
             Variant(f"gradwatch every={every}", make_step(model, x, y),
                     lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
         )
+    for every in (1, 10) if baseline is not None else ():
+        model = copy_model()
+        monitor = baseline(
+            model, run=f"base-{name}-{every}", server=None,
+            spool=tmp / f"base-{name}-{every}.jsonl", every=every,
+        )
+        stack.callback(monitor.close)
+        found.append(
+            Variant(f"gradwatch (baseline) every={every}", make_step(model, x, y),
+                    lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
+        )
+    if not others:
+        return found
     try:
         import wandb
     except ImportError:
@@ -205,14 +230,15 @@ def variants(
 
 def measure(
     name: str, device: torch.device, rounds: int, steps: int, notes: list[str],
-    clock: Callable[[], float],
+    clock: Callable[[], float], others: bool = True,
+    baseline: Callable[..., Any] | None = None,
 ) -> list[tuple[str, float, float]]:
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
     with tempfile.TemporaryDirectory() as tmpdir, ExitStack() as stack:
-        found = variants(name, device, stack, Path(tmpdir), notes)
+        found = variants(name, device, stack, Path(tmpdir), notes, others, baseline)
         for v in found:  # warm-up: allocator, first-call paths, wandb/tb lazy set-up
             v.run(3, sync, clock)
         shuffle = random.Random(0)
@@ -238,7 +264,16 @@ def main(argv: list[str] | None = None) -> int:
         help="wall: perf_counter (what a user waits); cpu: this process's CPU time, all "
         "threads (steadier on a loaded box; misses wandb's separate service process)",
     )
+    parser.add_argument("--no-others", action="store_true",
+                        help="leave wandb and TensorBoard out")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="a folder holding an older gradwatch as package gwbase "
+                        "(see the module docstring): adds its variants beside the current")
     args = parser.parse_args(argv)
+    baseline = None
+    if args.baseline:
+        sys.path.insert(0, str(Path(args.baseline).resolve()))
+        baseline = importlib.import_module("gwbase.trainer_hooks").watch
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -248,12 +283,13 @@ def main(argv: list[str] | None = None) -> int:
           f"clock {args.clock}, {args.rounds} rounds x {args.steps} steps per variant, "
           "medians of block means")
     for name in ([args.only] if args.only else ["lstm121", "cells"]):
-        rows = measure(name, device, args.rounds, args.steps, notes, clock)
+        rows = measure(name, device, args.rounds, args.steps, notes, clock,
+                       not args.no_others, baseline)
         print(f"\n{name}")
-        print(f"| {'variant':<24} | {'step (ms)':>9} | {'vs plain':>8} |")
-        print(f"|{'-' * 26}|{'-' * 11}|{'-' * 10}|")
+        print(f"| {'variant':<30} | {'step (ms)':>9} | {'vs plain':>8} |")
+        print(f"|{'-' * 32}|{'-' * 11}|{'-' * 10}|")
         for vname, seconds, ratio in rows:
-            print(f"| {vname:<24} | {seconds * 1e3:9.3f} | {ratio:7.3f}x |")
+            print(f"| {vname:<30} | {seconds * 1e3:9.3f} | {ratio:7.3f}x |")
     for note in dict.fromkeys(notes):
         print(f"note: {note}")
     return 0

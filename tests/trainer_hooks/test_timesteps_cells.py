@@ -281,3 +281,25 @@ def test_an_output_the_cell_retains_itself_is_captured_through_a_node_hook(
     torch.testing.assert_close(
         series(record, "cell", "hidden"), norms(kept), rtol=1e-12, atol=0.0
     )
+
+
+def test_an_output_changed_in_place_after_the_call_is_warned_about_once(
+    captured_step: Any,
+) -> None:
+    from gradwatch.trainer_hooks.warn import GradwatchWarning
+
+    torch.manual_seed(7)
+    model = Loop(nn.GRUCell(2, 3).double())
+    x = torch.randn(4, 2, 2, dtype=F64)
+
+    def run() -> None:
+        h = model.cell(x[0])
+        for t in range(1, x.shape[0]):
+            h = model.cell(x[t], h)
+            h.mul_(0.5)  # in place, after the hook ran: .grad follows the changed tensor
+        h.sum().backward()
+
+    with pytest.warns(GradwatchWarning, match="changed in place") as caught:
+        record = captured_step(model, run)
+    assert len([w for w in caught if "changed in place" in str(w.message)]) == 1
+    assert len(record["timesteps"]["cell"]["hidden"]) == 4

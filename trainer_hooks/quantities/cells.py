@@ -75,8 +75,10 @@ class CellCapture:
         self.count = 0
         self.device: torch.device | None = None
         # per call: the outputs (h, c) whose retained .grad holds its gradients (None
-        # where a fallback hook keeps the gradient in `hooked` instead, or no c)
+        # where a fallback hook keeps the gradient in `hooked` instead, or no c), and
+        # their versions then (an in-place change later moves what .grad refers to)
         self.outputs: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
+        self.versions: list[tuple[int, int]] = []
         self.hooked: dict[str, dict[int, torch.Tensor]] = {"hidden": {}, "cell": {}}
         self.used: set[str] = set()
         # calls made during backward (checkpoint recomputation) -> did a hook fire?
@@ -131,6 +133,7 @@ class CellCapture:
             self.used.add("cell")
             kept_c = self._keep(c, k, "cell")
         self.outputs.append((kept_h, kept_c))
+        self.versions.append((h._version, kept_c._version if kept_c is not None else 0))
 
     def _keep(self, tensor: torch.Tensor, k: int, series: str) -> torch.Tensor | None:
         """Retain ``tensor``'s gradient (returns it), or hook it (returns None)."""
@@ -167,6 +170,18 @@ class CellCapture:
             if self.recomputed and k in self.recomputed:
                 self.recomputed[k] = True
 
+    def _check_versions(self) -> None:
+        """Warn (once) when user code changed a captured output in place after the call."""
+        for (h, c), (vh, vc) in zip(self.outputs, self.versions, strict=True):
+            if _changed(h, vh) or _changed(c, vc):
+                self.owner.warn_once(
+                    "cell_inplace",
+                    f"gradwatch: an output of {self.name} was changed in place after the "
+                    "call; its timestep norm is that of the changed tensor's gradient "
+                    "(change a copy, h = h * mask, to keep the call's own)",
+                )
+                return
+
     def _keep_leaf(
         self, step: int, k: int, slots: dict[int, torch.Tensor], grad: torch.Tensor
     ) -> None:
@@ -190,6 +205,7 @@ class CellCapture:
             k for k, fired in self.recomputed.items()
             if not fired and all(values[k] is None for values in grads.values())
         }
+        self._check_versions()
         result = {}
         with torch.no_grad():
             for series, values in grads.items():
@@ -230,6 +246,10 @@ class RowBuffer:
         filled = self.buffer[:n]
         norms: torch.Tensor = torch.linalg.vector_norm(filled, dim=tuple(range(1, filled.dim())))
         return norms
+
+
+def _changed(tensor: torch.Tensor | None, version: int) -> bool:
+    return tensor is not None and tensor._version != version
 
 
 def norms_in_order(

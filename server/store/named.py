@@ -15,6 +15,7 @@ record's uid), as the upsert of the previous layout did. Databases written befor
 this layout keep their ``scalars`` rows, which are still read (store/named_reads.py).
 
 Example:
+    >>> from gradwatch.server.schema import parse_message
     >>> builder = NamedBuilder(lambda v: v, set())
     >>> record = parse_message('{"type": "batch", "run_id": "r", "rank": 0, "seq": 0,'
     ...     ' "records": [{"kind": "step", "step": 4, "param_norms": {"w": 2.5}}]}'

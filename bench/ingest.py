@@ -228,24 +228,28 @@ def breakdown(args: argparse.Namespace, packed: bool) -> dict[str, float]:
 
 def _rollups_us(db: str, parsed: list[Any]) -> float:
     """Seconds the store's rollup work takes for ``parsed``, redone on its own: the same
-    aggregate and upserts, into new series of the same database, one commit per batch."""
+    column groups, aggregate and upserts as the store's writer (store/scalar_writes.py),
+    into new series of the same database, one commit per batch."""
     import sqlite3
 
-    from gradwatch.server.store import base, rollups
+    from gradwatch.server.store import rollups
+    from gradwatch.server.store.columns import aggregate_columns
     from gradwatch.server.store.rows import split_batch
+    from gradwatch.server.store.scalar_writes import rollup_groups
 
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA synchronous=NORMAL")  # as the store's writer
     ids: dict[str, int] = {}
+
+    def series_of(name: str) -> int:
+        return ids.setdefault(name, 10**9 + len(ids))
+
     took = 0.0
     for b in parsed:
         split = split_batch(b, lambda v: v)
         t0 = time.perf_counter()
-        values = [(ids.setdefault(name, 10**9 + len(ids)), s, v) for name, s, v in split.scalars]
-        for column, name in base._ROLLED_COLUMNS:
-            series = ids.setdefault(name, 10**9 + len(ids))
-            values.extend((series, r[2], r[column]) for r in split.steps if r[column] is not None)
-        conn.executemany(rollups.UPSERT, rollups.aggregate(values, rollups.sqlite_key))
+        groups = rollup_groups(split, lambda names: [series_of(n) for n in names], series_of)
+        conn.executemany(rollups.UPSERT, aggregate_columns(groups, rollups.sqlite_key))
         conn.commit()
         took += time.perf_counter() - t0
     conn.close()

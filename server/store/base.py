@@ -32,7 +32,6 @@ from typing import Any, ClassVar
 from ..settings import Settings
 from . import rows
 from .reads import Reads
-from .scalar_writes import ROLLED_COLUMNS as _ROLLED_COLUMNS  # noqa: F401 (bench/ingest.py)
 from .scalar_writes import ScalarWrites
 
 _STOP = object()

@@ -201,17 +201,6 @@ class SplitBatch:
     last_step: int | None = None
     last_epoch: int | None = None
 
-    @property
-    def scalars(self) -> list[tuple[str, int, Any]]:
-        """The named scalars as ``(name, step, value)`` in batch order per name set
-        (the previous layout's rows; rollups.aggregate takes them with series ids)."""
-        return [
-            (name, step, value)
-            for names, group in self.named.items()
-            for step, values in zip(group.steps, group.values, strict=True)
-            for name, value in zip(names, values, strict=True)
-        ]
-
 
 _NUMBERS = itemgetter(*NUMBER_FIELDS)
 _INTEGERS = itemgetter(*INTEGER_FIELDS)

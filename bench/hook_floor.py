@@ -125,6 +125,7 @@ def pieces() -> None:
 
     def series() -> Any:
         capture.outputs = [(None, None)] * 24
+        capture.versions = [(0, 0)] * 24
         capture.hooked = {"hidden": dict(enumerate(grads)), "cell": dict(enumerate(grads))}
         capture.count, capture.device = 24, torch.device("cpu")
         capture.used = {"hidden", "cell"}

@@ -14,7 +14,8 @@ noise from other processes hit all of them alike); each block ends by draining t
 variant's own background work (gradwatch's ``monitor.flush()``, the TensorBoard
 writer's ``flush()``), so that work is charged to it and not to the next block; the
 table gives each variant's median step time over the rounds and its ratio to plain
-training:
+training, and the ratio of the fastest block to plain's fastest (``min vs min``: on a
+loaded box the steadier estimate of a fixed cost):
 
 - ``plain``: the training step alone; ``plain (control)``, a second copy of it, shows
   how far apart two identical variants land in this run (the noise floor);
@@ -232,7 +233,7 @@ def measure(
     name: str, device: torch.device, rounds: int, steps: int, notes: list[str],
     clock: Callable[[], float], others: bool = True,
     baseline: Callable[..., Any] | None = None,
-) -> list[tuple[str, float, float]]:
+) -> list[tuple[str, float, float, float]]:
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -248,8 +249,9 @@ def measure(
             for v in order:
                 v.times.append(v.run(steps, sync, clock))
         plain = statistics.median(found[0].times)
-        return [(v.name, statistics.median(v.times), statistics.median(v.times) / plain)
-                for v in found]
+        low = min(found[0].times)
+        return [(v.name, statistics.median(v.times), statistics.median(v.times) / plain,
+                 min(v.times) / low) for v in found]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,10 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure(name, device, args.rounds, args.steps, notes, clock,
                        not args.no_others, baseline)
         print(f"\n{name}")
-        print(f"| {'variant':<30} | {'step (ms)':>9} | {'vs plain':>8} |")
-        print(f"|{'-' * 32}|{'-' * 11}|{'-' * 10}|")
-        for vname, seconds, ratio in rows:
-            print(f"| {vname:<30} | {seconds * 1e3:9.3f} | {ratio:7.3f}x |")
+        print(f"| {'variant':<30} | {'step (ms)':>9} | {'vs plain':>8} | {'min vs min':>10} |")
+        print(f"|{'-' * 32}|{'-' * 11}|{'-' * 10}|{'-' * 12}|")
+        for vname, seconds, ratio, low in rows:
+            print(f"| {vname:<30} | {seconds * 1e3:9.3f} | {ratio:7.3f}x | {low:9.3f}x |")
     for note in dict.fromkeys(notes):
         print(f"note: {note}")
     return 0

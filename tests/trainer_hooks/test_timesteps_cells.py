@@ -303,3 +303,21 @@ def test_an_output_changed_in_place_after_the_call_is_warned_about_once(
         record = captured_step(model, run)
     assert len([w for w in caught if "changed in place" in str(w.message)]) == 1
     assert len(record["timesteps"]["cell"]["hidden"]) == 4
+
+
+def test_a_loop_larger_than_the_row_buffer_gives_the_same_norms(
+    captured_step: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the kept buffer's size the norms are taken from a fresh stack, unchanged."""
+    from gradwatch.trainer_hooks.quantities import cells
+
+    torch.manual_seed(8)
+    model = Loop(nn.LSTMCell(3, 5).double())
+    x = torch.randn(6, 2, 3, dtype=F64)
+    kept: list[Any] = []
+    model.run(x, kept).backward()
+    want = norms([s[0] for s in kept])
+    for limit in (cells.ROW_BUFFER_MAX, 10):  # the kept buffer, then the fresh stack
+        monkeypatch.setattr(cells, "ROW_BUFFER_MAX", limit)
+        record = captured_step(model, lambda: model.run(x).backward())
+        torch.testing.assert_close(series(record, "cell", "hidden"), want, rtol=1e-12, atol=0.0)

@@ -215,6 +215,11 @@ class CellCapture:
         return result
 
 
+#: the largest row buffer kept between steps, in elements (32 MB of float64); a step
+#: with more gradient than that stacks them afresh instead of holding it all the time
+ROW_BUFFER_MAX = 1 << 22
+
+
 class RowBuffer:
     """A float64 buffer of rows of one shape, reused from step to step.
 
@@ -260,7 +265,7 @@ def norms_in_order(
     if first is not None:  # the usual case, one shape and no gaps: no bookkeeping
         shape, on = first.shape, first.device
         if all(g is not None and g.shape == shape and g.device == on for g in grads):
-            if rows is not None:
+            if rows is not None and len(grads) * first.numel() <= ROW_BUFFER_MAX:
                 return rows.norms(grads)  # type: ignore[arg-type]
             stacked: torch.Tensor = torch.stack(grads)  # type: ignore[arg-type]
             dims = tuple(range(1, stacked.dim()))

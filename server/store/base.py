@@ -223,7 +223,7 @@ class Store(ScalarWrites, Reads, ABC):
         # Packed named rows, and the rollups of every series (store/scalar_writes.py).
         self._write_scalars(cur, batch, split)
         if split.timesteps:
-            cur.executemany(self.sql(rows.TIMESTEP_INSERT), split.timesteps)
+            self._insert_timesteps(cur, split.timesteps)
         if split.epochs:
             cur.executemany(self.sql(rows.EPOCH_INSERT), split.epochs)
         if split.alerts:
@@ -261,6 +261,10 @@ class Store(ScalarWrites, Reads, ABC):
             ),
         )
         return True
+
+    def _insert_timesteps(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
+        """The batch's ``timesteps`` rows (PostgreSQL copies them in binary)."""
+        cur.executemany(self.sql(rows.TIMESTEP_INSERT), found)
 
     # ----- reads -------------------------------------------------------------------
     def reader(self) -> Any:

@@ -34,6 +34,12 @@ _ROLLUPS_UNNEST = rollups.UPSERT.replace(
 )
 
 
+_TIMESTEPS_COPY = (
+    "COPY timesteps (run_id, rank, step, module, series, n, data) FROM STDIN (FORMAT BINARY)"
+)
+_TIMESTEP_TYPES = ["text", "int8", "int8", "text", "text", "int8", "bytea"]
+
+
 class PostgresStore(Store):
     """Chosen by ``--db postgresql://...``; several servers may share one database."""
 
@@ -120,6 +126,15 @@ class PostgresStore(Store):
         for at in (4, 6):  # min_v, max_v: a count (an int) among floats
             columns[at] = [float(v) for v in columns[at]]
         cur.execute(_ROLLUPS_UNNEST, columns)
+
+    # Binary COPY: ~2.3x faster than executemany for 200 rows of 1 KB blobs (98 -> 42
+    # us per record, BENCHMARKS.md "Ingest"). `timesteps` has no unique key to conflict
+    # on, so COPY's lack of ON CONFLICT changes nothing.
+    def _insert_timesteps(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
+        with cur.copy(_TIMESTEPS_COPY) as copy:
+            copy.set_types(_TIMESTEP_TYPES)
+            for row in found:
+                copy.write_row(row)
 
     def alive(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken

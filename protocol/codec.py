@@ -26,6 +26,24 @@ from .messages import NONFINITE_STRINGS
 _SEPARATORS = (",", ":")
 
 
+def _fast_encoder() -> Any:
+    """pydantic-core's JSON encoder where it is installed and writes non-finite floats as
+    the protocol's strings (``inf_nan_mode``); else None. On a step record of ~100 floats
+    it is ~10x faster than ``json.dumps`` (float repr dominates), work the trainer's
+    background thread does for every record (BENCHMARKS.md, "Capture cost")."""
+    try:
+        from pydantic_core import to_json
+
+        if to_json([math.nan, -math.inf], inf_nan_mode="strings") != b'["NaN","-Infinity"]':
+            return None
+    except Exception:  # not installed, or too old for inf_nan_mode
+        return None
+    return to_json
+
+
+_FAST = _fast_encoder()
+
+
 def _replace_nonfinite(value: Any) -> Any:
     if isinstance(value, float):
         if math.isfinite(value):
@@ -42,6 +60,16 @@ def _replace_nonfinite(value: Any) -> Any:
 
 def dumps(message: Any) -> str:
     """Encode one message as compact JSON; non-finite floats become strings."""
+    if _FAST is not None:
+        try:
+            return str(_FAST(message, inf_nan_mode="strings").decode())
+        except Exception:  # noqa: S110 - a type it does not know: the stdlib says which
+            pass
+    return dumps_json(message)
+
+
+def dumps_json(message: Any) -> str:
+    """:func:`dumps` by the standard library alone (the reference; the fallback)."""
     try:
         # Fast path: almost every message is finite, and allow_nan=False tells us
         # cheaply when one is not.

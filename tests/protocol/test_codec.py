@@ -3,9 +3,11 @@ import math
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gradwatch.protocol import dumps, loads, to_float
-from gradwatch.protocol.codec import pack_timesteps, packed_series
+from gradwatch.protocol import codec, dumps, loads, to_float
+from gradwatch.protocol.codec import dumps_json, pack_timesteps, packed_series
 
 
 def test_nonfinite_numbers_travel_as_strings_a_browser_can_parse() -> None:
@@ -54,3 +56,31 @@ def test_pack_timesteps_packs_step_series_and_leaves_the_records_given_alone() -
     assert out[0]["timesteps"] == {"lstm": {"input": packed_series([1.0, 2.0])}}
     assert out[0]["loss"] == 0.5 and out[1] is alert
     assert step["timesteps"] == {"lstm": {"input": [1.0, 2.0]}}  # not changed in place
+
+
+json_like = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats()  # NaN and infinities included
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(message=json_like)
+def test_the_fast_encoder_says_what_the_standard_library_says(message: object) -> None:
+    # dumps takes pydantic-core's encoder where installed; dumps_json is the reference.
+    assert loads(dumps(message)) == loads(dumps_json(message))
+
+
+def test_the_fast_encoder_is_in_use_here_and_unknown_types_still_fail_clearly() -> None:
+    assert codec._FAST is not None  # the [dev] install has pydantic-core: the path is tested
+    assert dumps({"loss": math.nan, "x": [1e-300, -math.inf]}) == (
+        '{"loss":"NaN","x":[1e-300,"-Infinity"]}'
+    )
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        dumps({"tensor": object()})

@@ -1,0 +1,101 @@
+"""Ingest before/after in one run: an older gradwatch server beside the current one.
+
+Same rounds as bench/ingest.py (raw-protocol trainers, batches of 100 step records of
+2 x 128 timesteps and 20 parameter norms, acked after commit), alternating between a
+`gradwatch serve` of an older tree and of this one, so both see the same box.
+Make the older tree's import root with::
+
+    git worktree add /tmp/oldtree <commit>
+    mkdir -p /tmp/oldgw/gradwatch
+    for p in protocol server trainer_hooks client; do
+        ln -s /tmp/oldtree/$p /tmp/oldgw/gradwatch/$p; done
+
+    .venv/bin/python bench/ingest_ab.py --old /tmp/oldgw --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ingest  # bench/ingest.py, beside this file
+
+
+_SCHEMAS: list[tuple[str, str]] = []
+
+
+def _drop_schemas() -> None:
+    import psycopg
+
+    for url, schema in _SCHEMAS:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def _fresh_schema(url: str) -> str:
+    """``url`` with a new, empty schema of its own (old and new tables never mix)."""
+    import uuid
+
+    import psycopg
+
+    schema = "ab_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    _SCHEMAS.append((url, schema))
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3D{schema}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--old", required=True, help="import root holding the older gradwatch/")
+    parser.add_argument("--trainers", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--records", type=int, default=8_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--postgres", default=None, help="PostgreSQL URL instead of SQLite")
+    args = parser.parse_args()
+    args.batch, args.window, args.timesteps, args.params = 100, 8, 128, 20
+    # (label, server env, packed series)
+    variants = [
+        ("old, lists", {"PYTHONPATH": args.old}, False),
+        ("new, lists", {}, False),
+        ("new, packed", {}, True),
+    ]
+    rates: dict[tuple[str, int], list[float]] = {}
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory() as folder:
+        for r in range(args.repeat):
+            for label, env, packed in variants:
+                db = _fresh_schema(args.postgres) if args.postgres else str(
+                    Path(folder) / f"{label[:3]}-{r}.db"
+                )
+                server = ingest.Server(db, env)
+                url = server.http.replace("http://", "ws://")
+                try:
+                    for n in args.trainers:
+                        rate = asyncio.run(ingest.one_round(url, n, args.records, args, packed))
+                        rates.setdefault((label, n), []).append(rate)
+                finally:
+                    server.stop()
+    _drop_schemas()
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    backend = "postgresql" if args.postgres else "sqlite"
+    print(f"| {backend} | " + " | ".join(f"{n} trainers (rec/s)" for n in args.trainers) + " |")
+    print("| --- |" + " --- |" * len(args.trainers))
+    base = {n: statistics.median(rates["old, lists", n]) for n in args.trainers}
+    for label, _, _ in variants:
+        cells = []
+        for n in args.trainers:
+            m = statistics.median(rates[label, n])
+            cells.append(f"{m:,.0f} ({m / base[n]:.2f}x)")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import ingest  # bench/ingest.py, beside this file
 
-
 _SCHEMAS: list[tuple[str, str]] = []
 
 

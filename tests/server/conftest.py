@@ -146,3 +146,56 @@ class Wire:
 @pytest.fixture
 def wire() -> Wire:
     return Wire()
+
+
+class StoreSQL:
+    """A store opened in the test's process (no server), batches sent straight to it,
+    and SQL run beside it on a connection of its own (SQLite file or PostgreSQL URL)."""
+
+    @staticmethod
+    def open(db: str, run: str) -> Any:
+        from gradwatch.server.schema import parse_message
+        from gradwatch.server.settings import Settings
+        from gradwatch.server.store import open_store
+
+        store = open_store(Settings(db=db))
+        hello = {"type": "hello", "protocol": 1, "run_id": run}
+        store.submit_hello(parse_message(json.dumps(hello))).result()
+        return store
+
+    @staticmethod
+    def send(
+        store: Any, run: str, seq: int, records: list[dict[str, Any]], session: str = ""
+    ) -> None:
+        from gradwatch.server.schema import parse_message
+
+        batch = {"type": "batch", "run_id": run, "rank": 0, "seq": seq, "records": records}
+        assert store.submit_batch(parse_message(json.dumps(batch)), session).result()
+
+    @staticmethod
+    def execute(db: str, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        """Runs SQL ("?" placeholders) on its own connection; the last statement's rows."""
+        found: list[Any] = []
+        if db.startswith("postgresql"):
+            import psycopg
+
+            with psycopg.connect(db, autocommit=True) as conn:
+                for sql, params in statements:
+                    cur = conn.execute(sql.replace("?", "%s"), params)
+                    found = cur.fetchall() if cur.description else []
+            return found
+        import sqlite3
+
+        conn = sqlite3.connect(db)
+        try:
+            for sql, params in statements:
+                found = conn.execute(sql, params).fetchall()
+            conn.commit()
+        finally:
+            conn.close()
+        return found
+
+
+@pytest.fixture
+def store_sql() -> type[StoreSQL]:
+    return StoreSQL

@@ -14,8 +14,6 @@ from hypothesis import strategies as st
 
 from gradwatch.protocol.messages import NONFINITE_STRINGS
 from gradwatch.server.schema import parse_message
-from gradwatch.server.settings import Settings
-from gradwatch.server.store import open_store
 from gradwatch.server.store.columns import aggregate_columns
 from gradwatch.server.store.rollups import STEP_SERIES, aggregate, postgres_key, sqlite_key
 from gradwatch.server.store.rows import INTEGER_FIELDS, SCALAR_FIELDS, split_batch
@@ -113,47 +111,12 @@ def test_column_rollups_equal_the_reference_aggregate(records, postgres, seq):
     assert _as_dict(got) == _as_dict(want)
 
 
-def _open(db: str, run: str) -> Any:
-    store = open_store(Settings(db=db))
-    hello = {"type": "hello", "protocol": 1, "run_id": run}
-    store.submit_hello(parse_message(json.dumps(hello))).result()
-    return store
-
-
-def _send(store: Any, run: str, seq: int, records: list[dict[str, Any]], session: str = "") -> None:
-    batch = {"type": "batch", "run_id": run, "rank": 0, "seq": seq, "records": records}
-    assert store.submit_batch(parse_message(json.dumps(batch)), session).result()
-
-
-def _execute(db: str, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-    """Runs SQL on its own connection ("?" placeholders); the last statement's rows."""
-    found: list[Any] = []
-    if db.startswith("postgresql"):
-        import psycopg
-
-        with psycopg.connect(db, autocommit=True) as conn:
-            for sql, params in statements:
-                cur = conn.execute(sql.replace("?", "%s"), params)
-                found = cur.fetchall() if cur.description else []
-        return found
-    import sqlite3
-
-    conn = sqlite3.connect(db)
-    try:
-        for sql, params in statements:
-            found = conn.execute(sql, params).fetchall()
-        conn.commit()
-    finally:
-        conn.close()
-    return found
-
-
-def test_python_bucket_extremes_match_the_sql_ones(gradwatch_db):
+def test_python_bucket_extremes_match_the_sql_ones(store_sql, gradwatch_db):
     """Edge and fine buckets come from the packed rows in Python: each bucket's min and
     max equal what the SQL path (``bucket_extremes`` over ``scalars`` rows holding the
     same values) answers, non-finite values, ties and empty buckets included."""
     postgres = gradwatch_db.startswith("postgresql")
-    store = _open(gradwatch_db, "x")
+    store = store_sql.open(gradwatch_db, "x")
     runs = iter(range(10**6))
 
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -167,7 +130,7 @@ def test_python_bucket_extremes_match_the_sql_ones(gradwatch_db):
             parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": run}))
         ).result()
         steps = sorted(points)
-        _send(
+        store_sql.send(
             store,
             run,
             0,
@@ -177,7 +140,7 @@ def test_python_bucket_extremes_match_the_sql_ones(gradwatch_db):
             s: (NONFINITE_STRINGS[v] if postgres and isinstance(v, str) else v)
             for s, v in points.items()
         }
-        _execute(
+        store_sql.execute(
             gradwatch_db,
             [("DELETE FROM scalars WHERE series = ?", (series,))]
             + [

@@ -13,44 +13,8 @@ import zlib
 from typing import Any
 
 from gradwatch.server.downsample import bucket_width
-from gradwatch.server.schema import parse_message
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
-
-
-def _open(db: str, run: str) -> Any:
-    store = open_store(Settings(db=db))
-    hello = {"type": "hello", "protocol": 1, "run_id": run}
-    store.submit_hello(parse_message(json.dumps(hello))).result()
-    return store
-
-
-def _send(store: Any, run: str, seq: int, records: list[dict[str, Any]], session: str = "") -> None:
-    batch = {"type": "batch", "run_id": run, "rank": 0, "seq": seq, "records": records}
-    assert store.submit_batch(parse_message(json.dumps(batch)), session).result()
-
-
-def _execute(db: str, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-    """Runs SQL on its own connection ("?" placeholders); the last statement's rows."""
-    found: list[Any] = []
-    if db.startswith("postgresql"):
-        import psycopg
-
-        with psycopg.connect(db, autocommit=True) as conn:
-            for sql, params in statements:
-                cur = conn.execute(sql.replace("?", "%s"), params)
-                found = cur.fetchall() if cur.description else []
-        return found
-    import sqlite3
-
-    conn = sqlite3.connect(db)
-    try:
-        for sql, params in statements:
-            found = conn.execute(sql, params).fetchall()
-        conn.commit()
-    finally:
-        conn.close()
-    return found
 
 
 def _points(answer: dict[str, Any]) -> dict[int, Any]:
@@ -70,13 +34,13 @@ def _later_session(first: str) -> str:
     )
 
 
-def test_a_step_sent_again_keeps_the_value_written_last(gradwatch_db):
+def test_a_step_sent_again_keeps_the_value_written_last(store_sql, gradwatch_db):
     """A resumed process (new session) sends steps 5 and 6 again with other values and
     other names: each name shows the value written last, in full and in buckets."""
-    store = _open(gradwatch_db, "again")
+    store = store_sql.open(gradwatch_db, "again")
     try:
         first = "process-1"
-        _send(
+        store_sql.send(
             store,
             "again",
             0,
@@ -92,8 +56,9 @@ def test_a_step_sent_again_keeps_the_value_written_last(gradwatch_db):
             first,
         )
         later = _later_session(first)
-        _send(store, "again", 0, [{"kind": "step", "step": 5, "param_norms": {"w": -100.0}}], later)
-        _send(store, "again", 1, [{"kind": "step", "step": 6, "param_norms": {"w": 60.0}}], later)
+        for seq, step, value in ((0, 5, -100.0), (1, 6, 60.0)):
+            record = {"kind": "step", "step": step, "param_norms": {"w": value}}
+            store_sql.send(store, "again", seq, [record], later)
         full = store.steps("again", fields=["param_norms/w", "gate_norms/w/f"])["fields"]
         want = [float(s) for s in range(40)]
         want[5], want[6] = -100.0, 60.0
@@ -106,24 +71,24 @@ def test_a_step_sent_again_keeps_the_value_written_last(gradwatch_db):
         store.close()
 
 
-def _to_old_layout(db: str) -> None:
+def _to_old_layout(store_sql: Any, db: str) -> None:
     """Rewrites the packed rows as the previous version stored them: one ``scalars``
     row per (series, step), no packed rows, and a database that has kept packed rows
     only since after every run started."""
     sets = {
         set_id: (run, rank, json.loads(names))
-        for set_id, run, rank, names in _execute(
+        for set_id, run, rank, names in store_sql.execute(
             db, [("SELECT id, run_id, rank, names FROM named_sets", ())]
         )
     }
     series = {
         (run, rank, name): sid
-        for sid, run, rank, name in _execute(
+        for sid, run, rank, name in store_sql.execute(
             db, [("SELECT id, run_id, rank, name FROM series", ())]
         )
     }
     statements = []
-    for step, set_id, data in _execute(
+    for step, set_id, data in store_sql.execute(
         db, [("SELECT step, names, data FROM named_scalars ORDER BY step, written, uid", ())]
     ):
         run, rank, names = sets[set_id]
@@ -151,10 +116,10 @@ def _to_old_layout(db: str) -> None:
         ("DELETE FROM named_sets", ()),
         ("UPDATE meta SET value = '9e18' WHERE key = 'named_from'", ()),
     ]
-    _execute(db, statements)
+    store_sql.execute(db, statements)
 
 
-def test_an_old_layout_database_keeps_its_named_history(gradwatch_db):
+def test_an_old_layout_database_keeps_its_named_history(store_sql, gradwatch_db):
     """A database written before the packed rows holds ``scalars`` rows: its runs read
     the same, and a run that goes on after the upgrade merges both (the new rows win)."""
     fields = ["param_norms/w", "gate_norms/w/f", "profile/m/calls"]
@@ -169,22 +134,23 @@ def test_an_old_layout_database_keeps_its_named_history(gradwatch_db):
             "profile": {"m": {"forward_s": 0.1, "calls": s % 5}},
         }
 
-    store = _open(gradwatch_db, "old")
+    store = store_sql.open(gradwatch_db, "old")
     try:
-        _send(store, "old", 0, [record(s, "NaN" if s == 77 else float(s % 13)) for s in range(300)])
+        first = [record(s, "NaN" if s == 77 else float(s % 13)) for s in range(300)]
+        store_sql.send(store, "old", 0, first)
         full = store.steps("old", fields=fields)
         buckets = store.steps("old", fields=fields, max_points=20)
     finally:
         store.close()
     assert full["fields"]["param_norms/w"]["value"][77] == "NaN"
-    _to_old_layout(gradwatch_db)
+    _to_old_layout(store_sql, gradwatch_db)
     store = open_store(Settings(db=gradwatch_db))
     try:
         assert store.steps("old", fields=fields) == full
         assert store.steps("old", fields=fields, max_points=20) == buckets
         # The trainer goes on after the upgrade, and sends step 10 again.
-        _send(store, "old", 1, [record(s, 1000.0 + s) for s in range(300, 400)])
-        _send(store, "old", 2, [record(10, -5.0)])
+        store_sql.send(store, "old", 1, [record(s, 1000.0 + s) for s in range(300, 400)])
+        store_sql.send(store, "old", 2, [record(10, -5.0)])
         after = store.steps("old", fields=["param_norms/w"])["fields"]["param_norms/w"]
         assert after["step"] == list(range(400))
         want = [float(s % 13) for s in range(300)] + [1000.0 + s for s in range(300, 400)]
@@ -196,12 +162,12 @@ def test_an_old_layout_database_keeps_its_named_history(gradwatch_db):
         store.close()
 
 
-def test_profile_calls_stay_integers(gradwatch_db):
+def test_profile_calls_stay_integers(store_sql, gradwatch_db):
     """Counts travel as integers; packed as float64 they still answer as integers, in
     full and in buckets."""
-    store = _open(gradwatch_db, "calls")
+    store = store_sql.open(gradwatch_db, "calls")
     try:
-        _send(
+        store_sql.send(
             store,
             "calls",
             0,
@@ -215,13 +181,13 @@ def test_profile_calls_stay_integers(gradwatch_db):
         store.close()
 
 
-def test_a_name_set_of_many_long_names_is_stored(gradwatch_db):
+def test_a_name_set_of_many_long_names_is_stored(store_sql, gradwatch_db):
     """400 names of 250 characters (100 KB of names): found by digest, not by an
     index on the names (PostgreSQL refuses index entries over ~2.7 KB)."""
     names = [f"{i:03d}" + "x" * 247 for i in range(400)]
-    store = _open(gradwatch_db, "long")
+    store = store_sql.open(gradwatch_db, "long")
     try:
-        _send(
+        store_sql.send(
             store,
             "long",
             0,
@@ -265,11 +231,11 @@ def _bucketed_reference(
     return chosen, [by_step[s] for s in chosen]
 
 
-def test_fields_of_several_name_sets_read_like_the_reference(gradwatch_db):
+def test_fields_of_several_name_sets_read_like_the_reference(store_sql, gradwatch_db):
     """Name sets change within a run (a profile every 3rd step, a parameter that comes
     and goes): each field holds exactly its own steps, in full and in min/max buckets
     (edge and fine buckets from the packed rows, whole ones from the rollups)."""
-    store = _open(gradwatch_db, "sets")
+    store = store_sql.open(gradwatch_db, "sets")
     want: dict[str, dict[int, Any]] = {
         "param_norms/w": {},
         "param_norms/v": {},
@@ -289,7 +255,7 @@ def test_fields_of_several_name_sets_read_like_the_reference(gradwatch_db):
         records.append(record)
     try:
         for seq in range(6):
-            _send(store, "sets", seq, records[seq * 500 : (seq + 1) * 500])
+            store_sql.send(store, "sets", seq, records[seq * 500 : (seq + 1) * 500])
         for max_points, lo, hi in ((4000, 0, 2999), (300, 0, 2999), (40, 123, 2777)):
             got = store.steps("sets", start=lo, stop=hi, fields=list(want), max_points=max_points)
             assert got["downsampled"] == (hi - lo + 1 > max_points)

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradwatch.protocol import messages, read_spool
+from gradwatch.protocol import dumps, loads, messages, read_spool
+from gradwatch.protocol.codec import pack_timesteps
 from gradwatch.trainer_hooks import Monitor, watch
 
 STEP_FIELDS = set(messages.StepRecord.__annotations__)
@@ -94,8 +95,16 @@ def test_every_spool_line_validates_against_the_server_schema(tmp_path: Path) ->
         train(model, monitor, steps=4)
     lines = path.read_text().splitlines()
     assert len(lines) >= 2
+    packed = 0
     for line in lines:
         schema.parse_message(line)
+        # The same records as the websocket sender sends them: timestep series packed.
+        message = loads(line)
+        if message["type"] == "batch":
+            message["records"] = pack_timesteps(message["records"])
+            packed += dumps(message).count('"f64"')
+            schema.parse_message(dumps(message))
+    assert packed > 0
 
 
 def test_every_n_captures_heavy_fields_on_every_nth_step_only(tmp_path: Path) -> None:

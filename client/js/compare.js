@@ -7,6 +7,7 @@ import { axis, plot, purgeAll } from "./charts.js";
 import { el, replaceChildren } from "./dom.js";
 import { FrameBatcher } from "./batcher.js";
 import { Heatmap } from "./heatmap.js";
+import { heatmapKeys } from "./history.js";
 import { connect } from "./live.js";
 import { seriesValues } from "./num.js";
 import { panel } from "./panels.js";
@@ -15,6 +16,7 @@ import { finite, LineChart, positive } from "./series.js";
 import { state, stats } from "./state.js";
 
 const COLORS = { A: "#1f77b4", B: "#ff7f0e" };
+const heatTitle = (name, module, series) => `${name}: ${module}${series === "input" ? "" : ` · ${series}`}`;
 const stepAxis = () => axis("training step", { zeroline: false });
 
 const CHARTS = [
@@ -53,11 +55,20 @@ export class CompareView {
     const prof = panel("cmp-profile", "Latest per-timestep profiles", "Both runs, every recurrent module, log scale.");
     this.profileDiv = prof.chart;
     const heat = [];
+    this.heatPanels = {};
     for (const [k, s] of [["A", sa], ["B", sb]]) {
-      const module = (s.recurrent || Object.keys(s.series || {}))[0];
-      if (!module) continue;
-      const series = ((s.series || {})[module] || ["input"])[0];
-      const p = panel("heatmap", `${this.names[k]}: ${module}`, null, { tall: true, id: `cmp-heat-${k}` });
+      const choices = heatmapKeys(s);
+      if (!choices.length) continue;
+      const { module, series } = choices[0];
+      const p = panel("heatmap", heatTitle(this.names[k], module, series), null, { tall: true, id: `cmp-heat-${k}` });
+      if (choices.length > 1) {
+        // Each run's own modules: a stacked or multi-layer model is compared layer by layer.
+        const select = el("select", { id: `cmp-heat-select-${k}`, "aria-label": `${this.names[k]}: heatmap of` },
+          choices.map((c, i) => el("option", { value: String(i) }, c.series === "input" ? c.module : `${c.module} · ${c.series}`)));
+        select.addEventListener("change", () => this.showHeatmap(k, choices[Number(select.value)]));
+        p.note.append(select);
+      }
+      this.heatPanels[k] = p;
       this.heatmaps[k] = new Heatmap(p.chart, module, series);
       heat.push(p.section);
     }
@@ -78,6 +89,24 @@ export class CompareView {
       }));
     }
     await this.load();
+  }
+
+  /** Show another module/series of run `k` in its heatmap: its history, then live rows. */
+  async showHeatmap(k, { module, series }) {
+    const p = this.heatPanels[k];
+    const h = new Heatmap(p.chart, module, series);
+    this.heatmaps[k] = null; // live rows of the old choice stop here
+    this.pendingHeat = h;
+    p.section.querySelector("h2").textContent = heatTitle(this.names[k], module, series);
+    const m = await api(`/api/runs/${encodeURIComponent(this.ids[k])}/timesteps`, { module, series, rank: 0, max_steps: 300 });
+    if (this.pendingHeat !== h) return; // another choice came meanwhile
+    h.setHistory(m);
+    await h.setVisible(true);
+    this.heatmaps[k] = h;
+    for (const key of Object.keys(this.latest)) if (key.startsWith(`${k}|`)) delete this.latest[key];
+    if (m.steps && m.steps.length) this.latest[`${k}|${module}`] = m.values[m.values.length - 1];
+    window.Plotly.react(this.profileDiv, this.profileTraces(), this.profileDiv.layout);
+    Object.assign(p.section.dataset, { module, series, rows: String(m.steps ? m.steps.length : 0) });
   }
 
   summary(k) {

@@ -9,8 +9,15 @@ import { RollingMedian } from "./panels.js";
 export function heatmapKeys(summary) {
   const keys = [];
   const series = summary.series && typeof summary.series === "object" ? summary.series : {};
-  const modules = Object.keys(series).length ? Object.keys(series) : (summary.recurrent || []);
-  for (const module of modules) for (const s of series[module] || ["input"]) keys.push({ module, series: s });
+  const recurrent = Array.isArray(summary.recurrent) ? summary.recurrent : [];
+  // The model's order first (as the hello lists them), then any other module with series.
+  const modules = Object.keys(series).length
+    ? [...recurrent.filter((m) => Object.hasOwn(series, m)), ...Object.keys(series).filter((m) => !recurrent.includes(m))]
+    : recurrent;
+  for (const module of modules) {
+    const names = Object.hasOwn(series, module) && Array.isArray(series[module]) ? series[module] : ["input"];
+    for (const s of names) keys.push({ module, series: s });
+  }
   return keys;
 }
 

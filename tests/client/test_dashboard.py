@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from gradwatch.protocol.codec import packed_series
+
 from .conftest import (
     alert_record,
     chart,
@@ -185,6 +187,34 @@ def test_compare_overlays_two_runs_and_appends_live(gradwatch_server, open_page,
     wait_js(w.page, """() => document.getElementById('chart-cmp-loss').data
         .some(t => t.name === 'long-lstm --fixed' && t.x.length === 13)""")
     w.screenshot("compare")
+    assert_clean(w)
+
+
+def test_compare_shows_the_module_picked_for_each_run(gradwatch_server, open_page, raw_trainer):
+    server = gradwatch_server()
+    bug = raw_trainer(server, "two-layer")
+    fixed = raw_trainer(server, "two-layer --fixed")
+
+    def two_modules(s: int, length: int) -> dict[str, Any]:
+        rec = step_record(s, timesteps=length)
+        # A second recurrent module, 7 timesteps long, and packed as the sender sends it.
+        rec["timesteps"]["decoder"] = {"hidden": packed_series([0.5] * 7)}
+        return rec
+
+    bug.send([two_modules(s, 121) for s in range(10)])
+    fixed.send([step_record(s, timesteps=60) for s in range(10)])
+    w = open_page(server, f"#/compare/{bug.run_id}/{fixed.run_id}")
+    w.page.wait_for_selector("body[data-painted='1'] #cmp-heat-select-A")
+    assert w.page.locator("#cmp-heat-select-B").count() == 0  # one module: nothing to pick
+    options = w.page.eval_on_selector_all("#cmp-heat-select-A option", "os => os.map(o => o.text)")
+    assert options == ["lstm", "decoder · hidden"]
+    w.page.select_option("#cmp-heat-select-A", "1")
+    w.page.wait_for_selector("#panel-cmp-heat-A[data-module='decoder'][data-rows='10']")
+    assert w.page.inner_text("#panel-cmp-heat-A h2") == "two-layer: decoder · hidden"
+    assert chart(w.page, "chart-cmp-heat-A", "d.data[0].z[0].length") == 7
+    # Live rows now go to the module picked.
+    bug.send([two_modules(10, 121)])
+    wait_js(w.page, """() => document.getElementById('chart-cmp-heat-A').data[0].z.length === 11""")
     assert_clean(w)
 
 

@@ -81,7 +81,7 @@ def step_record(
 class Server:
     """A real `gradwatch serve` subprocess."""
 
-    def __init__(self, db: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, db: str, env: dict[str, str] | None = None, workers: int = 1) -> None:
         self.port = free_port()
         self.http = f"http://127.0.0.1:{self.port}"
         cmd = [
@@ -95,6 +95,8 @@ class Server:
             db,
             "--log-level",
             "warning",
+            "--workers",
+            str(workers),
         ]
         self.process = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 60
@@ -287,8 +289,8 @@ def _set_event() -> asyncio.Event:
     return event
 
 
-def bench_backend(name: str, db: str, args: argparse.Namespace) -> None:
-    server = Server(db)
+def bench_backend(name: str, db: str, args: argparse.Namespace, workers: int = 1) -> None:
+    server = Server(db, workers=workers)
     url = server.http.replace("http://", "ws://")
     try:
         rates: dict[tuple[str, int], list[float]] = {}
@@ -342,6 +344,13 @@ def main() -> None:
     )
     parser.add_argument("--history-steps", type=int, default=1_000_000)
     parser.add_argument("--postgres", default=None, help="also run against this PostgreSQL URL")
+    parser.add_argument(
+        "--pg-workers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="with --postgres: `gradwatch serve --workers N` for each N given",
+    )
     args = parser.parse_args()
     sizes = {
         e: len(json.dumps(step_record(0, random.Random(0), args.timesteps, args.params, p)))
@@ -369,9 +378,10 @@ def main() -> None:
             conn.execute(f"CREATE SCHEMA {schema}")
         try:
             sep = "&" if "?" in args.postgres else "?"
-            bench_backend(
-                "postgresql", f"{args.postgres}{sep}options=-csearch_path%3D{schema}", args
-            )
+            for workers in args.pg_workers:
+                name = "postgresql" if workers == 1 else f"pg x{workers}"
+                db = f"{args.postgres}{sep}options=-csearch_path%3D{schema}"
+                bench_backend(name, db, args, workers)
         finally:
             with psycopg.connect(args.postgres, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -12,7 +12,10 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
+import json
+import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -80,13 +83,35 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    workers = int(args.workers or 1)
+    if workers < 1:
+        print(f"gradwatch serve: --workers: expected 1 or more, got {workers}", file=sys.stderr)
+        return 2
+    if workers > 1 and settings.db_kind != "postgresql":
+        print(
+            f"gradwatch serve: --workers {workers} needs --db postgresql://...: live records"
+            " reach viewers on other worker processes through PostgreSQL (docs/DEPLOY.md);"
+            f" got --db {settings.db} ({settings.db_kind}). Nothing was started.",
+            file=sys.stderr,
+        )
+        return 2
     import uvicorn
 
     from gradwatch.server.app import create_app
 
     print(serving_banner(settings), flush=True)
+    app: Any
+    if workers > 1:
+        # Each worker process builds its own app (its own store and replica feed) from
+        # the settings resolved here, handed over in the environment they inherit.
+        os.environ[WORKER_SETTINGS] = json.dumps(dataclasses.asdict(settings))
+        app = "gradwatch.server.cli:worker_app"
+    else:
+        app = create_app(settings)
     uvicorn.run(
-        create_app(settings),
+        app,
+        factory=workers > 1,
+        workers=workers if workers > 1 else None,
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
@@ -99,6 +124,19 @@ def _serve(args: argparse.Namespace) -> int:
         server_header=False,
     )
     return 0
+
+
+WORKER_SETTINGS = "GRADWATCH_WORKER_SETTINGS"
+
+
+def worker_app() -> Any:
+    """The app of one ``--workers`` process: the settings ``gradwatch serve`` resolved."""
+    from gradwatch.server.app import create_app
+    from gradwatch.server.settings import Settings
+
+    values = json.loads(os.environ[WORKER_SETTINGS])
+    values["allowed_hosts"] = tuple(values.get("allowed_hosts") or ())
+    return create_app(Settings(**values))
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -161,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Host name browsers may use besides loopback and the bind address (repeatable)",
     )
     serve.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes on one port (PostgreSQL only: they share its database and"
+        " live feed); parses and stores in parallel (default 1)",
+    )
     serve.set_defaults(handler=_serve)
 
     demo = sub.add_parser("demo", help="the dashboard with live example runs")

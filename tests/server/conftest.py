@@ -8,6 +8,7 @@ import random
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -199,3 +200,18 @@ class StoreSQL:
 @pytest.fixture
 def store_sql() -> type[StoreSQL]:
     return StoreSQL
+
+
+@pytest.fixture
+def shared_schema(postgres_url: str) -> Iterator[tuple[str, str]]:
+    """(database URL on a fresh schema, schema name), for several servers (or workers)
+    to share; dropped afterwards."""
+    import psycopg
+
+    schema = "gw_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in postgres_url else "?"
+    yield f"{postgres_url}{sep}options=-csearch_path%3D{schema}", schema
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -15,19 +14,6 @@ import pytest
 
 pytestmark = pytest.mark.postgres
 
-
-@pytest.fixture
-def shared_schema(postgres_url: str) -> Iterator[tuple[str, str]]:
-    """(database URL on a fresh schema, schema name), for several servers to share."""
-    import psycopg
-
-    schema = "gw_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in postgres_url else "?"
-    yield f"{postgres_url}{sep}options=-csearch_path%3D{schema}", schema
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def _batches(count: int) -> list[list[dict[str, Any]]]:

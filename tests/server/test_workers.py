@@ -9,8 +9,6 @@ import json
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,25 +35,11 @@ def test_workers_on_sqlite_are_refused_with_what_is_needed(tmp_path) -> None:
     assert not (tmp_path / "g.db").exists()
 
 
-@pytest.fixture
-def schema_url(postgres_url: str) -> Iterator[str]:
-    """The PostgreSQL URL on a fresh schema of its own, dropped afterwards."""
-    import psycopg
-
-    schema = "gw_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in postgres_url else "?"
-    yield f"{postgres_url}{sep}options=-csearch_path%3D{schema}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
 @pytest.mark.postgres
 def test_two_workers_store_every_batch_once_and_every_viewer_sees_every_rank(
-    gradwatch_server, schema_url, wire
+    gradwatch_server, shared_schema, wire
 ) -> None:
-    server = gradwatch_server(db=schema_url, args=("--workers", "2"))
+    server = gradwatch_server(db=shared_schema[0], args=("--workers", "2"))
     assert server.process is not None
     assert len(_children(server.process.pid)) >= 2  # two worker processes serve the port
     run_id = wire.run_id()

@@ -83,7 +83,7 @@ class Monitor:
         self._epoch_started = self._step_started = time.perf_counter()
         self._epoch_first_step = 0
         self._carry = 0.0  # gradwatch time spent after the last record was made
-        self._record_made = time.perf_counter()
+        self._record_made = self._left = time.perf_counter()
         self._heavy = False
         self._begin_step()
         ref = weakref.ref(self)
@@ -110,7 +110,8 @@ class Monitor:
         self.step_index += 1
         self._begin_step()
         # what step() spent after the record's overhead was fixed counts to the next step
-        self._carry = time.perf_counter() - self._record_made
+        self._left = time.perf_counter()
+        self._carry = self._left - self._record_made
 
     def epoch(self) -> None:
         """Close one epoch: sends an ``epoch`` record with its duration and step count."""
@@ -238,5 +239,15 @@ class Monitor:
         spent = hooks_cost + self._carry + (self._record_made - entered)
         overhead = spent / duration if duration > 0 else 0.0
         record["overhead"] = overhead if math.isfinite(overhead) else 0.0
-        self._pipeline.put(Item(record, packed))
-        self.schedule.observe(self.step_index, self._heavy, overhead)
+        self._pipeline.put(Item(record, packed, heavy=self._heavy))
+        # The training's own time since the last step() returned, hooks' timed cost
+        # left out: heavy against light steps, it shows what the hooks slow down unseen.
+        training = entered - self._left - hooks_cost
+        self.schedule.observe(
+            self.step_index,
+            self._heavy,
+            overhead,
+            duration_s=duration,
+            training_s=training,
+            background_s=self._pipeline.cpu_per_record(self._heavy),
+        )

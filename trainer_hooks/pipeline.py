@@ -6,16 +6,27 @@ is warned about once. Everything else happens here, off the training thread: wai
 for a step's host copy, let each quantity encode its part, merge the parts into one
 step record, run the diagnoses, and hand batches to the sink.
 
-Batching: the training thread appends items to a deque (atomic, no lock); the
-thread polls it every ``flush_interval`` seconds (epoch, flush and close wake it at
-once). Waking a thread on every step cost tens of microseconds and, worse, made the
-training thread wait for a lock and the GIL inside ``step()`` (2-4 ms on a busy box).
-So a step wakes the thread only when it is *idle*: it had nothing to do, and it last
-woke at least ``min_gap`` seconds ago. A slow step rate (the thread idle between
-steps) then hands each record over at once instead of up to ``flush_interval`` later;
-a fast one still costs at most one wake per ``min_gap``, and the records that came
-meanwhile go together in the next batch. The thread sends what it found (at most
-``max_batch`` records, about ``max_bytes`` of JSON per batch).
+Batching: the training thread appends items to a deque (atomic, no lock). Waking a
+thread on every step cost tens of microseconds and, worse, made the training thread
+wait for a lock and the GIL inside ``step()`` (2-4 ms on a busy box). So a step wakes
+the thread only when it is *idle*: it had nothing to do, and it last woke at least
+``min_gap`` seconds ago (epoch, flush and close wake it at once). A slow step rate
+(the thread idle between steps) then hands each record over at once; a fast one
+costs at most one wake per ``min_gap``, and the records that came meanwhile go
+together in the next batch. An idle thread sleeps until a put() wakes it
+(``flush_interval`` is only a safety net): polling an empty queue cost the training
+thread too. The thread sends what it found (at most ``max_batch`` records, about
+``max_bytes`` of JSON per batch).
+
+A wake costs more than the records' own work, and more on a loaded box: on this
+repository's 2-core VM, while a cell loop trains, a wake with nothing to do took
+~220 µs of this thread's CPU and a 2 µs read of ``/proc/self/statm`` ~90 µs
+(BENCHMARKS.md, "The background thread's wakes"). So the gap between wakes adapts:
+at least ``min_gap``, and at least ``BUSY_RATIO`` times the CPU the recent wakes
+took (so the thread stays near 1/``BUSY_RATIO`` of one core), at most ``MAX_GAP_S``
+(the latency a live viewer sees). Records carry this thread's CPU for them in their
+``overhead`` (their own work plus their share of the wake and the send). Memory is
+read once per wake (the records of one wake are milliseconds apart).
 
 Example:
     >>> from gradwatch.protocol.sink import SpoolSink
@@ -59,6 +70,8 @@ class Item:
 
     record: dict[str, Any]
     packed: Packed | None = None
+    #: captured the heavy quantities (the schedule's pick): its cost is kept apart
+    heavy: bool = False
 
 
 @dataclass
@@ -67,6 +80,14 @@ class _Flush:
 
 
 _STOP = object()
+#: at most one wake per this many seconds while steps keep coming (see the docstring)
+MIN_GAP_S = 0.005
+#: the gap between wakes is at least this many times the CPU a wake takes...
+BUSY_RATIO = 50
+#: ...but never longer than this (seconds): what it may add to the live latency
+MAX_GAP_S = 0.05
+#: weight of the newest observation in the CPU-time running means
+_SMOOTHING = 0.2
 
 
 def merge_fields(
@@ -113,8 +134,8 @@ class Pipeline:
         diagnoser: Any = None,
         once: WarnOnce | None = None,
         maxsize: int = 4096,
-        flush_interval: float = 0.02,
-        min_gap: float = 0.005,
+        flush_interval: float = 1.0,
+        min_gap: float = MIN_GAP_S,
         max_batch: int = 1000,
         max_bytes: int = MAX_MESSAGE_BYTES // 2,
     ) -> None:
@@ -128,8 +149,13 @@ class Pipeline:
         self.max_batch = min(max_batch, MAX_RECORDS_PER_BATCH)
         self.max_bytes = max_bytes
         self.dropped = 0
+        # This thread's CPU seconds per step record (running means, heavy and light)
+        # and per record handed to the sink: the schedule's budget counts them.
+        self._cpu = {True: 0.0, False: 0.0}
+        self._shared_cpu = 0.0  # per record: the wake and the send, spread
+        self._wake_cpu = 0.0  # per wake that handled records
         # deque.append/popleft are atomic: the training thread takes no lock and wakes
-        # nobody on an ordinary step; the thread polls every flush_interval.
+        # nobody on an ordinary step.
         self._items: deque[Any] = deque()
         self._wake = threading.Event()
         # True while the thread waits with nothing queued and min_gap has passed since
@@ -137,6 +163,7 @@ class Pipeline:
         self._idle = False
         self._closed = False
         self._last: dict[str, Any] | None = None
+        self._memory: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._run, name="gradwatch-pipeline", daemon=True)
         self._thread.start()
 
@@ -193,10 +220,15 @@ class Pipeline:
 
     # -- background thread ------------------------------------------------------
 
+    def gap(self) -> float:
+        """Seconds from one wake to the next while steps keep coming (see above)."""
+        return max(self.min_gap, min(BUSY_RATIO * self._wake_cpu, MAX_GAP_S))
+
     def _wait(self) -> None:
-        """Sleep until the next poll, or until a put() wakes an idle thread."""
+        """Sleep for the gap (only epoch, flush and close cut it short), then until a
+        put() wakes the idle thread."""
         interval = max(self.flush_interval, 0.001)  # never a busy loop
-        gap = min(max(self.min_gap, 0.0), interval)
+        gap = min(max(self.gap(), 0.0), interval)
         if gap > 0 and self._wake.wait(gap):  # not wakeable by steps yet: rate bound
             self._wake.clear()
             return
@@ -210,9 +242,12 @@ class Pipeline:
 
     def _run(self) -> None:
         while True:
+            cycle = time.thread_time()  # CPU only: the sleep itself is not counted
             self._wait()
+            self._memory = None  # read again at most once per wake
             batch: list[dict[str, Any]] = []
             size = 0
+            handled, own = 0, 0.0
             while self._items:
                 item = self._items.popleft()
                 if item is _STOP:
@@ -229,11 +264,16 @@ class Pipeline:
                 # from a GIL-free op (backward) waits for at most one record's work
                 # instead of a whole switch interval (5 ms).
                 time.sleep(0)
+                started = time.thread_time()
                 try:
                     records = self._records(item)
                 except Exception as e:  # a bug here must not stop the thread
                     self.once.warn("pipeline", f"gradwatch: a record was lost: {e!r}")
                     continue
+                spent = time.thread_time() - started
+                if self._charge(item, records[0], spent):
+                    handled += 1
+                    own += spent
                 for record in records:
                     n = self._size(record)
                     if batch and (len(batch) >= self.max_batch or size + n > self.max_bytes):
@@ -241,6 +281,11 @@ class Pipeline:
                     batch.append(record)
                     size += n
             self._send(batch)
+            if handled:
+                whole = time.thread_time() - cycle
+                self._wake_cpu += _SMOOTHING * (whole - self._wake_cpu)
+                shared = max(whole - own, 0.0) / handled
+                self._shared_cpu += _SMOOTHING * (shared - self._shared_cpu)
 
     @staticmethod
     def _size(record: dict[str, Any]) -> int:
@@ -251,6 +296,24 @@ class Pipeline:
         for series in (record.get("timesteps") or {}).values():
             n += 100 + sum(28 * len(values) for values in series.values())
         return n
+
+    def cpu_per_record(self, heavy: bool) -> float:
+        """This thread's recent CPU seconds per heavy (or light) step record, its
+        share of the sink's encoding and writing included."""
+        return self._cpu[heavy]
+
+    def _charge(self, item: Item, record: dict[str, Any], cpu_s: float) -> bool:
+        """Add this thread's time for a step record to its ``overhead`` and the means:
+        its own work, and its share of a wake and a send from the recent wakes."""
+        if record.get("kind") != "step":
+            return False
+        cpu_s += self._shared_cpu
+        mean = self._cpu[item.heavy]
+        self._cpu[item.heavy] = mean + _SMOOTHING * (cpu_s - mean)
+        duration = record.get("duration_s")
+        if isinstance(duration, float) and duration > 0:
+            record["overhead"] = record.get("overhead", 0.0) + cpu_s / duration
+        return True
 
     def _send(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if batch:
@@ -285,7 +348,9 @@ class Pipeline:
                         f"{type(e).__name__}: {e}",
                     )
         if record.get("kind") == "step":
-            record.update(memory_fields())
+            if self._memory is None:
+                self._memory = memory_fields()
+            record.update(self._memory)
             if isinstance(record.get("loss"), torch.Tensor):
                 record["loss"] = _plain(record["loss"])
         out = [record, *alerts]

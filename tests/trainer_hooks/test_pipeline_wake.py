@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from gradwatch.protocol import read_spool
 from gradwatch.protocol.sink import SpoolSink
-from gradwatch.trainer_hooks.pipeline import Item, Pipeline
+from gradwatch.trainer_hooks.pipeline import MAX_GAP_S, Item, Pipeline
 
 
 class CountingSpool(SpoolSink):
@@ -66,3 +67,49 @@ def test_a_burst_of_steps_wakes_the_thread_once_per_gap_not_per_step(tmp_path: P
     # wait for the flush (a wake per step would have sent up to 300 batches)
     assert sum(sink.batches) == 300
     assert len(sink.batches) <= 2, sink.batches
+
+
+def test_step_records_carry_the_background_threads_cpu_in_their_overhead(tmp_path: Path) -> None:
+    sink = CountingSpool(tmp_path / "cpu.jsonl")
+    pipeline = Pipeline(sink, quantities=[])
+    try:
+        for i in range(5):
+            # a step of one microsecond: any CPU this thread spends on it shows
+            pipeline.put(Item({"kind": "step", "step": i, "duration_s": 1e-6, "overhead": 0.0}))
+        assert pipeline.flush(timeout=30)
+    finally:
+        assert pipeline.close(timeout=30)
+    records = [r for m in read_spool(tmp_path / "cpu.jsonl") if m["type"] == "batch"
+               for r in m["records"]]
+    assert [r["step"] for r in records] == list(range(5))
+    assert all(r["overhead"] > 0 for r in records), [r["overhead"] for r in records]
+    assert pipeline.cpu_per_record(heavy=False) > 0
+    assert pipeline.cpu_per_record(heavy=True) == 0  # no heavy record came
+
+
+class BusySpool(CountingSpool):
+    """A real spool whose send also burns CPU (as a slow encoder on a busy box would)."""
+
+    def send(self, records: list[dict[str, Any]]) -> None:
+        started = time.thread_time()
+        while time.thread_time() - started < 0.004:
+            pass
+        super().send(records)
+
+
+def test_the_gap_between_wakes_grows_with_the_cpu_a_wake_takes(tmp_path: Path) -> None:
+    sink = BusySpool(tmp_path / "busy.jsonl")
+    pipeline = Pipeline(sink, quantities=[], min_gap=0.001)
+    try:
+        assert pipeline.gap() == 0.001  # nothing measured yet: the floor
+        for i in range(5):
+            pipeline.put(Item({"kind": "step", "step": i, "duration_s": 0.01}))
+            assert pipeline.flush(timeout=30)  # one wake (and one 4 ms send) each
+        # 4 ms of CPU a wake: BUSY_RATIO times that is far above the floor, and the
+        # live latency bound caps it
+        assert pipeline.gap() == MAX_GAP_S
+        pipeline.min_gap = 0.2  # a floor above the cap wins
+        assert pipeline.gap() == 0.2
+    finally:
+        assert pipeline.close(timeout=30)
+    assert sum(sink.batches) == 5

@@ -32,7 +32,9 @@ Run: ``python bench/overhead.py`` (``--rounds``, ``--steps``, ``--device cuda``,
 ``--only lstm121``; ``--threads`` sets torch's intra-op threads, 1 by default so that
 other processes on a small box disturb the run less; ``--clock cpu`` times this
 process's CPU time instead of the wall clock, steadier on a loaded box but blind to
-wandb's separate service process; ``--no-others`` leaves wandb and TensorBoard out).
+wandb's separate service process; ``--no-others`` leaves wandb and TensorBoard out;
+``--budget 0.03 ...`` adds ``watch(..., overhead=F)`` variants and notes the interval
+each budget ended at and the heavy/light cost it estimated).
 
 Before/after in one run (``--baseline DIR``): an older gradwatch, imported under the
 package name ``gwbase``, adds ``gradwatch (baseline) every=N`` variants beside the
@@ -160,6 +162,7 @@ class Variant:
 def variants(
     name: str, device: torch.device, stack: ExitStack, tmp: Path, notes: list[str],
     others: bool = True, baseline: Callable[..., Any] | None = None,
+    budgets: tuple[float, ...] = (),
 ) -> list[Variant]:
     base, x, y = workload(name, device)
     found: list[Variant] = []
@@ -179,6 +182,29 @@ def variants(
         stack.callback(monitor.close)
         found.append(
             Variant(f"gradwatch every={every}", make_step(model, x, y),
+                    lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
+        )
+    for budget in budgets:
+        model = copy_model()
+        monitor = watch(
+            model, run=f"bench-{name}-budget", server=None,
+            spool=tmp / f"{name}-budget-{budget}.jsonl", overhead=budget,
+        )
+        stack.callback(monitor.close)
+        found.append(
+            Variant(f"gradwatch overhead={budget:g}", make_step(model, x, y),
+                    lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
+        )
+        stack.callback(_heavy_note, notes, name, budget, monitor)
+    for budget in budgets if baseline is not None else ():
+        model = copy_model()
+        monitor = baseline(
+            model, run=f"base-{name}-budget", server=None,
+            spool=tmp / f"base-{name}-budget-{budget}.jsonl", overhead=budget,
+        )
+        stack.callback(monitor.close)
+        found.append(
+            Variant(f"gradwatch (baseline) overhead={budget:g}", make_step(model, x, y),
                     lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
         )
     for every in (1, 10) if baseline is not None else ():
@@ -229,17 +255,28 @@ def variants(
     return found
 
 
+def _heavy_note(notes: list[str], name: str, budget: float, monitor: Any) -> None:
+    heavy, light = monitor.schedule.estimate()
+    notes.append(
+        f"{name}: overhead={budget:g} ended capturing every {monitor.schedule.interval}"
+        f" steps (its estimate of a heavy step: {heavy or 0:.1%} of the step, a light"
+        f" one {light:.1%})"
+    )
+
+
 def measure(
     name: str, device: torch.device, rounds: int, steps: int, notes: list[str],
     clock: Callable[[], float], others: bool = True,
-    baseline: Callable[..., Any] | None = None,
+    baseline: Callable[..., Any] | None = None, budgets: tuple[float, ...] = (),
 ) -> list[tuple[str, float, float, float]]:
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
     with tempfile.TemporaryDirectory() as tmpdir, ExitStack() as stack:
-        found = variants(name, device, stack, Path(tmpdir), notes, others, baseline)
+        found = variants(
+            name, device, stack, Path(tmpdir), notes, others, baseline, budgets
+        )
         for v in found:  # warm-up: allocator, first-call paths, wandb/tb lazy set-up
             v.run(3, sync, clock)
         shuffle = random.Random(0)
@@ -271,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="DIR",
                         help="a folder holding an older gradwatch as package gwbase "
                         "(see the module docstring): adds its variants beside the current")
+    parser.add_argument("--budget", type=float, nargs="*", default=[], metavar="F",
+                        help="also gradwatch with watch(..., overhead=F) for each F")
     args = parser.parse_args(argv)
     baseline = None
     if args.baseline:
@@ -286,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
           "medians of block means")
     for name in ([args.only] if args.only else ["lstm121", "cells"]):
         rows = measure(name, device, args.rounds, args.steps, notes, clock,
-                       not args.no_others, baseline)
+                       not args.no_others, baseline, tuple(args.budget))
         print(f"\n{name}")
         print(f"| {'variant':<30} | {'step (ms)':>9} | {'vs plain':>8} | {'min vs min':>10} |")
         print(f"|{'-' * 32}|{'-' * 11}|{'-' * 10}|{'-' * 12}|")

@@ -184,29 +184,23 @@ def variants(
             Variant(f"gradwatch every={every}", make_step(model, x, y),
                     lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
         )
-    for budget in budgets:
-        model = copy_model()
-        monitor = watch(
-            model, run=f"bench-{name}-budget", server=None,
-            spool=tmp / f"{name}-budget-{budget}.jsonl", overhead=budget,
-        )
-        stack.callback(monitor.close)
-        found.append(
-            Variant(f"gradwatch overhead={budget:g}", make_step(model, x, y),
-                    lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
-        )
-        stack.callback(_heavy_note, notes, name, budget, monitor)
-    for budget in budgets if baseline is not None else ():
-        model = copy_model()
-        monitor = baseline(
-            model, run=f"base-{name}-budget", server=None,
-            spool=tmp / f"base-{name}-budget-{budget}.jsonl", overhead=budget,
-        )
-        stack.callback(monitor.close)
-        found.append(
-            Variant(f"gradwatch (baseline) overhead={budget:g}", make_step(model, x, y),
-                    lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
-        )
+    watchers: list[tuple[str, Callable[..., Any]]] = [("", watch)]
+    if baseline is not None:
+        watchers.append(("(baseline) ", baseline))
+    for label, make in watchers:
+        for budget in budgets:
+            model = copy_model()
+            monitor = make(
+                model, run=f"bench-{name}-budget", server=None,
+                spool=tmp / f"{name}-{label[1:5]}budget-{budget}.jsonl", overhead=budget,
+            )
+            stack.callback(monitor.close)
+            found.append(
+                Variant(f"gradwatch {label}overhead={budget:g}", make_step(model, x, y),
+                        lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
+            )
+            if not label:  # the baseline's schedule may not have estimate()
+                stack.callback(_heavy_note, notes, name, budget, monitor)
     for every in (1, 10) if baseline is not None else ():
         model = copy_model()
         monitor = baseline(

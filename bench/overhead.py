@@ -173,45 +173,27 @@ def variants(
     found.append(Variant("plain", make_step(copy_model(), x, y), lambda loss, i: None))
     # a second plain copy: its ratio is the noise floor of this run
     found.append(Variant("plain (control)", make_step(copy_model(), x, y), lambda loss, i: None))
-    for every in (1, 10):
-        model = copy_model()
-        monitor = watch(
-            model, run=f"bench-{name}-{every}", server=None, spool=tmp / f"{name}-{every}.jsonl",
-            every=every,
-        )
-        stack.callback(monitor.close)
-        found.append(
-            Variant(f"gradwatch every={every}", make_step(model, x, y),
-                    lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
-        )
+    # the current gradwatch and, with --baseline, the older one: every=1, every=10, and
+    # each budget, all made the same way
     watchers: list[tuple[str, Callable[..., Any]]] = [("", watch)]
     if baseline is not None:
         watchers.append(("(baseline) ", baseline))
     for label, make in watchers:
-        for budget in budgets:
+        settings = [("every", 1), ("every", 10), *(("overhead", b) for b in budgets)]
+        for key, value in settings:
             model = copy_model()
+            tag = f"{label[1:5]}{key}-{value}"
             monitor = make(
-                model, run=f"bench-{name}-budget", server=None,
-                spool=tmp / f"{name}-{label[1:5]}budget-{budget}.jsonl", overhead=budget,
+                model, run=f"bench-{name}-{tag}", server=None,
+                spool=tmp / f"{name}-{tag}.jsonl", **{key: value},
             )
             stack.callback(monitor.close)
             found.append(
-                Variant(f"gradwatch {label}overhead={budget:g}", make_step(model, x, y),
+                Variant(f"gradwatch {label}{key}={value:g}", make_step(model, x, y),
                         lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
             )
-            if not label:  # the baseline's schedule may not have estimate()
-                stack.callback(_heavy_note, notes, name, budget, monitor)
-    for every in (1, 10) if baseline is not None else ():
-        model = copy_model()
-        monitor = baseline(
-            model, run=f"base-{name}-{every}", server=None,
-            spool=tmp / f"base-{name}-{every}.jsonl", every=every,
-        )
-        stack.callback(monitor.close)
-        found.append(
-            Variant(f"gradwatch (baseline) every={every}", make_step(model, x, y),
-                    lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
-        )
+            if key == "overhead" and not label:  # an older schedule may lack estimate()
+                stack.callback(_heavy_note, notes, name, value, monitor)
     if not others:
         return found
     try:

@@ -24,7 +24,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from gradwatch.protocol import messages as m
 from gradwatch.protocol.codec import dumps
 
-from .schema import RECORDS, Batch, Hello, ProtocolError, parse_message
+from .columns import records_json
+from .schema import Batch, Hello, ProtocolError, parse_message
 from .security import can_read, can_write, host_problem, origin_problem, token_from
 from .state import AppState
 
@@ -171,7 +172,7 @@ class IngestConnection:
     def _publish(self, batch: Batch) -> None:
         state = self.state
         if state.hub.has_viewers(batch.run_id):
-            records = RECORDS.dump_json(batch.records, exclude_unset=True).decode()
+            records = records_json(batch)
             head = dumps(
                 {"type": "records", "run_id": batch.run_id, "rank": batch.rank, "seq": batch.seq}
             )

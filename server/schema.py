@@ -165,12 +165,67 @@ Record = Annotated[
 ]
 
 
+class _Packed(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", strict=True, val_json_bytes="base64", ser_json_bytes="base64"
+    )
+
+
+class IntColumn(_Packed):
+    """A column of int64 values, ``{"i64": "<base64>"}`` (docs/PROTOCOL.md, ``columns``)."""
+
+    i64: Annotated[bytes, Field(max_length=m.MAX_MESSAGE_BYTES)]
+
+
+class FloatColumn(_Packed):
+    """A column of float64 values, ``{"f64": "<base64>"}``."""
+
+    f64: Annotated[bytes, Field(max_length=m.MAX_MESSAGE_BYTES)]
+
+
+class NamedColumns(_Packed):
+    """A block's named scalars: n rows of ``len(names)`` float64 values."""
+
+    names: Annotated[list[Name], Field(max_length=m.MAX_TIMESTEPS)]
+    f64: Annotated[bytes, Field(max_length=m.MAX_MESSAGE_BYTES)]
+
+
+class TimestepColumns(_Packed):
+    """One per-timestep series of a block: n rows of ``len`` float64 values."""
+
+    length: Annotated[int, Strict(), Field(ge=0, le=m.MAX_TIMESTEPS, alias="len")]
+    f64: Annotated[bytes, Field(max_length=m.MAX_MESSAGE_BYTES)]
+
+
+class StepColumns(_Packed):
+    """Step records of one shape as columns (docs/PROTOCOL.md, ``columns``); the
+    lengths and values are checked by :func:`gradwatch.server.columns.check_block`."""
+
+    kind: Literal["step"]
+    n: Annotated[int, Strict(), Field(ge=1, le=m.MAX_RECORDS_PER_BATCH)]
+    step: IntColumn
+    epoch: IntColumn | None = None
+    t: FloatColumn | None = None
+    duration_s: FloatColumn | None = None
+    loss: FloatColumn | None = None
+    total_norm: FloatColumn | None = None
+    overhead: FloatColumn | None = None
+    graph_nodes: IntColumn | None = None
+    graph_truncated: IntColumn | None = None
+    rss_bytes: IntColumn | None = None
+    cuda_allocated_bytes: IntColumn | None = None
+    cuda_reserved_bytes: IntColumn | None = None
+    named: NamedColumns | None = None
+    timesteps: dict[Name, dict[Name, TimestepColumns]] | None = None
+
+
 class Batch(_Open):
     type: Literal["batch"]
     run_id: Annotated[str, Strict(), Field(min_length=1, max_length=m.MAX_NAME_CHARS)]
     rank: Count
     seq: Count
     records: Annotated[list[Record], Field(max_length=m.MAX_RECORDS_PER_BATCH)]
+    columns: Annotated[list[StepColumns], Field(max_length=m.MAX_RECORDS_PER_BATCH)] = []
 
 
 Message = Annotated[Union[Hello, Batch], Field(discriminator="type")]  # noqa: UP007
@@ -237,6 +292,10 @@ def _format_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+def _width(path: str) -> str:
+    return "int64" if path.endswith(".i64") else "float64"
+
+
 def describe_error(error: ValidationError) -> ProtocolError:
     """The first problem of a failed validation as ``field: expected X, got Y``."""
     errors = _series_errors(error.errors(include_url=False))
@@ -271,7 +330,7 @@ def describe_error(error: ValidationError) -> ProtocolError:
         detail = str(first["msg"]).rpartition(": ")[2].rstrip(".")
         return ProtocolError(
             m.CLOSE_INVALID_DATA,
-            f"{where}expected base64 of little-endian float64 values, got invalid base64"
+            f"{where}expected base64 of little-endian {_width(path)} values, got invalid base64"
             f" ({detail})",
         )
     if kind == "bytes_too_long":
@@ -282,6 +341,12 @@ def describe_error(error: ValidationError) -> ProtocolError:
         )
     if kind == "bytes_type":
         return ProtocolError(m.CLOSE_INVALID_DATA, f"{where}expected a base64 string, got {got}")
+    if kind == "extra_forbidden" and path.startswith("columns["):
+        return ProtocolError(
+            m.CLOSE_INVALID_DATA,
+            f"{where}expected only the fields of a step block (docs/PROTOCOL.md, columns;"
+            f" a record with other fields travels in records), got {got}",
+        )
     if kind == "extra_forbidden":
         return ProtocolError(
             m.CLOSE_INVALID_DATA, f'{where}expected only "f64" in a packed series, got {got}'
@@ -308,6 +373,13 @@ def describe_error(error: ValidationError) -> ProtocolError:
 def parse_message(text: str | bytes) -> Hello | Batch:
     """Validate one wire message; raise :class:`ProtocolError` with a close code and reason."""
     try:
-        return _MESSAGE.validate_json(text)
+        message = _MESSAGE.validate_json(text)
     except ValidationError as error:
         raise describe_error(error) from None
+    if isinstance(message, Batch) and message.columns:
+        from .columns import check_batch  # the column checks need this module's models
+
+        problem = check_batch(message)
+        if problem is not None:
+            raise ProtocolError(m.CLOSE_INVALID_DATA, problem)
+    return message

@@ -20,7 +20,7 @@ import psycopg
 
 from gradwatch.protocol.messages import ALERT, END, NONFINITE_STRINGS
 
-from ..schema import RECORDS
+from ..columns import records_json
 from ..settings import Settings
 from . import pgfeed, rollups, rows
 from .base import Store
@@ -105,7 +105,7 @@ class PostgresStore(Store):
     def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
         if not super()._write_batch(cur, batch, session):
             return False
-        records = RECORDS.dump_json(batch.records, exclude_unset=True).decode()
+        records = records_json(batch)
         # As ingest decides for its own viewers: the runs list updates at once.
         urgent = any(r.kind in (END, ALERT) for r in batch.records)
         cur.execute(

@@ -213,7 +213,8 @@ def _json_or_none(value: Any) -> str | None:
 
 
 def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> SplitBatch:
-    """Rows of every table for one validated batch."""
+    """Rows of every table for one validated batch (its records, then its column
+    blocks: store/block_rows.py)."""
     out = SplitBatch()
     run_id, rank = batch.run_id, batch.rank
     last_step = -1
@@ -287,6 +288,11 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
         else:  # end
             out.ends.append((record.status, record.step, record.t))
     out.named = builder.groups
+    if batch.columns:
+        from .block_rows import add_blocks  # it builds on this module's names
+
+        steps_to, epochs_to = add_blocks(out, batch.columns, run_id, rank, uid, scalar)
+        last_step, last_epoch = max(last_step, steps_to), max(last_epoch, epochs_to)
     out.last_step = last_step if last_step >= 0 else None
     out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out

@@ -1,0 +1,203 @@
+"""Step records sent as columns (docs/PROTOCOL.md, ``columns``): the checks pydantic
+cannot express (every column as long as the block, counts not negative, well-formed
+names), and the records a block stands for, as live viewers receive them.
+
+A block of 100 records is validated as ~15 base64 strings instead of 100 objects of
+~30 numbers each: validating records one by one held the server under ~46,000
+records/s before anything was stored (BENCHMARKS.md, "Ingest in columns").
+
+Example:
+    >>> import base64, struct
+    >>> from gradwatch.server.schema import parse_message
+    >>> steps = base64.b64encode(struct.pack("<2q", 4, 5)).decode()
+    >>> losses = base64.b64encode(struct.pack("<2d", 0.5, 0.25)).decode()
+    >>> batch = parse_message('{"type": "batch", "run_id": "r", "rank": 0, "seq": 0,'
+    ...     ' "records": [], "columns": [{"kind": "step", "n": 2,'
+    ...     f' "step": {{"i64": "{steps}"}}, "loss": {{"f64": "{losses}"}}}}]}}')
+    >>> [(r["step"], r["loss"]) for r in block_records(batch.columns[0])]
+    [(4, 0.5), (5, 0.25)]
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from array import array
+from typing import Any
+
+from gradwatch.protocol import messages as m
+from gradwatch.protocol.codec import dumps
+
+from .schema import RECORDS, Batch, StepColumns
+
+INT_COLUMNS = ("epoch", "graph_nodes", "rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes")
+FLOAT_COLUMNS = ("t", "duration_s", "loss", "total_norm", "overhead")
+GATE_PREFIX = "gate_norms/"
+NAMED_PREFIXES = ("param_norms/", GATE_PREFIX, "profile/")
+PROFILE_KEYS = ("forward_s", "backward_s", "calls")
+_LITTLE = sys.byteorder == "little"
+
+
+def ints(data: bytes) -> list[int]:
+    """Little-endian int64 values."""
+    values = array("q")
+    values.frombytes(data)
+    if not _LITTLE:
+        values.byteswap()
+    return values.tolist()
+
+
+def floats(data: bytes) -> list[float]:
+    """Little-endian float64 values (NaN and infinities as floats)."""
+    values = array("d")
+    values.frombytes(data)
+    if not _LITTLE:
+        values.byteswap()
+    return values.tolist()
+
+
+def _length_problem(where: str, data: bytes, count: int, kind: str) -> str | None:
+    if len(data) == 8 * count:
+        return None
+    return f"{where}: expected {count} {kind} values ({8 * count} bytes), got {len(data)} bytes"
+
+
+def _name_problem(name: str) -> str | None:
+    if not name.startswith(NAMED_PREFIXES):
+        return "expected param_norms/<parameter>, gate_norms/<parameter>/<gate> or"
+    head, _, tail = name.partition("/")
+    if not tail:
+        return "expected a name after the prefix in"
+    if head == "gate_norms" and not tail.rpartition("/")[0]:
+        return "expected gate_norms/<parameter>/<gate>, got"
+    if head == "profile" and tail.rpartition("/")[2] not in PROFILE_KEYS:
+        return "expected profile/<module>/<forward_s, backward_s or calls>, got"
+    return None
+
+
+def check_block(block: StepColumns, where: str) -> str | None:
+    """What is wrong with a validated block (``where``: ``columns[i]``), or None."""
+    n = block.n
+    problem = _length_problem(f"{where}.step", block.step.i64, n, "int64")
+    if problem is None and min(ints(block.step.i64)) < 0:
+        problem = f"{where}.step: expected integers >= 0, got {min(ints(block.step.i64))}"
+    for name in (*INT_COLUMNS, "graph_truncated"):
+        column = getattr(block, name)
+        if problem is not None or column is None:
+            continue
+        problem = _length_problem(f"{where}.{name}", column.i64, n, "int64")
+        if problem is None:
+            values = ints(column.i64)
+            low, high = (0, 1) if name == "graph_truncated" else (0, 2**63 - 1)
+            if min(values) < low or max(values) > high:
+                bad = next(v for v in values if not low <= v <= high)
+                expected = "0 or 1" if name == "graph_truncated" else "integers >= 0"
+                problem = f"{where}.{name}: expected {expected}, got {bad}"
+    for name in FLOAT_COLUMNS:
+        column = getattr(block, name)
+        if problem is None and column is not None:
+            problem = _length_problem(f"{where}.{name}", column.f64, n, "float64")
+    if problem is None and block.named is not None:
+        names = block.named.names
+        for name in names:
+            wrong = _name_problem(name)
+            if wrong is not None:
+                return f"{where}.named.names: {wrong} {name[:60]!r}"
+        if len(set(names)) != len(names):
+            return f"{where}.named.names: expected distinct names, got a name twice"
+        problem = _length_problem(f"{where}.named.f64", block.named.f64, n * len(names), "float64")
+    for module, series_map in (block.timesteps or {}).items():
+        for series, column in series_map.items():
+            if problem is None:
+                problem = _length_problem(
+                    f"{where}.timesteps.{module[:60]}.{series[:60]}.f64",
+                    column.f64,
+                    n * column.length,
+                    "float64",
+                )
+    return problem
+
+
+def check_batch(batch: Batch) -> str | None:
+    """The first problem of a batch's blocks, or None."""
+    total = len(batch.records) + sum(block.n for block in batch.columns)
+    if total > m.MAX_RECORDS_PER_BATCH:
+        return (
+            f"expected at most {m.MAX_RECORDS_PER_BATCH} records in a batch (records and"
+            f" columns together), got {total}"
+        )
+    for i, block in enumerate(batch.columns):
+        problem = check_block(block, f"columns[{i}]")
+        if problem is not None:
+            return problem
+    return None
+
+
+def _b64(data: bytes) -> str:
+    # URL-safe, as the server re-encodes packed series of records (docs/PROTOCOL.md).
+    return base64.urlsafe_b64encode(data).decode("ascii")
+
+
+def block_records(block: StepColumns) -> list[dict[str, Any]]:
+    """The step records a block stands for (timestep series packed), in order."""
+    n = block.n
+    steps = ints(block.step.i64)
+    epochs = ints(block.epoch.i64) if block.epoch is not None else [0] * n
+    records: list[dict[str, Any]] = [
+        {"kind": "step", "step": s, "epoch": e} for s, e in zip(steps, epochs, strict=True)
+    ]
+    for name in (*FLOAT_COLUMNS, *INT_COLUMNS[1:], "graph_truncated"):
+        column = getattr(block, name)
+        if column is None:
+            continue
+        if name in FLOAT_COLUMNS:
+            values: list[Any] = floats(column.f64)
+        elif name == "graph_truncated":
+            values = [bool(v) for v in ints(column.i64)]
+        else:
+            values = ints(column.i64)
+        for record, value in zip(records, values, strict=True):
+            record[name] = value
+    if block.timesteps:
+        for record in records:
+            record["timesteps"] = {}
+        for module, series_map in block.timesteps.items():
+            for record in records:
+                record["timesteps"][module] = {}
+            for series, column in series_map.items():
+                width = 8 * column.length
+                for i, record in enumerate(records):
+                    data = column.f64[i * width : (i + 1) * width]
+                    record["timesteps"][module][series] = {"f64": _b64(data)}
+    if block.named is not None:
+        _add_named(records, block.named.names, floats(block.named.f64))
+    return records
+
+
+def _add_named(records: list[dict[str, Any]], names: list[str], values: list[float]) -> None:
+    width = len(names)
+    for i, record in enumerate(records):
+        row = values[i * width : (i + 1) * width]
+        for name, value in zip(names, row, strict=True):
+            head, _, tail = name.partition("/")
+            if head == "param_norms":
+                record.setdefault("param_norms", {})[tail] = value
+            else:
+                owner, _, key = tail.rpartition("/")
+                if head == "gate_norms":
+                    record.setdefault("gate_norms", {}).setdefault(owner, {})[key] = value
+                else:
+                    entry = record.setdefault("profile", {}).setdefault(owner, {})
+                    entry[key] = int(value) if key == "calls" else value
+
+
+def records_json(batch: Batch) -> str:
+    """The JSON array of a batch's records, its blocks' records after them."""
+    text = RECORDS.dump_json(batch.records, exclude_unset=True).decode()
+    if not batch.columns:
+        return text
+    extra = [record for block in batch.columns for record in block_records(block)]
+    more = dumps(extra)  # non-finite floats as "NaN"/"Infinity" strings
+    if text == "[]":
+        return more
+    return text[:-1] + "," + more[1:]

@@ -12,7 +12,8 @@ server acknowledges it. Batches live in one of two places, and the order is kept
 So every memory batch is older than every disk batch, and what goes out is always in
 ``seq`` order. A batch added while connected with an empty disk queue goes straight
 into memory, and is merged with the newest memory batch while that one has not been
-sent yet (batching under load without a fixed flush delay).
+sent yet (batching under load without a fixed flush delay): its ``records`` and its
+``columns`` (blocks of step records, docs/PROTOCOL.md) each join the tail's own.
 
 The spool file is flushed to the OS per batch, so it survives a crash of the training
 process. Once everything written to it is acknowledged, it is removed.
@@ -27,6 +28,8 @@ Example:
     >>> box.add('{"kind":"step","step":0}', 1, direct=False)   # offline: to disk
     >>> b = box.next_to_send(); b.seq, b.from_disk
     (0, True)
+    >>> b.text
+    '{"type":"batch","run_id":"r","rank":0,"seq":0,"records":[{"kind":"step","step":0}]}'
     >>> box.ack(0), box.empty
     (True, True)
 """
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .codec import dumps
+from .columns import slice_block
 from .messages import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH
 
 # Room for the batch envelope ({"type":"batch","run_id":...,"seq":...}) within the limit.
@@ -76,14 +80,63 @@ def encode_records(
     return chunks, too_big
 
 
+def encode_blocks(
+    blocks: list[dict[str, Any]], max_bytes: int
+) -> tuple[list[tuple[str, int]], int]:
+    """Blocks (protocol/columns.py) as JSON texts of at most ``max_bytes`` each: a bigger
+    block becomes blocks of fewer records; one record alone may exceed ``max_bytes``
+    up to the message limit (a batch of its own).
+
+    Returns (texts with their record counts, records too big for any message).
+    """
+    texts: list[tuple[str, int]] = []
+    too_big = 0
+    todo = list(reversed(blocks))
+    while todo:
+        block = todo.pop()
+        text, n = dumps(block), block["n"]
+        if len(text) <= max_bytes or (n == 1 and len(text) <= MAX_MESSAGE_BYTES - ENVELOPE_BYTES):
+            texts.append((text, n))
+        elif n == 1:
+            too_big += 1
+        else:
+            parts = min(n, -(-len(text) // max_bytes))
+            size = -(-n // parts)
+            todo.extend(
+                slice_block(block, start, min(n, start + size))
+                for start in reversed(range(0, n, size))
+            )
+    return texts, too_big
+
+
+def batch_bodies(
+    chunks: list[tuple[str, int]], blocks: list[tuple[str, int]], max_bytes: int
+) -> list[tuple[str, str, int]]:
+    """(records inside, columns inside, record count) of each batch for encoded record
+    ``chunks`` then block texts: a block joins the last batch while it fits in
+    ``max_bytes`` and 10,000 records."""
+    out: list[tuple[str, list[str], int, int]] = [(body, [], n, len(body)) for body, n in chunks]
+    for text, n in blocks:
+        if out:
+            body, texts, count, size = out[-1]
+            if size + 1 + len(text) <= max_bytes and count + n <= MAX_RECORDS_PER_BATCH:
+                texts.append(text)
+                out[-1] = (body, texts, count + n, size + 1 + len(text))
+                continue
+        out.append(("", [text], n, len(text)))
+    return [(body, ",".join(texts), n) for body, texts, n, _ in out]
+
+
 @dataclass
 class OutBatch:
-    """One batch: its records as JSON text (``body``, without brackets) until sealed."""
+    """One batch until sealed: its records as JSON text (``parts``, each an array's
+    inside) and its blocks of step records (``blocks``, likewise); then ``text``."""
 
     seq: int
     nrecords: int
     nbytes: int
     parts: list[str] = field(default_factory=list)
+    blocks: list[str] = field(default_factory=list)
     text: str | None = None  # the whole wire message, fixed once sent or spooled
     sent: bool = False
     acked: bool = False
@@ -133,8 +186,16 @@ class Outbox:
         """Batches not yet acknowledged (an ack may come out of order, before the head's)."""
         return sum(1 for b in self.memory if not b.acked) + len(self.disk)
 
-    def wire_text(self, seq: int, body: str) -> str:
+    def wire_text(self, seq: int, body: str, columns: str = "") -> str:
+        """The batch message: ``body`` and ``columns`` are JSON arrays' insides."""
+        if columns:
+            return f'{self._prefix}{seq},"records":[{body}],"columns":[{columns}]}}'
         return f'{self._prefix}{seq},"records":[{body}]}}'
+
+    def _seal(self, batch: OutBatch) -> str:
+        batch.text = self.wire_text(batch.seq, ",".join(batch.parts), ",".join(batch.blocks))
+        batch.parts, batch.blocks = [], []
+        return batch.text
 
     def _room(self, nbytes: int) -> bool:
         if not self.memory:
@@ -146,33 +207,44 @@ class Outbox:
 
     # -- adding ------------------------------------------------------------------------
 
-    def add(self, body: str, nrecords: int, direct: bool) -> None:
-        """Queue encoded records (``body`` is a JSON array's inside).
+    def add(self, body: str, nrecords: int, direct: bool, columns: str = "") -> None:
+        """Queue encoded records: ``body`` is the inside of the ``records`` array,
+        ``columns`` the inside of the ``columns`` array (block texts); ``nrecords``
+        counts both.
 
         ``direct`` says the connection is up: then the batch may go to memory; it
         does only when no older batch waits on disk and the window has room.
         Raises OSError when the spool cannot be written (the caller warns).
         """
-        nbytes = len(body)
+        nbytes = len(body) + len(columns)
         if direct and not self.disk and self._room(nbytes):
             tail = self.memory[-1] if self.memory else None
             if (
                 tail is not None
                 and tail.text is None
-                and tail.nbytes + 1 + nbytes <= self.max_batch_bytes
+                and tail.nbytes + 2 + nbytes <= self.max_batch_bytes
                 and tail.nrecords + nrecords <= MAX_RECORDS_PER_BATCH
             ):
-                tail.parts.append(body)
-                tail.nbytes += 1 + nbytes
+                # Up to two commas join the two lists; counted as if both were there.
+                if body:
+                    tail.parts.append(body)
+                if columns:
+                    tail.blocks.append(columns)
+                tail.nbytes += 2 + nbytes
                 tail.nrecords += nrecords
-                self.memory_bytes += 1 + nbytes
+                self.memory_bytes += 2 + nbytes
                 return
-            self.memory.append(OutBatch(self.next_seq, nrecords, nbytes, parts=[body]))
+            self.memory.append(
+                OutBatch(
+                    self.next_seq, nrecords, nbytes,
+                    parts=[body] if body else [], blocks=[columns] if columns else [],
+                )
+            )
             self.memory_bytes += nbytes
             self.next_seq += 1
             return
         seq = self.next_seq
-        text = self.wire_text(seq, body)
+        text = self.wire_text(seq, body, columns)
         self._spool_line(text)
         self.next_seq += 1
         self.disk.append((seq, nrecords, len(text)))
@@ -211,8 +283,7 @@ class Outbox:
         else:
             return None
         if batch.text is None:
-            batch.text = self.wire_text(batch.seq, ",".join(batch.parts))
-            batch.parts = []
+            self._seal(batch)
         batch.sent = True
         self.n_sent += 1
         return batch
@@ -309,9 +380,7 @@ class Outbox:
         records = 0
         unacked = [batch for batch in self.memory if not batch.acked]
         for batch in unacked:
-            if batch.text is None:
-                batch.text = self.wire_text(batch.seq, ",".join(batch.parts))
-            lines.append(batch.text)
+            lines.append(batch.text if batch.text is not None else self._seal(batch))
             records += batch.nrecords
         tail = b""
         if self.disk:

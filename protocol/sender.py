@@ -1,7 +1,9 @@
 """The websocket sink: records from the Monitor to the server, acknowledged and resent.
 
 ``send(records)`` (the Monitor's background thread) only encodes and queues, in the
-:class:`~gradwatch.protocol.outbox.Outbox`; one thread owns the connection: ``hello``,
+:class:`~gradwatch.protocol.outbox.Outbox`: step records as ``columns`` (blocks of one
+shape each, protocol/columns.py), the others as ``records``, timestep series packed.
+One thread owns the connection: ``hello``,
 then the batches in ``seq`` order, several in flight, each kept until its ``ack`` and
 resent after a reconnect. While the server is away batches wait in the spool and
 reconnects back off with full jitter; ``close(timeout)`` leaves what is undelivered
@@ -30,8 +32,9 @@ from websockets.sync.client import ClientConnection
 from .backoff import Backoff
 from .blame import blames_a_batch
 from .codec import loads, pack_timesteps
+from .columns import to_columns
 from .messages import MAX_MESSAGE_BYTES
-from .outbox import ENVELOPE_BYTES, Outbox, encode_records
+from .outbox import ENVELOPE_BYTES, Outbox, batch_bodies, encode_blocks, encode_records
 from .sink import with_session
 from .spoolfiles import default_spool_path, fresh_path, rejected_path
 from .warnings import WarnOnce
@@ -54,7 +57,11 @@ class WebSocketSink:
         max_batch_bytes: records queued while a batch waits are merged up to this size.
         backoff_base, backoff_cap: reconnect delays (seconds), full jitter.
         connect_timeout: seconds for one connection attempt.
-        pack_series: send timestep series packed (``{"f64": base64}``), not as lists.
+        pack_series: send timestep series packed (``{"f64": base64}``), not as lists
+            (blocks of ``columns`` always hold them packed).
+        columns: send step records as ``columns`` (docs/PROTOCOL.md): a server parses
+            a block of them far faster than one object each. False: all in ``records``
+            (for a server older than ``columns``).
 
     Example:
         >>> sink = WebSocketSink("ws://127.0.0.1:8765", hello)   # doctest: +SKIP
@@ -77,6 +84,7 @@ class WebSocketSink:
         backoff_cap: float = 5.0,
         connect_timeout: float = 5.0,
         pack_series: bool = True,
+        columns: bool = True,
         start: bool = True,
     ) -> None:
         self.url = ingest_url(url)
@@ -93,6 +101,7 @@ class WebSocketSink:
         # Timestep series travel packed ({"f64": base64}, docs/PROTOCOL.md) unless asked
         # otherwise: ~10x cheaper to encode here and to parse on the server.
         self.pack_series = pack_series
+        self.columns = columns
         self._box = Outbox(
             self.spool_path,
             hello,
@@ -130,26 +139,32 @@ class WebSocketSink:
         if not records:
             return
         try:
+            # Step records a block can hold go as columns; the rest (other kinds, odd
+            # fields or types) as records, so the server names what is wrong as ever.
+            rest, blocks = to_columns(records) if self.columns else (records, [])
             if self.pack_series:
-                records = pack_timesteps(records)
-            chunks, too_big = encode_records(records, self.max_batch_bytes)
+                rest = pack_timesteps(rest)
+            chunks, too_big = encode_records(rest, self.max_batch_bytes) if rest else ([], [])
+            texts, blocks_too_big = encode_blocks(blocks, self.max_batch_bytes)
+            batches = batch_bodies(chunks, texts, self.max_batch_bytes)
         except Exception as e:
             self.dropped_records += len(records)
             self._warn.warn("encode", f"gradwatch: records could not be encoded as JSON ({e}); "
                             "they are dropped, training goes on")
             return
-        if too_big:
-            self.dropped_records += len(too_big)
-            self._warn.warn("too_big", f"gradwatch: {len(too_big)} record(s) exceed the "
+        dropped = len(too_big) + blocks_too_big
+        if dropped:
+            self.dropped_records += dropped
+            self._warn.warn("too_big", f"gradwatch: {dropped} record(s) exceed the "
                             f"{MAX_MESSAGE_BYTES} byte message limit and are dropped")
         with self._cond:
             if self._closed:
-                self.dropped_records += sum(n for _, n in chunks)
+                self.dropped_records += sum(n for _, _, n in batches)
                 self._warn.warn("closed", "gradwatch: send() after close(); records dropped")
                 return
-            for body, n in chunks:
+            for body, columns, n in batches:
                 try:
-                    self._box.add(body, n, direct=self._connected)
+                    self._box.add(body, n, direct=self._connected, columns=columns)
                 except OSError as e:
                     self.dropped_records += n
                     self._warn.warn("spool", f"gradwatch: cannot write the spool "

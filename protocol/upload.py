@@ -71,10 +71,24 @@ def split_parts(path: str | os.PathLike[str]) -> list[tuple[dict[str, Any], list
                     f"{path}: message {number}: expected a batch with an integer seq and a "
                     f"records list, got keys {sorted(message)}"
                 )
+            blocks = message.get("columns", [])
+            if not isinstance(blocks, list) or not all(
+                isinstance(b, dict) and type(b.get("n")) is int for b in blocks
+            ):
+                raise SpoolError(
+                    f"{path}: message {number}: expected columns as a list of blocks, each "
+                    f"with an integer n, got {str(blocks)[:60]}"
+                )
             parts[-1][1].append(message)
         else:
             raise SpoolError(f"{path}: message {number}: expected 'hello' or 'batch', got {kind!r}")
     return parts
+
+
+def record_count(batch: dict[str, Any]) -> int:
+    """The records a batch message carries: its ``records`` and its blocks' ``n``."""
+    blocks: list[dict[str, Any]] = batch.get("columns", [])
+    return len(batch["records"]) + sum(int(block["n"]) for block in blocks)
 
 
 def upload(
@@ -95,7 +109,7 @@ def upload(
     deadline = time.monotonic() + timeout
     for hello, batches in parts:
         result.batches += len(batches)
-        result.records += sum(len(b["records"]) for b in batches)
+        result.records += sum(record_count(b) for b in batches)
         _upload_part(url, token, hello, batches, result, deadline, window, Path(path))
     return result
 

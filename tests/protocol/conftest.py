@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
 from gradwatch.protocol.codec import dumps, loads
+from gradwatch.protocol.columns import batch_records
 
 
 class AckServer:
@@ -94,7 +95,8 @@ class AckServer:
         with self.cond:
             key = (message["run_id"], message["rank"], seq)
             if key not in self.stored:
-                self.stored[key] = message["records"]
+                # A block's records as they would reach a viewer: JSON, "NaN" as text.
+                self.stored[key] = loads(dumps(batch_records(message)))
             self.cond.notify_all()
         ws.send(dumps({"type": "ack", "seq": seq}))
 

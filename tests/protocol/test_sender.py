@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gradwatch.protocol.columns import batch_records
 from gradwatch.protocol.sender import WebSocketSink, encode_records
 from gradwatch.protocol.spool import read_spool
 from gradwatch.protocol.warnings import GradwatchWarning
@@ -115,7 +116,7 @@ def test_close_leaves_undelivered_batches_in_spool_hello_first(
     messages = list(read_spool(spool))
     assert messages[0] == sink.hello  # with its session, so an upload dedups against it
     assert [m["seq"] for m in messages[1:]] == list(range(30))
-    assert [m["records"][0]["step"] for m in messages[1:]] == list(range(30))
+    assert [batch_records(m)[0]["step"] for m in messages[1:]] == list(range(30))
     texts = [str(w.message) for w in caught]
     assert any(str(spool) in t and "gradwatch upload" in t for t in texts), texts
     assert any("cannot reach" in t for t in texts), texts
@@ -137,7 +138,7 @@ def test_rejected_batch_is_set_aside_and_the_rest_delivered(
     assert ack_server.seqs() == [0, 1, 2, 4, 5, 6, 7, 8, 9]
     rejected = list(read_spool(tmp_path / "run.rejected.jsonl"))
     assert [m["seq"] for m in rejected] == [3]
-    assert rejected[0]["records"][0]["step"] == 3
+    assert batch_records(rejected[0])[0]["step"] == 3
     assert sink.stats()["rejected_batches"] == 1
 
 
@@ -177,7 +178,7 @@ def test_a_refused_hello_drops_no_batch(
     assert sink.stats()["rejected_batches"] == 0
     assert not (tmp_path / "run.rejected.jsonl").exists()
     assert any("refused the connection" in str(w.message) for w in caught)
-    records = [r for m in read_spool(spool) if m["type"] == "batch" for r in m["records"]]
+    records = [r for m in read_spool(spool) if m["type"] == "batch" for r in batch_records(m)]
     assert [r["step"] for r in records] == list(range(5))
 
 
@@ -237,8 +238,10 @@ def test_timestep_series_travel_packed_unless_asked_otherwise(
     record = {"kind": "step", "step": 0, "timesteps": {"lstm": {"input": values}}}
     for pack in (True, False):
         run = {**hello, "run_id": f"{hello['run_id']}-{pack}"}  # each its own seq 0
+        # Lists travel only in `records`: blocks of `columns` always hold packed series.
         sink = WebSocketSink(
-            ack_server.url, run, spool=tmp_path / f"{pack}.jsonl", pack_series=pack
+            ack_server.url, run, spool=tmp_path / f"{pack}.jsonl", pack_series=pack,
+            columns=False,
         )
         sink.send([record])
         assert sink.flush(timeout=30)

@@ -284,8 +284,8 @@ def _column(name: str, values: list[Any]) -> bytes | None:
 def to_columns(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Split records into (rest, blocks): step records that a block can hold, grouped by
     shape (their fields, named names and series lengths) into blocks of at most 10,000
-    records, in order of first appearance; everything else stays in ``rest``, in order.
-    The records given are not changed."""
+    records, in order of their first record; everything else stays in ``rest``, in
+    order. The records given are not changed."""
     rest: list[tuple[int, Any]] = []
     groups: dict[Any, _Group] = {}
     refused: set[Any] = set()  # shapes with a name a block cannot carry
@@ -324,7 +324,7 @@ def to_columns(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
             late = True
     if late:
         rest.sort(key=itemgetter(0))
-        blocks.sort(key=itemgetter(0))
+    blocks.sort(key=itemgetter(0))  # in order of their first record
     return [r for _, r in rest], [b for _, b in blocks]
 
 

@@ -1,0 +1,402 @@
+"""Step records as batch columns (protocol/columns.py): what the trainer packs is what
+it was given, odd records travel as records, and the sender, outbox and upload carry
+blocks (docs/PROTOCOL.md, ``columns``)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import struct
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradwatch.protocol.codec import dumps, loads
+from gradwatch.protocol.columns import batch_records, from_columns, slice_block, to_columns
+from gradwatch.protocol.messages import MAX_MESSAGE_BYTES, NONFINITE_STRINGS
+from gradwatch.protocol.outbox import Outbox, encode_blocks
+from gradwatch.protocol.sender import WebSocketSink
+from gradwatch.protocol.spool import read_spool
+from gradwatch.protocol.upload import upload
+from gradwatch.protocol.warnings import GradwatchWarning
+from gradwatch.server.columns import block_records
+from gradwatch.server.schema import parse_message
+
+INTS = ("epoch", "graph_nodes", "rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes")
+FLOATS = ("t", "duration_s", "loss", "total_norm", "overhead")
+
+# -- what a step record means, whichever way it travelled ------------------------------
+
+
+def _bits(value: Any) -> bytes:
+    number = NONFINITE_STRINGS[value] if isinstance(value, str) else float(value)
+    return struct.pack("<d", number)  # NaN == NaN, -0.0 != 0.0, as on the wire
+
+
+def _series(value: Any) -> bytes:
+    if isinstance(value, dict):  # the server writes the URL-safe alphabet
+        return base64.b64decode(value["f64"].replace("-", "+").replace("_", "/"))
+    return b"".join(_bits(v) for v in value)
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
+def meaning(record: dict[str, Any]) -> Any:
+    """A step record with None fields dropped, numbers as float64 bits, series as bytes."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if value is None:
+            continue
+        if key in FLOATS:
+            out[key] = _bits(value)
+        elif key == "param_norms":
+            out[key] = {p: _bits(v) for p, v in value.items()}
+        elif key == "gate_norms":
+            out[key] = {p: {g: _bits(v) for g, v in gates.items()} for p, gates in value.items()}
+        elif key == "profile":
+            out[key] = {
+                m: {k: v if k == "calls" else _bits(v) for k, v in e.items() if v is not None}
+                for m, e in value.items()
+            }
+        elif key == "timesteps":
+            out[key] = {m: {s: _series(v) for s, v in by.items()} for m, by in value.items()}
+        else:
+            out[key] = value
+    return _frozen(out)
+
+
+# -- records: shapes that repeat, good values, and odd records -------------------------
+
+NAMES = st.text(alphabet="ab./_", min_size=1, max_size=4)
+NUMBER = st.one_of(
+    st.floats(),  # NaN and infinities included
+    st.integers(-(2**70), 2**70),
+    st.sampled_from(sorted(NONFINITE_STRINGS)),
+)
+SHAPES = st.fixed_dictionaries(
+    {
+        "fields": st.sets(st.sampled_from((*INTS, *FLOATS, "graph_truncated"))),
+        "norms": st.lists(NAMES, max_size=3, unique=True),
+        "gates": st.dictionaries(NAMES, st.lists(st.sampled_from("ifgo"), min_size=1, unique=True),
+                                 max_size=2),
+        "profile": st.dictionaries(NAMES, st.sets(st.sampled_from(("forward_s", "backward_s",
+                                                                    "calls")), min_size=1),
+                                   max_size=2),
+        "series": st.dictionaries(NAMES, st.dictionaries(NAMES, st.integers(0, 4), min_size=1,
+                                                         max_size=2), max_size=2),
+    }
+)
+
+
+@st.composite
+def good_record(draw: st.DrawFn, shape: dict[str, Any], step: int) -> dict[str, Any]:
+    record: dict[str, Any] = {"kind": "step", "step": step}
+    for field in sorted(shape["fields"]):
+        if field in INTS:
+            record[field] = draw(st.integers(0, 2**63 - 1))
+        elif field == "graph_truncated":
+            record[field] = draw(st.booleans())
+        else:
+            record[field] = draw(st.none() | NUMBER)  # None counts as absent
+    if shape["norms"]:
+        record["param_norms"] = {p: draw(NUMBER) for p in shape["norms"]}
+    if shape["gates"]:
+        gates = shape["gates"].items()
+        record["gate_norms"] = {p: {g: draw(NUMBER) for g in gs} for p, gs in gates}
+    if shape["profile"]:
+        record["profile"] = {
+            m: {k: draw(st.integers(0, 2**53)) if k == "calls" else draw(NUMBER) for k in keys}
+            for m, keys in shape["profile"].items()
+        }
+    if shape["series"]:
+        record["timesteps"] = {}
+        for module, by_series in shape["series"].items():
+            record["timesteps"][module] = {}
+            for name, length in by_series.items():
+                values = draw(st.lists(st.floats() | NUMBER, min_size=length, max_size=length))
+                if draw(st.booleans()):
+                    values = {"f64": base64.b64encode(b"".join(map(_bits, values))).decode()}
+                record["timesteps"][module][name] = values
+    return record
+
+
+# Each makes a step record one the server must see as it came (to name what is wrong).
+ODD: list[tuple[str, Any]] = [
+    ("nonfinite", {"loss": True}),
+    ("newer_field", 1),
+    ("loss", True),
+    ("loss", "nan"),
+    ("loss", 10**400),
+    ("loss", [1.0]),
+    ("step", -1),
+    ("step", 1.0),
+    ("step", True),
+    ("epoch", 2**63),
+    ("graph_truncated", 1),
+    ("rss_bytes", 1.5),
+    ("param_norms", {}),
+    ("param_norms", {"w": None}),
+    ("param_norms", {"w": False}),
+    ("param_norms", {"p" * 300: 1.0}),
+    ("gate_norms", {"w": {"a/b": 1.0}}),
+    ("gate_norms", {"": {"i": 1.0}}),
+    ("gate_norms", {"w": {}}),
+    ("profile", {"m": {"forward_s": 1.0, "other": 2.0}}),
+    ("profile", {"m": {"calls": 1.5}}),
+    ("profile", {"m": {"calls": -1}}),
+    ("profile", {"m": {"forward_s": None}}),
+    ("timesteps", {"m": {"s": [1.0, True]}}),
+    ("timesteps", {"m": {"s": [1.0, None]}}),
+    ("timesteps", {"m": {"s": {"f64": "!!!!"}}}),
+    ("timesteps", {"m": {"s": {"f64": "AAAA"}}}),  # 3 bytes: not whole float64 values
+    ("timesteps", {"m": {"s": {"f64": "", "more": 1}}}),
+    ("timesteps", {"m": {}}),
+]
+
+
+@st.composite
+def odd_record(draw: st.DrawFn, shape: dict[str, Any], step: int) -> dict[str, Any]:
+    if draw(st.booleans()):
+        return draw(st.sampled_from([{"kind": "epoch", "epoch": 1}, {"kind": "end",
+                                     "status": "finished"}, {"step": step}]))
+    record = draw(good_record(shape, step))
+    key, value = draw(st.sampled_from(ODD))
+    record[key] = copy.deepcopy(value)
+    if key == "step" and draw(st.booleans()):
+        del record["step"]
+    return record
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[bool]]:
+    shapes = draw(st.lists(SHAPES, min_size=1, max_size=3))
+    records, good = [], []
+    for step in range(draw(st.integers(0, 12))):
+        shape = draw(st.sampled_from(shapes))
+        fine = draw(st.integers(0, 4)) > 0
+        records.append(draw((good_record if fine else odd_record)(shape, step)))
+        good.append(fine)
+    return records, good
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches())
+def test_blocks_hold_the_step_records_given_and_odd_records_stay_records(
+    case: tuple[list[dict[str, Any]], list[bool]],
+) -> None:
+    records, good = case
+    before = dumps(records)
+    rest, blocks = to_columns(records)
+    assert dumps(records) == before  # the caller's records are not changed
+    # Exactly the odd records stay, as the same objects, in order.
+    odd = [r for r, fine in zip(records, good, strict=True) if not fine]
+    assert [id(r) for r in rest] == [id(r) for r in odd]
+    decoded = [from_columns(loads(dumps(block))) for block in blocks]  # as they travel
+    assert all(1 <= block["n"] <= 10_000 for block in blocks)
+    assert Counter(meaning(r) for b in decoded for r in b) == Counter(
+        meaning(r) for r, fine in zip(records, good, strict=True) if fine
+    )
+    # Records keep their order in a block; blocks come in order of their first record.
+    for block in decoded:
+        steps = [r["step"] for r in block]
+        assert steps == sorted(steps)
+    firsts = [block[0]["step"] for block in decoded]
+    assert firsts == sorted(firsts)
+
+
+@pytest.mark.parametrize(("key", "value"), ODD, ids=[f"{k}={v!r}"[:40] for k, v in ODD])
+def test_each_odd_field_keeps_its_record_out_of_blocks(key: str, value: Any) -> None:
+    shape = {"kind": "step", "loss": 0.5, "graph_truncated": False, "param_norms": {"w": 1.0},
+             "gate_norms": {"w": {"i": 1.0}}, "profile": {"m": {"forward_s": 0.1}},
+             "timesteps": {"m": {"s": [1.0, 2.0]}}}
+    odd = {**copy.deepcopy(shape), "step": 1, key: copy.deepcopy(value)}
+    records = [{**shape, "step": 0}, odd, {**shape, "step": 2}]
+    rest, blocks = to_columns(records)
+    assert rest == [odd] and rest[0] is odd
+    assert [r["step"] for b in blocks for r in from_columns(b)] == [0, 2]
+
+
+@settings(max_examples=50, deadline=None)
+@given(batches())
+def test_the_server_takes_the_blocks_and_reads_the_same_records(
+    case: tuple[list[dict[str, Any]], list[bool]],
+) -> None:
+    records = [r for r, fine in zip(*case, strict=True) if fine]
+    rest, blocks = to_columns(records)
+    assert rest == []
+    text = dumps({"type": "batch", "run_id": "r", "rank": 0, "seq": 0, "records": [],
+                  "columns": blocks})
+    batch = parse_message(text)
+    for block, parsed in zip(blocks, batch.columns, strict=True):
+        ours = from_columns(block)
+        theirs = block_records(parsed)
+        for mine, server in zip(ours, theirs, strict=True):
+            if "epoch" not in mine:
+                assert server.pop("epoch") == 0  # absent means 0
+            assert meaning(mine) == meaning(server)
+
+
+def test_a_small_block_is_exactly_these_bytes() -> None:
+    records = [
+        {"kind": "step", "step": 3, "graph_truncated": False, "loss": 0.5, "total_norm": None,
+         "param_norms": {"w": 2.0}, "gate_norms": {"l.w": {"i": 0.25}},
+         "timesteps": {"lstm": {"input": [1.0, 2.0]}}},
+        {"kind": "epoch", "epoch": 0, "steps": 1},
+        {"kind": "step", "step": 4, "graph_truncated": True, "loss": "NaN",
+         "param_norms": {"w": 1.0}, "gate_norms": {"l.w": {"i": 0.125}},
+         "timesteps": {"lstm": {"input": {"f64": "AAAAAAAACEAAAAAAAAAQQA=="}}}},  # 3.0, 4.0
+    ]
+    rest, blocks = to_columns(records)
+    assert rest == [records[1]]
+    # struct.pack("<2q", 3, 4), ("<2q", 0, 1), ("<2d", 0.5, nan), ("<4d", 2, .25, 1, .125),
+    # ("<4d", 1, 2, 3, 4), base64 with the standard alphabet.
+    assert [dumps(block) for block in blocks] == [
+        '{"kind":"step","n":2,"step":{"i64":"AwAAAAAAAAAEAAAAAAAAAA=="},'
+        '"graph_truncated":{"i64":"AAAAAAAAAAABAAAAAAAAAA=="},'
+        '"loss":{"f64":"AAAAAAAA4D8AAAAAAAD4fw=="},'
+        '"named":{"names":["param_norms/w","gate_norms/l.w/i"],'
+        '"f64":"AAAAAAAAAEAAAAAAAADQPwAAAAAAAPA/AAAAAAAAwD8="},'
+        '"timesteps":{"lstm":{"input":{"len":2,'
+        '"f64":"AAAAAAAA8D8AAAAAAAAAQAAAAAAAAAhAAAAAAAAAEEA="}}}}'
+    ]
+    second = from_columns(blocks[0])[1]
+    assert second["timesteps"] == {"lstm": {"input": {"f64": "AAAAAAAACEAAAAAAAAAQQA=="}}}
+    assert second["graph_truncated"] is True and second["loss"] != second["loss"]  # NaN
+
+
+def test_light_and_heavy_steps_interleaved_make_two_blocks_in_step_order() -> None:
+    records = [
+        {"kind": "step", "step": s, "loss": 1.0}
+        | ({"param_norms": {"w": float(s)}} if s % 10 == 0 else {})
+        for s in range(30)
+    ]
+    rest, blocks = to_columns(records)
+    assert rest == []
+    steps = [[r["step"] for r in from_columns(b)] for b in blocks]
+    assert steps == [[0, 10, 20], [s for s in range(1, 30) if s % 10]]
+
+
+def test_a_group_over_ten_thousand_records_is_cut_into_blocks() -> None:
+    records = [{"kind": "step", "step": s, "loss": s / 2} for s in range(25_000)]
+    _, blocks = to_columns(records)
+    assert [b["n"] for b in blocks] == [10_000, 10_000, 5_000]
+    assert [r["step"] for b in blocks for r in from_columns(b)] == list(range(25_000))
+
+
+def test_a_block_over_the_batch_size_is_split_and_a_record_over_any_message_dropped() -> None:
+    records = [
+        {"kind": "step", "step": s, "loss": float(s), "timesteps": {"m": {"x": [0.5] * 1000}}}
+        for s in range(40)
+    ]
+    _, blocks = to_columns(records)
+    texts, too_big = encode_blocks(blocks, max_bytes=50_000)
+    assert too_big == 0 and len(texts) > 1
+    assert all(len(text) <= 50_000 for text, _ in texts)
+    again = [r for text, n in texts for r in from_columns(loads(text))]
+    assert [r["step"] for r in again] == list(range(40))
+    assert sum(n for _, n in texts) == 40
+    assert slice_block(blocks[0], 5, 7) == to_columns(records[5:7])[1][0]
+    # 5 series of 100,000 timesteps (the most one may have): over 4 MiB as base64.
+    huge = [{"kind": "step", "step": 0,
+             "timesteps": {"m": {f"x{i}": [0.5] * 100_000 for i in range(5)}}}]
+    assert encode_blocks(to_columns(huge)[1], max_bytes=50_000) == ([], 1)
+    assert len(dumps(to_columns(huge)[1][0])) > MAX_MESSAGE_BYTES
+
+
+# -- outbox, sender, upload ------------------------------------------------------------
+
+
+def test_outbox_merges_records_and_columns_of_two_adds_into_one_message(tmp_path: Path) -> None:
+    hello = {"type": "hello", "protocol": 1, "run_id": "r", "rank": 0}
+    box = Outbox(tmp_path / "s.jsonl", hello)
+    first = to_columns([{"kind": "step", "step": 0, "loss": 1.0}])[1]
+    second = to_columns([{"kind": "step", "step": 1, "t": 2.0}])[1]
+    box.add('{"kind":"epoch","epoch":0}', 2, direct=True, columns=dumps(first[0]))
+    box.add("", 1, direct=True, columns=dumps(second[0]))  # columns only
+    box.add('{"kind":"end","status":"finished"}', 1, direct=True)  # records only
+    batch = box.next_to_send()
+    assert batch is not None and batch.nrecords == 4 and box.next_to_send() is None
+    assert batch.text is not None
+    message = loads(batch.text)
+    # Its size counts both lists (the window and the merge limit see all of it).
+    assert batch.nbytes >= len(dumps(message["records"])) + len(dumps(message["columns"])) - 4
+    assert message["records"] == [{"kind": "epoch", "epoch": 0},
+                                  {"kind": "end", "status": "finished"}]
+    assert message["columns"] == [first[0], second[0]]
+    assert [r["step"] for r in batch_records(message) if r["kind"] == "step"] == [0, 1]
+
+
+def test_outbox_writes_columns_only_when_a_batch_has_blocks(tmp_path: Path) -> None:
+    hello = {"type": "hello", "protocol": 1, "run_id": "r", "rank": 0}
+    box = Outbox(tmp_path / "s.jsonl", hello)
+    box.add('{"kind":"epoch","epoch":0}', 1, direct=False)
+    box.add("", 1, direct=False, columns=dumps(to_columns([{"kind": "step", "step": 7}])[1][0]))
+    first, second = list(read_spool(tmp_path / "s.jsonl"))[1:]
+    assert box.persist() == (2, 2)  # and the spool is closed
+    assert "columns" not in first
+    assert second["records"] == [] and [r["step"] for r in batch_records(second)] == [7]
+
+
+def _mixed(start: int) -> list[dict[str, Any]]:
+    return [
+        {"kind": "step", "step": start, "loss": 0.5, "timesteps": {"m": {"x": [1.0, 2.0]}}},
+        {"kind": "step", "step": start + 1, "loss": 0.25, "nonfinite": {"loss": True}},
+        {"kind": "epoch", "epoch": 0, "step": start + 1},
+    ]
+
+
+def test_sender_sends_step_records_as_columns_and_the_rest_as_records(
+    dead_port: int, hello: Any, tmp_path: Path
+) -> None:
+    spools = {}
+    for columns in (True, False):
+        spools[columns] = tmp_path / f"{columns}.jsonl"
+        with pytest.warns(GradwatchWarning):
+            sink = WebSocketSink(f"ws://127.0.0.1:{dead_port}", hello, spool=spools[columns],
+                                 columns=columns, backoff_base=0.01)
+            sink.send(_mixed(0))
+            sink.send(_mixed(10))
+            sink.close(timeout=0.2)
+    batches = [m for m in read_spool(spools[True]) if m["type"] == "batch"]
+    assert [len(m["columns"]) for m in batches] == [1, 1]
+    assert [[r["kind"] for r in m["records"]] for m in batches] == [["step", "epoch"]] * 2
+    assert [[r["step"] for r in batch_records(m)] for m in batches] == [[1, 1, 0], [11, 11, 10]]
+    plain = [m for m in read_spool(spools[False]) if m["type"] == "batch"]
+    assert all("columns" not in m for m in plain)
+    assert [r["step"] for m in plain for r in m["records"]] == [0, 1, 1, 10, 11, 11]
+
+
+def test_upload_counts_and_delivers_the_records_of_blocks(
+    dead_port: int, ack_server: Any, hello: Any, steps: Any, tmp_path: Path
+) -> None:
+    spool = tmp_path / "run.jsonl"
+    with pytest.warns(GradwatchWarning):
+        sink = WebSocketSink(f"ws://127.0.0.1:{dead_port}", hello, spool=spool,
+                             backoff_base=0.01)
+        sink.send([*steps(0, 5), {"kind": "epoch", "epoch": 0}])
+        sink.send(steps(5, 3))
+        sink.close(timeout=0.2)
+    assert any(m.get("columns") for m in read_spool(spool))
+    result = upload(spool, ack_server.url)
+    assert (result.batches, result.records, result.acked) == (2, 9, 2)
+    assert [r["step"] for r in ack_server.records() if r["kind"] == "step"] == list(range(8))
+
+
+def test_upload_refuses_columns_that_are_not_blocks(tmp_path: Path, hello: Any) -> None:
+    from gradwatch.protocol.spool import SpoolError
+
+    spool = tmp_path / "bad.jsonl"
+    spool.write_text(json.dumps(hello) + "\n" + json.dumps(
+        {"type": "batch", "run_id": hello["run_id"], "rank": 0, "seq": 0, "records": [],
+         "columns": [{"kind": "step"}]}) + "\n")
+    with pytest.raises(SpoolError, match="expected columns as a list of blocks"):
+        upload(spool, "ws://127.0.0.1:9")

@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from typing import Any, ClassVar
 
 from ..settings import Settings
-from . import rows
+from . import chunks, rows
 from .reads import Reads
 from .scalar_writes import ScalarWrites
 
@@ -58,6 +58,8 @@ class Store(ScalarWrites, Reads, ABC):
         # Ids of series and name sets; only the writer thread touches them.
         self._series_ids = {}
         self._name_sets = {}
+        self._keys_written = set()
+        self._rollups_pending = []
         writer = self.connect()
         self.create_schema(writer)
         self._writer_conn = writer
@@ -142,7 +144,9 @@ class Store(ScalarWrites, Reads, ABC):
 
     def _write_group(self, conn: Any, group: list[Any]) -> None:
         try:
+            self._rollups_pending.clear()
             results = [self._apply(conn, op, payload) for op, payload, _ in group]
+            self._flush_rollups(conn.cursor())
             conn.commit()
         except Exception:
             # Retried one by one, each with its own verdict; on a lost connection each
@@ -159,7 +163,9 @@ class Store(ScalarWrites, Reads, ABC):
     def _write_one(self, conn: Any, item: Any) -> None:
         op, payload, future = item
         try:
+            self._rollups_pending.clear()
             result = self._apply(conn, op, payload)
+            self._flush_rollups(conn.cursor())
             conn.commit()
         except Exception as error:
             with contextlib.suppress(Exception):  # a lost connection is reported below
@@ -224,15 +230,26 @@ class Store(ScalarWrites, Reads, ABC):
         self._write_scalars(cur, batch, split)
         if split.timesteps:
             self._insert_timesteps(cur, split.timesteps)
+        if split.chunks is not None:
+            if split.chunks.steps:
+                cur.executemany(self.sql(chunks.STEP_CHUNK_INSERT), split.chunks.steps)
+            if split.chunks.timesteps:
+                cur.executemany(self.sql(chunks.TIMESTEP_CHUNK_INSERT), split.chunks.timesteps)
         if split.epochs:
             cur.executemany(self.sql(rows.EPOCH_INSERT), split.epochs)
         if split.alerts:
             cur.executemany(self.sql(rows.ALERT_INSERT), split.alerts)
-        if split.keys:
+        # A run's keys rarely change: only those this writer has not written yet.
+        new_keys = [(batch.run_id, *k) for k in split.keys]
+        new_keys = [k for k in new_keys if k not in self._keys_written]
+        if new_keys:
             cur.executemany(
                 self.sql(self.insert_ignore("run_keys", ("run_id", "family", "key", "sub"))),
-                [(batch.run_id, *k) for k in sorted(split.keys)],
+                sorted(new_keys),
             )
+            if len(self._keys_written) > 1_000_000:
+                self._keys_written.clear()
+            self._keys_written.update(new_keys)
         for status, step, t in split.ends:
             cur.execute(
                 self.sql(

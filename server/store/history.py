@@ -8,13 +8,14 @@ rollups. Mixed into :class:`gradwatch.server.store.reads.Reads`.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 from ..downsample import bucket_width
 from . import rollups, rows
-from .named_reads import NamedReads
+from .named_reads import NamedReads, bucket_extremes
 
 _PARAM_FAMILIES = ("param_norms", "gate_norms", "profile")
 PROFILE_KEYS = ("forward_s", "backward_s", "calls")
@@ -132,6 +133,7 @@ class HistoryReads(NamedReads):
                 f"SELECT COUNT(*), MIN(step), MAX(step) FROM steps WHERE {where}",  # noqa: S608
                 params,
             )
+            total, first, last = _combined([(total, first, last), self.chunk_count(*params)])
         else:
             total, first, last = counted
         total = int(total)
@@ -177,7 +179,16 @@ class HistoryReads(NamedReads):
                     args = (series, lo, hi)
                 else:
                     table, sql, clause, args = "steps", column, where, params
-                if not downsampled:
+                if not downsampled and table == "steps":
+                    found = _merged(
+                        self.query(
+                            f"SELECT step, uid, {sql} FROM steps WHERE {clause}"  # noqa: S608
+                            f" AND {sql} IS NOT NULL ORDER BY step, uid",
+                            args,
+                        ),
+                        self.chunk_points(run_id, rank, lo, hi, name),
+                    )
+                elif not downsampled:
                     found = self.query(
                         f"SELECT step, {sql} FROM {table} WHERE {clause}"  # noqa: S608
                         f" AND {sql} IS NOT NULL ORDER BY step",
@@ -185,14 +196,11 @@ class HistoryReads(NamedReads):
                     )
                 else:
                     bounded = (*args[:-1], min(hi, int(last)))
+                    raw = partial(self.bucket_extremes, table, clause, bounded, sql)
+                    if table == "steps":
+                        raw = partial(self._plain_extremes, run_id, rank, name, raw)
                     found = self._bucketed(
-                        lo,
-                        min(hi, int(last)),
-                        int(first),
-                        width,
-                        level,
-                        series,
-                        partial(self.bucket_extremes, table, clause, bounded, sql),
+                        lo, min(hi, int(last)), int(first), width, level, series, raw
                     )
             if name in rows.INTEGER_FIELDS or _is_count(name):
                 # PostgreSQL rollups hold them as float8, packed rows hold float64.
@@ -234,21 +242,40 @@ class HistoryReads(NamedReads):
             )[0]
             for level, first, last in blocks
         ]
-        parts.extend(
-            self.query(
-                "SELECT COUNT(*), MIN(step), MAX(step) FROM steps"
-                " WHERE run_id = ? AND rank = ? AND step >= ? AND step <= ?",
-                (run_id, rank, a, b),
-            )[0]
-            for a, b in rest
+        for a, b in rest:
+            parts.append(
+                self.query(
+                    "SELECT COUNT(*), MIN(step), MAX(step) FROM steps"
+                    " WHERE run_id = ? AND rank = ? AND step >= ? AND step <= ?",
+                    (run_id, rank, a, b),
+                )[0]
+            )
+            parts.append(self.chunk_count(run_id, rank, a, b))
+        return _combined(parts)
+
+    def _plain_extremes(
+        self,
+        run_id: str,
+        rank: int,
+        name: str,
+        from_rows: Callable[[Sequence[tuple[int, int]]], list[tuple[int, Any]]],
+        bounds: Sequence[tuple[int, int]],
+    ) -> list[tuple[int, Any]]:
+        """Each bucket's min and max of a plain field: from SQL over the rows where no
+        chunk holds steps of the buckets, else in Python over rows and chunks alike."""
+        lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
+        chunked = self.chunk_points(run_id, rank, lo, hi, name)
+        if not chunked:
+            return from_rows(bounds)
+        points = self.query(
+            f"SELECT step, uid, {name} FROM steps WHERE run_id = ? AND rank = ?"  # noqa: S608
+            f" AND step >= ? AND step <= ? AND {name} IS NOT NULL ORDER BY step, uid",
+            (run_id, rank, lo, hi),
         )
-        firsts = [p[1] for p in parts if p[1] is not None]
-        lasts = [p[2] for p in parts if p[2] is not None]
-        return (
-            sum(int(p[0] or 0) for p in parts),
-            min(firsts) if firsts else None,
-            max(lasts) if lasts else None,
-        )
+        steps, values = (list(c) for c in zip(*_merged(points, chunked), strict=True))
+        cuts = [(bisect_left(steps, a), bisect_right(steps, b)) for a, b in bounds]
+        lows, highs = bucket_extremes(steps, values, cuts, self.value_key)
+        return lows + highs
 
     def _named_field(
         self,
@@ -322,6 +349,28 @@ class HistoryReads(NamedReads):
             bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
             found.update(raw_extremes(bounds))
         return sorted(found.items())
+
+
+def _combined(parts: Sequence[tuple[Any, Any, Any]]) -> tuple[int, Any, Any]:
+    """(count, first, last) of several (count, first, last), None where empty."""
+    firsts = [p[1] for p in parts if p[1] is not None]
+    lasts = [p[2] for p in parts if p[2] is not None]
+    return (
+        sum(int(p[0] or 0) for p in parts),
+        min(firsts) if firsts else None,
+        max(lasts) if lasts else None,
+    )
+
+
+def _merged(
+    found: Sequence[tuple[Any, ...]], chunked: list[tuple[int, int, Any]]
+) -> list[tuple[Any, Any]]:
+    """(step, value) of rows and of chunk points, both ``(step, uid, value)`` in
+    (step, uid) order, together in that order (two rows of one step are both kept)."""
+    both = [*found, *chunked] if chunked else found
+    if chunked and found:
+        both = sorted(both, key=lambda p: (p[0], p[1]))
+    return [(p[0], p[2]) for p in both]
 
 
 def _is_count(name: str) -> bool:

@@ -24,7 +24,9 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any, cast
 
-from . import named, rollups, rows
+from . import named, rollups
+from .chunk_reads import ChunkReads
+from .chunks import stored_floats
 
 # (steps, values): one value per step, in step order.
 Points = tuple[list[int], list[Any]]
@@ -99,17 +101,11 @@ def _at(values: list[float], index: int) -> float:
     return values[index] if index < len(values) else float("nan")
 
 
-class NamedReads:
+class NamedReads(ChunkReads):
     """Mixed into :class:`gradwatch.server.store.history.HistoryReads`."""
 
     value_key = staticmethod(rollups.sqlite_key)
     _named_from: float | None = None
-
-    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    def scalar_in(self, value: Any) -> Any:
-        raise NotImplementedError
 
     def name_sets(self, run_id: str, rank: int) -> dict[int, dict[str, int]]:
         """Each name set of a run and rank: id -> {name: index in its rows}."""
@@ -214,6 +210,16 @@ class NamedReads:
     ) -> PackedSpan:
         where = "WHERE run_id = ? AND rank = ? AND step >= ? AND step <= ?"
         params: tuple[Any, ...] = (run_id, rank, lo, hi)
+        chunked = self.named_chunk_rows(run_id, rank, lo, hi)
+        if chunked:
+            # Records that came as columns: their rows join the rows of records sent
+            # one by one, in (step, uid) order, each with its write order.
+            found = self.query(
+                f"SELECT step, names, data, written, uid FROM named_scalars {where}",  # noqa: S608
+                params,
+            )
+            merged = sorted([*found, *chunked], key=lambda r: (r[0], r[4]))
+            return PackedSpan([r[:3] for r in merged], sets, [r[3:] for r in merged])
         columns = "step, names, data"
         only = None
         if len(sets) == 1:
@@ -243,14 +249,7 @@ class NamedReads:
     def _stored(self, values: list[float]) -> list[Any]:
         """Decoded floats as the backend stores numbers (SQLite: "NaN" strings), so they
         order and compare as the stored values and the rollups do."""
-        try:
-            total = sum(values)
-            if total - total == 0:  # all finite: nothing to convert
-                return values
-        except TypeError:
-            pass
-        convert = self.scalar_in
-        return [v if v - v == 0 else convert(rows.scalar_out(v)) for v in values]
+        return stored_floats(values, self.scalar_in)
 
     def _older_than_packed(self, started: Any) -> bool:
         """Whether a run started before this database kept packed named rows."""

@@ -157,8 +157,16 @@ class Reads(HistoryReads):
                 params,
             )
         ]
+        chunked = self.timestep_chunk_steps(run_id, module, series, rank, lo, hi)
+        if chunked:
+            all_steps = sorted({*all_steps, *chunked})
         chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
         by_step: dict[int, list[Any]] = {}
+        for step in chosen:
+            place = chunked.get(step)
+            if place is not None:
+                data = self.timestep_chunk_series(run_id, module, series, rank, place)
+                by_step[step] = [rows.scalar_out(v) for v in rows.unpack_series(data)]
         for i in range(0, len(chosen), 500):
             part = chosen[i : i + 500]
             marks = ", ".join("?" for _ in part)

@@ -27,6 +27,8 @@ from pydantic_core import to_json
 
 from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
 
+from .chunks import Chunks, add_block
+from .chunks import schema as chunk_schema
 from .named import NamedBuilder, NamedGroup
 from .named import schema as named_schema
 
@@ -151,6 +153,7 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
         "INSERT INTO meta (key, value) VALUES ('rollups_from',"  # noqa: S608 (a float)
         f" '{time.time()!r}') ON CONFLICT DO NOTHING",
         *named_schema(integer, blob, serial, clustered),
+        *chunk_schema(integer, blob, clustered),
     ]
 
 
@@ -200,6 +203,8 @@ class SplitBatch:
     keys: set[tuple[str, str, str]] = field(default_factory=set)
     last_step: int | None = None
     last_epoch: int | None = None
+    # The batch's column blocks, stored as chunks (store/chunks.py).
+    chunks: Chunks | None = None
 
 
 _NUMBERS = itemgetter(*NUMBER_FIELDS)
@@ -214,7 +219,7 @@ def _json_or_none(value: Any) -> str | None:
 
 def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> SplitBatch:
     """Rows of every table for one validated batch (its records, then its column
-    blocks: store/block_rows.py)."""
+    blocks as chunks: store/chunks.py)."""
     out = SplitBatch()
     run_id, rank = batch.run_id, batch.rank
     last_step = -1
@@ -289,10 +294,11 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             out.ends.append((record.status, record.step, record.t))
     out.named = builder.groups
     if batch.columns:
-        from .block_rows import add_blocks  # it builds on this module's names
-
-        steps_to, epochs_to = add_blocks(out, batch.columns, run_id, rank, uid, scalar)
-        last_step, last_epoch = max(last_step, steps_to), max(last_epoch, epochs_to)
+        out.chunks = Chunks()
+        for block in batch.columns:
+            step, epoch = add_block(out.chunks, block, run_id, rank, uid, scalar, out.keys)
+            last_step, last_epoch = max(last_step, step), max(last_epoch, epoch)
+            uid += block.n
     out.last_step = last_step if last_step >= 0 else None
     out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out

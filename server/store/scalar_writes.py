@@ -15,6 +15,7 @@ from itertools import repeat
 from typing import Any
 
 from . import named, rollups, rows
+from .chunks import NAMED_CHUNK_INSERT
 from .columns import Group, aggregate_columns
 
 # (index in a `steps` row, series name) of the columns the history API serves, and
@@ -35,6 +36,10 @@ class ScalarWrites:
     # Only the writer thread touches them; both are forgotten after a rollback.
     _series_ids: dict[tuple[tuple[str, int], str], int]
     _name_sets: dict[tuple[tuple[str, int], tuple[str, ...]], tuple[int, list[int]]]
+    # run_keys rows this writer wrote (run_id, family, key, sub).
+    _keys_written: set[tuple[str, str, str, str]]
+    # The rollup groups of the transaction being written.
+    _rollups_pending: list[Group]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
     _written: int = 0
 
@@ -45,9 +50,10 @@ class ScalarWrites:
         raise NotImplementedError
 
     def _forget_ids(self) -> None:
-        """Ids created in a rolled-back transaction are gone."""
+        """Ids (and run_keys) written in a rolled-back transaction are gone."""
         self._series_ids.clear()
         self._name_sets.clear()
+        self._keys_written.clear()
 
     def _series(self, cur: Any, run_id: str, rank: int, name: str) -> int:
         key = (run_id, rank)
@@ -87,8 +93,18 @@ class ScalarWrites:
 
     def _write_scalars(self, cur: Any, batch: Any, split: rows.SplitBatch) -> None:
         run_id, rank = batch.run_id, batch.rank
-        if split.named:
+        chunked = split.chunks.named if split.chunks is not None else []
+        if split.named or chunked:
             self._written = written = max(time.time_ns(), self._written + 1)
+        if chunked:
+            cur.executemany(
+                self.sql(NAMED_CHUNK_INSERT),
+                [
+                    (*row[:5], written, self._name_set(cur, run_id, rank, names)[0], *row[5:])
+                    for names, row in chunked
+                ],
+            )
+        if split.named:
             packed: list[tuple[Any, ...]] = []
             for names, group in split.named.items():
                 set_id = self._name_set(cur, run_id, rank, names)[0]
@@ -109,8 +125,23 @@ class ScalarWrites:
             lambda names: self._name_set(cur, run_id, rank, names)[1],
             lambda name: self._series(cur, run_id, rank, name),
         )
-        if groups:
-            self._upsert_rollups(cur, aggregate_columns(groups, self.value_key))
+        for chunk in split.chunks.groups if split.chunks is not None else ():
+            if chunk.name_set:
+                ids = self._name_set(cur, run_id, rank, chunk.names)[1]
+            else:
+                ids = [self._series(cur, run_id, rank, name) for name in chunk.names]
+            groups.append(Group(chunk.steps, chunk.uids, ids, chunk.columns))
+        # Upserted once per transaction (_flush_rollups): the batches of one run that
+        # commit together share their coarse blocks, one row each instead of one per
+        # batch (the upserts were a fifth of the server's time at 40k records/s).
+        self._rollups_pending.extend(groups)
+
+    def _flush_rollups(self, cur: Any) -> None:
+        """Upsert the rollups of every batch of this transaction."""
+        if self._rollups_pending:
+            found = aggregate_columns(self._rollups_pending, self.value_key)
+            self._rollups_pending.clear()
+            self._upsert_rollups(cur, found)
 
     # PostgreSQL sends them as one statement of arrays (store/postgres.py).
     def _upsert_rollups(self, cur: Any, found: list[tuple[Any, ...]]) -> None:

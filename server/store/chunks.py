@@ -1,0 +1,215 @@
+"""Step records that came as columns, stored as columns: one row per *chunk*.
+
+A block of the wire (docs/PROTOCOL.md, ``columns``) is cut into chunks of records
+in step order spanning fewer than :data:`SPAN` steps (a block of 100 consecutive
+steps is one chunk), and each chunk is ONE row of each table below instead of ~4
+rows per record (``steps``, ``named_scalars`` and two ``timesteps`` rows):
+
+- ``step_chunks``: the plain fields, ``fields`` naming the columns of ``data``
+  (n little-endian int64 or float64 values each, in that order);
+- ``named_chunks``: the named scalars, ``data`` n rows of one name set's values;
+- ``timestep_chunks``: one module's series, ``data`` n rows of ``len`` values.
+
+Each has the chunk's step numbers (``steps``: n int64), its first step and last
+(``step_lo``, ``step_hi``) and the uid of its first record (the next ones follow).
+Writing 4 rows per record held SQLite ingest near 20,000 records/s; one row per
+chunk is what let it pass 50,000 (BENCHMARKS.md, "Ingest in columns"). Reads merge
+chunks with the rows of records sent one by one (store/chunk_reads.py); the rollups
+of every series are written from the same columns as for records.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..columns import FLOAT_COLUMNS, INT_COLUMNS, floats, ints
+
+if TYPE_CHECKING:
+    from ..schema import StepColumns
+
+# A chunk's steps lie within step_lo .. step_lo + SPAN - 1, so the chunks that may
+# hold a step range are found on the (run, rank, step_lo) key alone.
+SPAN = 4096
+# The plain fields a chunk may hold, as in a block; ints decode as int64.
+CHUNK_FIELDS = ("epoch", *FLOAT_COLUMNS, *INT_COLUMNS[1:], "graph_truncated")
+INT_FIELDS = frozenset((*INT_COLUMNS, "graph_truncated"))
+
+STEP_CHUNK_INSERT = (
+    "INSERT INTO step_chunks (run_id, rank, step_lo, step_hi, uid, n, fields, steps, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+NAMED_CHUNK_INSERT = (
+    "INSERT INTO named_chunks (run_id, rank, step_lo, step_hi, uid, written, names, n,"
+    " steps, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+TIMESTEP_CHUNK_INSERT = (
+    "INSERT INTO timestep_chunks (run_id, rank, module, series, step_lo, step_hi, uid, n,"
+    " len, steps, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def schema(integer: str, blob: str, clustered: str) -> list[str]:
+    """CREATE statements of the chunk tables."""
+    head = f"run_id TEXT NOT NULL, rank {integer} NOT NULL"
+    span = f"step_lo {integer} NOT NULL, step_hi {integer} NOT NULL, uid {integer} NOT NULL"
+    return [
+        f"CREATE TABLE IF NOT EXISTS step_chunks ({head}, {span}, n {integer} NOT NULL,"
+        f" fields TEXT NOT NULL, steps {blob} NOT NULL, data {blob} NOT NULL,"
+        f" PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
+        f"CREATE TABLE IF NOT EXISTS named_chunks ({head}, {span}, written {integer} NOT NULL,"
+        f" names {integer} NOT NULL, n {integer} NOT NULL, steps {blob} NOT NULL,"
+        f" data {blob} NOT NULL, PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
+        f"CREATE TABLE IF NOT EXISTS timestep_chunks ({head}, module TEXT NOT NULL,"
+        f" series TEXT NOT NULL, {span}, n {integer} NOT NULL, len {integer} NOT NULL,"
+        f" steps {blob} NOT NULL, data {blob} NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS timestep_chunks_lookup"
+        " ON timestep_chunks (run_id, module, series, rank, step_lo)",
+    ]
+
+
+@dataclass
+class ColumnGroup:
+    """Records of one chunk for the rollups: ``columns[k]`` holds the values (as the
+    backend stores them) of the series named ``names[k]``; ``name_set`` is set for
+    the named scalars (their series ids come with the set)."""
+
+    steps: list[int]
+    uids: range
+    names: tuple[str, ...]
+    columns: list[list[Any]]
+    name_set: bool = False
+
+
+@dataclass
+class Chunks:
+    """A batch's chunk rows (named rows still need their name set's id) and groups."""
+
+    steps: list[tuple[Any, ...]] = field(default_factory=list)
+    # (names, row without written and set id)
+    named: list[tuple[tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
+    timesteps: list[tuple[Any, ...]] = field(default_factory=list)
+    groups: list[ColumnGroup] = field(default_factory=list)
+
+
+def cuts(steps: list[int]) -> list[tuple[int, int]]:
+    """(start, stop) of each chunk of a block: runs in step order within SPAN steps.
+
+    >>> cuts([5, 6, 7]), cuts([5, 4, 9000]), cuts([])
+    ([(0, 3)], [(0, 1), (1, 2), (2, 3)], [])
+    """
+    out: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(steps)):
+        if steps[i] < steps[i - 1] or steps[i] - steps[start] >= SPAN:
+            out.append((start, i))
+            start = i
+    if steps:
+        out.append((start, len(steps)))
+    return out
+
+
+def stored_floats(values: list[Any], scalar: Callable[[Any], Any]) -> list[Any]:
+    """Decoded floats as the backend stores numbers that came as JSON: in SQLite the
+    strings "NaN"/"Infinity", so they order and compare as stored values and the
+    rollups do; in PostgreSQL floats (``scalar``: the backend's ``scalar_in``)."""
+    try:
+        total = sum(values)
+        if total - total == 0:  # all finite: nothing to convert (nearly always)
+            return values
+    except TypeError:
+        pass
+    from .rows import scalar_out  # rows builds on this module
+
+    return [v if v - v == 0 else scalar(scalar_out(v)) for v in values]
+
+
+def add_block(
+    out: Chunks,
+    block: StepColumns,
+    run_id: str,
+    rank: int,
+    uid: int,
+    scalar: Callable[[Any], Any],
+    keys: set[tuple[str, str, str]],
+) -> tuple[int, int]:
+    """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
+    ``uid + 1 ...`` in block order. Returns the block's last step and last epoch."""
+    steps = ints(block.step.i64)
+    last_epoch = max(ints(block.epoch.i64)) if block.epoch is not None else 0
+    present = [(name, getattr(block, name)) for name in CHUNK_FIELDS]
+    present = [(name, column) for name, column in present if column is not None]
+    raw = [column.i64 if name in INT_FIELDS else column.f64 for name, column in present]
+    fields = json.dumps([name for name, _ in present])
+    rolled = [
+        (name, ints(data) if name in INT_FIELDS else stored_floats(floats(data), scalar))
+        for (name, _), data in zip(present, raw, strict=True)
+        if name not in ("epoch", "t", "graph_truncated")
+    ]
+    keys.update(("scalar", name, "") for name, _ in rolled)
+    named = block.named if block.named is not None and block.named.names else None
+    if named is not None:
+        _named_keys(named.names, keys)
+        width = len(named.names)
+        named_values = stored_floats(floats(named.f64), scalar)
+    for module, series_map in (block.timesteps or {}).items():
+        for series in series_map:
+            keys.add(("timesteps", module, series))
+    for start, stop in cuts(steps):
+        n = stop - start
+        first = uid + 1 + start
+        part = steps[start:stop]
+        lo, hi = part[0], part[-1]
+        data = b"".join(d[8 * start : 8 * stop] for d in raw)
+        step_bytes = block.step.i64[8 * start : 8 * stop]
+        out.steps.append((run_id, rank, lo, hi, first, n, fields, step_bytes, data))
+        uids = range(first, first + n)
+        out.groups.append(
+            ColumnGroup(
+                part,
+                uids,
+                ("step", *(name for name, _ in rolled)),
+                [part, *(values[start:stop] for _, values in rolled)],
+            )
+        )
+        if named is not None:
+            data = named.f64[8 * width * start : 8 * width * stop]
+            names = tuple(named.names)
+            out.named.append((names, (run_id, rank, lo, hi, first, n, step_bytes, data)))
+            flat = named_values[width * start : width * stop]
+            out.groups.append(
+                ColumnGroup(part, uids, names, [flat[k::width] for k in range(width)], True)
+            )
+        for module, series_map in (block.timesteps or {}).items():
+            for series, column in series_map.items():
+                size = 8 * column.length
+                out.timesteps.append(
+                    (
+                        run_id,
+                        rank,
+                        module,
+                        series,
+                        lo,
+                        hi,
+                        first,
+                        n,
+                        column.length,
+                        step_bytes,
+                        column.f64[size * start : size * stop],
+                    )
+                )
+    return max(steps), last_epoch
+
+
+def _named_keys(names: list[str], keys: set[tuple[str, str, str]]) -> None:
+    for name in names:
+        head, _, tail = name.partition("/")
+        if head == "param_norms":
+            keys.add(("param_norms", tail, ""))
+        elif head == "gate_norms":
+            param, _, gate = tail.rpartition("/")
+            keys.add(("gate_norms", param, gate))
+        else:
+            keys.add(("profile", tail.rpartition("/")[0], ""))

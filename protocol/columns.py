@@ -36,9 +36,10 @@ from array import array
 from operator import itemgetter
 from typing import Any
 
+from .codec import dumps
 from .messages import MAX_NAME_CHARS, MAX_RECORDS_PER_BATCH, MAX_TIMESTEPS, NONFINITE_STRINGS
 
-__all__ = ["batch_records", "from_columns", "slice_block", "to_columns"]
+__all__ = ["batch_records", "block_json", "from_columns", "slice_block", "to_columns"]
 
 INT_COLUMNS = ("step", "epoch", "graph_nodes", "rss_bytes", "cuda_allocated_bytes",
                "cuda_reserved_bytes")
@@ -304,11 +305,16 @@ def _column(name: str, values: list[Any]) -> bytes | None:
     return _pack_ints(values, bool if name == BOOL_COLUMN else int)
 
 
-def to_columns(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def to_columns(
+    records: list[dict[str, Any]], max_bytes: int | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Split records into (rest, blocks): step records that a block can hold, grouped by
     shape (their fields, named names and series lengths) into blocks of at most 10,000
     records, in order of their first record; everything else stays in ``rest``, in
-    order. The records given are not changed."""
+    order. The records given are not changed.
+
+    ``max_bytes``: cut blocks so that each one's JSON should stay within it (from the
+    sizes of its columns; a single record may exceed it)."""
     rest: list[tuple[int, Any]] = []
     groups: dict[Any, _Group] = {}
     refused: set[Any] = set()  # shapes with a name a block cannot carry
@@ -339,7 +345,7 @@ def to_columns(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
         while group.records:
             columns = group.columns()
             if not isinstance(columns, int):
-                blocks.extend(_blocks(group, *columns))
+                blocks.extend(_blocks(group, *columns, max_bytes))
                 break
             # A value of the wrong type: that record goes as it came, the server says why.
             index, _ = group.drop(columns)
@@ -351,15 +357,34 @@ def to_columns(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
     return [r for _, r in rest], [b for _, b in blocks]
 
 
+def _per_block(
+    layout: tuple[tuple[str, ...], list[str], list[tuple[str, str, int]]], max_bytes: int | None
+) -> int:
+    """How many records of this layout a block of at most ``max_bytes`` of JSON holds."""
+    if max_bytes is None:
+        return MAX_RECORDS_PER_BATCH
+    scalars, names, series = layout
+    values = len(scalars) + len(names) + sum(length for _, _, length in series)
+    columns = len(scalars) + (1 if names else 0) + len(series)
+    # Fixed: the keys and names around the columns (+4 for each column's base64 padding).
+    fixed = 64 + 44 * columns + len(dumps(names)) + sum(
+        len(dumps(m)) + len(dumps(s)) for m, s, _ in series
+    )
+    per_record = 32 * values / 3  # 8 bytes a value, 4/3 as base64
+    fit = int((max_bytes - fixed) / per_record) if per_record else MAX_RECORDS_PER_BATCH
+    return max(1, min(MAX_RECORDS_PER_BATCH, fit))
+
+
 def _blocks(
-    group: _Group, scalars: dict[str, bytes], named: bytes | None
+    group: _Group, scalars: dict[str, bytes], named: bytes | None, max_bytes: int | None
 ) -> list[tuple[int, dict[str, Any]]]:
     _, names, series = group.layout
     width, depth = len(names), len(series)
     out = []
     total = len(group.records)
-    for start in range(0, total, MAX_RECORDS_PER_BATCH):
-        stop = min(total, start + MAX_RECORDS_PER_BATCH)
+    size = _per_block(group.layout, max_bytes)
+    for start in range(0, total, size):
+        stop = min(total, start + size)
         block: dict[str, Any] = {"kind": "step", "n": stop - start}
         for name, column in scalars.items():
             kind = "f64" if name in FLOAT_COLUMNS else "i64"
@@ -467,3 +492,30 @@ def slice_block(block: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
 def _cut(text: str, width: int, start: int, stop: int) -> str:
     return _b64(base64.b64decode(text)[start * width : stop * width])
 
+
+
+def block_json(block: dict[str, Any]) -> str:
+    """``codec.dumps(block)`` of a block made here, ~20x faster: base64 text needs no
+    escaping, so only names go through the encoder (which would otherwise scan every
+    character of ~3 KB per benchmark record)."""
+    parts = ['{"kind":"step","n":', str(int(block["n"]))]
+    for name in SCALAR_COLUMNS:
+        column = block.get(name)
+        if column is not None:
+            kind = "f64" if name in FLOAT_COLUMNS else "i64"
+            parts += [',"', name, '":{"', kind, '":"', column[kind], '"}']
+    named = block.get("named")
+    if named is not None:
+        parts += [',"named":{"names":', dumps(named["names"]), ',"f64":"', named["f64"], '"}']
+    timesteps = block.get("timesteps")
+    if timesteps is not None:
+        modules = []
+        for module, by_series in timesteps.items():
+            series = [
+                "".join((dumps(name), ':{"len":', str(int(c["len"])), ',"f64":"', c["f64"], '"}'))
+                for name, c in by_series.items()
+            ]
+            modules.append(f"{dumps(module)}:{{{','.join(series)}}}")
+        parts += [',"timesteps":{', ",".join(modules), "}"]
+    parts.append("}")
+    return "".join(parts)

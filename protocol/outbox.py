@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .codec import dumps
-from .columns import slice_block
+from .columns import block_json, slice_block
 from .messages import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH
 
 # Room for the batch envelope ({"type":"batch","run_id":...,"seq":...}) within the limit.
@@ -94,7 +94,7 @@ def encode_blocks(
     todo = list(reversed(blocks))
     while todo:
         block = todo.pop()
-        text, n = dumps(block), block["n"]
+        text, n = block_json(block), block["n"]
         if len(text) <= max_bytes or (n == 1 and len(text) <= MAX_MESSAGE_BYTES - ENVELOPE_BYTES):
             texts.append((text, n))
         elif n == 1:

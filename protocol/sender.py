@@ -141,7 +141,9 @@ class WebSocketSink:
         try:
             # Step records a block can hold go as columns; the rest (other kinds, odd
             # fields or types) as records, so the server names what is wrong as ever.
-            rest, blocks = to_columns(records) if self.columns else (records, [])
+            rest, blocks = (
+                to_columns(records, self.max_batch_bytes) if self.columns else (records, [])
+            )
             if self.pack_series:
                 rest = pack_timesteps(rest)
             chunks, too_big = encode_records(rest, self.max_batch_bytes) if rest else ([], [])

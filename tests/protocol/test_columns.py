@@ -17,7 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradwatch.protocol.codec import dumps, loads
-from gradwatch.protocol.columns import batch_records, from_columns, slice_block, to_columns
+from gradwatch.protocol.columns import (
+    batch_records,
+    block_json,
+    from_columns,
+    slice_block,
+    to_columns,
+)
 from gradwatch.protocol.messages import MAX_MESSAGE_BYTES, NONFINITE_STRINGS
 from gradwatch.protocol.outbox import Outbox, encode_blocks
 from gradwatch.protocol.sender import WebSocketSink
@@ -76,7 +82,7 @@ def meaning(record: dict[str, Any]) -> Any:
 
 # -- records: shapes that repeat, good values, and odd records -------------------------
 
-NAMES = st.text(alphabet="ab./_", min_size=1, max_size=4)
+NAMES = st.text(alphabet='ab./_"\\é', min_size=1, max_size=4)  # JSON escapes too
 NUMBER = st.one_of(
     st.floats(),  # NaN and infinities included
     st.integers(-(2**70), 2**70),
@@ -200,7 +206,8 @@ def test_blocks_hold_the_step_records_given_and_odd_records_stay_records(
     # Exactly the odd records stay, as the same objects, in order.
     odd = [r for r, fine in zip(records, good, strict=True) if not fine]
     assert [id(r) for r in rest] == [id(r) for r in odd]
-    decoded = [from_columns(loads(dumps(block))) for block in blocks]  # as they travel
+    assert [block_json(block) for block in blocks] == [dumps(block) for block in blocks]
+    decoded = [from_columns(loads(block_json(block))) for block in blocks]  # as they travel
     assert all(1 <= block["n"] <= 10_000 for block in blocks)
     assert Counter(meaning(r) for b in decoded for r in b) == Counter(
         meaning(r) for r, fine in zip(records, good, strict=True) if fine
@@ -259,7 +266,7 @@ def test_a_small_block_is_exactly_these_bytes() -> None:
     assert rest == [records[1]]
     # struct.pack("<2q", 3, 4), ("<2q", 0, 1), ("<2d", 0.5, nan), ("<4d", 2, .25, 1, .125),
     # ("<4d", 1, 2, 3, 4), base64 with the standard alphabet.
-    assert [dumps(block) for block in blocks] == [
+    assert [block_json(block) for block in blocks] == [
         '{"kind":"step","n":2,"step":{"i64":"AwAAAAAAAAAEAAAAAAAAAA=="},'
         '"graph_truncated":{"i64":"AAAAAAAAAAABAAAAAAAAAA=="},'
         '"loss":{"f64":"AAAAAAAA4D8AAAAAAAD4fw=="},'
@@ -310,6 +317,23 @@ def test_a_block_over_the_batch_size_is_split_and_a_record_over_any_message_drop
              "timesteps": {"m": {f"x{i}": [0.5] * 100_000 for i in range(5)}}}]
     assert encode_blocks(to_columns(huge)[1], max_bytes=50_000) == ([], 1)
     assert len(dumps(to_columns(huge)[1][0])) > MAX_MESSAGE_BYTES
+
+
+@pytest.mark.parametrize("max_bytes", [2_000, 50_000, 1 << 20])
+def test_blocks_cut_for_a_batch_size_fit_in_it_and_fill_it(max_bytes: int) -> None:
+    records = [
+        {"kind": "step", "step": s, "loss": 0.5, "rss_bytes": 7,
+         "param_norms": {f"{'é' * 40}.\"{j}": 0.25 for j in range(8)},  # escaped names
+         "timesteps": {"lstm": {"input": [0.5] * 32, "hidden": [0.25] * 8}}}
+        for s in range(3_000)
+    ]
+    _, blocks = to_columns(records, max_bytes)
+    sizes = [len(block_json(block)) for block in blocks]
+    assert max(sizes) <= max_bytes
+    # Not needlessly small: one more record would not have fitted.
+    n = blocks[0]["n"]
+    assert len(block_json(to_columns(records[: n + 1])[1][0])) > max_bytes
+    assert [r["step"] for b in blocks for r in from_columns(b)] == list(range(3_000))
 
 
 # -- outbox, sender, upload ------------------------------------------------------------

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .codec import dumps
-from .columns import block_json, slice_block
 from .messages import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH
 
 # Room for the batch envelope ({"type":"batch","run_id":...,"seq":...}) within the limit.
@@ -78,53 +77,6 @@ def encode_records(
     if parts:
         chunks.append((",".join(parts), len(parts)))
     return chunks, too_big
-
-
-def encode_blocks(
-    blocks: list[dict[str, Any]], max_bytes: int
-) -> tuple[list[tuple[str, int]], int]:
-    """Blocks (protocol/columns.py) as JSON texts of at most ``max_bytes`` each: a bigger
-    block becomes blocks of fewer records; one record alone may exceed ``max_bytes``
-    up to the message limit (a batch of its own).
-
-    Returns (texts with their record counts, records too big for any message).
-    """
-    texts: list[tuple[str, int]] = []
-    too_big = 0
-    todo = list(reversed(blocks))
-    while todo:
-        block = todo.pop()
-        text, n = block_json(block), block["n"]
-        if len(text) <= max_bytes or (n == 1 and len(text) <= MAX_MESSAGE_BYTES - ENVELOPE_BYTES):
-            texts.append((text, n))
-        elif n == 1:
-            too_big += 1
-        else:
-            parts = min(n, -(-len(text) // max_bytes))
-            size = -(-n // parts)
-            todo.extend(
-                slice_block(block, start, min(n, start + size))
-                for start in reversed(range(0, n, size))
-            )
-    return texts, too_big
-
-
-def batch_bodies(
-    chunks: list[tuple[str, int]], blocks: list[tuple[str, int]], max_bytes: int
-) -> list[tuple[str, str, int]]:
-    """(records inside, columns inside, record count) of each batch for encoded record
-    ``chunks`` then block texts: a block joins the last batch while it fits in
-    ``max_bytes`` and 10,000 records."""
-    out: list[tuple[str, list[str], int, int]] = [(body, [], n, len(body)) for body, n in chunks]
-    for text, n in blocks:
-        if out:
-            body, texts, count, size = out[-1]
-            if size + 1 + len(text) <= max_bytes and count + n <= MAX_RECORDS_PER_BATCH:
-                texts.append(text)
-                out[-1] = (body, texts, count + n, size + 1 + len(text))
-                continue
-        out.append(("", [text], n, len(text)))
-    return [(body, ",".join(texts), n) for body, texts, n, _ in out]
 
 
 @dataclass

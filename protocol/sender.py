@@ -1,9 +1,8 @@
 """The websocket sink: records from the Monitor to the server, acknowledged and resent.
 
-``send(records)`` (the Monitor's background thread) only encodes and queues, in the
-:class:`~gradwatch.protocol.outbox.Outbox`: step records as ``columns`` (blocks of one
-shape each, protocol/columns.py), the others as ``records``, timestep series packed.
-One thread owns the connection: ``hello``,
+``send(records)`` (the Monitor's background thread) only encodes (step records as
+``columns``, protocol/batching.py) and queues, in the
+:class:`~gradwatch.protocol.outbox.Outbox`; one thread owns the connection: ``hello``,
 then the batches in ``seq`` order, several in flight, each kept until its ``ack`` and
 resent after a reconnect. While the server is away batches wait in the spool and
 reconnects back off with full jitter; ``close(timeout)`` leaves what is undelivered
@@ -30,11 +29,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from .backoff import Backoff
+from .batching import encode_batches
 from .blame import blames_a_batch
-from .codec import loads, pack_timesteps
-from .columns import to_columns
+from .codec import loads
 from .messages import MAX_MESSAGE_BYTES
-from .outbox import ENVELOPE_BYTES, Outbox, batch_bodies, encode_blocks, encode_records
+from .outbox import ENVELOPE_BYTES, Outbox, encode_records
 from .sink import with_session
 from .spoolfiles import default_spool_path, fresh_path, rejected_path
 from .warnings import WarnOnce
@@ -57,11 +56,9 @@ class WebSocketSink:
         max_batch_bytes: records queued while a batch waits are merged up to this size.
         backoff_base, backoff_cap: reconnect delays (seconds), full jitter.
         connect_timeout: seconds for one connection attempt.
-        pack_series: send timestep series packed (``{"f64": base64}``), not as lists
-            (blocks of ``columns`` always hold them packed).
-        columns: send step records as ``columns`` (docs/PROTOCOL.md): a server parses
-            a block of them far faster than one object each. False: all in ``records``
-            (for a server older than ``columns``).
+        pack_series: send series in ``records`` packed (``{"f64": base64}``), not as lists.
+        columns: step records as ``columns`` (docs/PROTOCOL.md; far cheaper for a server
+            to parse); False: all in ``records``, for a server older than ``columns``.
 
     Example:
         >>> sink = WebSocketSink("ws://127.0.0.1:8765", hello)   # doctest: +SKIP
@@ -139,22 +136,14 @@ class WebSocketSink:
         if not records:
             return
         try:
-            # Step records a block can hold go as columns; the rest (other kinds, odd
-            # fields or types) as records, so the server names what is wrong as ever.
-            rest, blocks = (
-                to_columns(records, self.max_batch_bytes) if self.columns else (records, [])
+            batches, dropped = encode_batches(
+                records, self.max_batch_bytes, columns=self.columns, pack_series=self.pack_series
             )
-            if self.pack_series:
-                rest = pack_timesteps(rest)
-            chunks, too_big = encode_records(rest, self.max_batch_bytes) if rest else ([], [])
-            texts, blocks_too_big = encode_blocks(blocks, self.max_batch_bytes)
-            batches = batch_bodies(chunks, texts, self.max_batch_bytes)
         except Exception as e:
             self.dropped_records += len(records)
             self._warn.warn("encode", f"gradwatch: records could not be encoded as JSON ({e}); "
                             "they are dropped, training goes on")
             return
-        dropped = len(too_big) + blocks_too_big
         if dropped:
             self.dropped_records += dropped
             self._warn.warn("too_big", f"gradwatch: {dropped} record(s) exceed the "

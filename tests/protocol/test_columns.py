@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gradwatch.protocol.batching import encode_blocks
 from gradwatch.protocol.codec import dumps, loads
 from gradwatch.protocol.columns import (
     batch_records,
@@ -25,7 +26,7 @@ from gradwatch.protocol.columns import (
     to_columns,
 )
 from gradwatch.protocol.messages import MAX_MESSAGE_BYTES, NONFINITE_STRINGS
-from gradwatch.protocol.outbox import Outbox, encode_blocks
+from gradwatch.protocol.outbox import Outbox
 from gradwatch.protocol.sender import WebSocketSink
 from gradwatch.protocol.spool import read_spool
 from gradwatch.protocol.upload import upload

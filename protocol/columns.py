@@ -65,33 +65,38 @@ class _Group:
         self.values: list[Any] = []  # named values, record after record
         self.chunks: list[bytes] = []  # series bytes, record after record
 
-    def columns(self) -> tuple[dict[str, bytes], bytes | None] | int:
-        """The packed bytes of every column, or the position of a record that cannot go
-        in a block (a value of the wrong type)."""
+    def columns(self) -> tuple[dict[str, bytes], bytes | None] | list[int]:
+        """The packed bytes of every column, or the positions of the records that cannot
+        go in a block (a value of the wrong type in the first column that has one)."""
         scalars, names, _ = self.layout
         out: dict[str, bytes] = {}
         for name in scalars:
             values = list(map(itemgetter(name), self.records))
             column = pack_column(name, values)
             if column is None:
-                return next(i for i, v in enumerate(values) if pack_column(name, [v]) is None)
+                return [i for i, v in enumerate(values) if pack_column(name, [v]) is None]
             out[name] = column
         named = None
         if names:
             named = pack_floats(self.values)
             if named is None:
                 width = len(names)
-                return next(
+                return [
                     i for i in range(len(self.records))
                     if pack_floats(self.values[i * width : (i + 1) * width]) is None
-                )
+                ]
         return out, named
 
-    def drop(self, position: int) -> tuple[int, dict[str, Any]]:
+    def drop(self, positions: list[int]) -> list[int]:
+        """Take out the records at ``positions`` (ascending); their input places."""
         width, depth = len(self.layout[1]), len(self.layout[2])
-        del self.values[position * width : (position + 1) * width]
-        del self.chunks[position * depth : (position + 1) * depth]
-        return self.index.pop(position), self.records.pop(position)
+        places = []
+        for position in reversed(positions):
+            del self.values[position * width : (position + 1) * width]
+            del self.chunks[position * depth : (position + 1) * depth]
+            del self.records[position]
+            places.append(self.index.pop(position))
+        return places
 
 
 def to_columns(
@@ -133,12 +138,11 @@ def to_columns(
     for group in groups.values():
         while group.records:
             columns = group.columns()
-            if not isinstance(columns, int):
+            if isinstance(columns, tuple):
                 blocks.extend(_blocks(group, *columns, max_bytes))
                 break
-            # A value of the wrong type: that record goes as it came, the server says why.
-            index, _ = group.drop(columns)
-            rest.append((index, records[index]))
+            # Values of the wrong type: those records go as they came, the server says why.
+            rest.extend((index, records[index]) for index in group.drop(columns))
             late = True
     if late:
         rest.sort(key=itemgetter(0))

@@ -293,6 +293,19 @@ def test_light_and_heavy_steps_interleaved_make_two_blocks_in_step_order() -> No
     assert steps == [[0, 10, 20], [s for s in range(1, 30) if s % 10]]
 
 
+def test_every_record_with_a_wrong_value_leaves_its_block_and_the_others_stay() -> None:
+    records = [
+        {"kind": "step", "step": s, "loss": True if s % 3 == 0 else 0.5,
+         "param_norms": {"w": None if s % 5 == 0 else 1.0}}
+        for s in range(3_000)
+    ]
+    rest, blocks = to_columns(records)
+    assert [r["step"] for r in rest] == [s for s in range(3_000) if s % 3 == 0 or s % 5 == 0]
+    assert [r["step"] for b in blocks for r in from_columns(b)] == [
+        s for s in range(3_000) if s % 3 and s % 5
+    ]
+
+
 def test_a_group_over_ten_thousand_records_is_cut_into_blocks() -> None:
     records = [{"kind": "step", "step": s, "loss": s / 2} for s in range(25_000)]
     _, blocks = to_columns(records)

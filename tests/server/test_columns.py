@@ -327,3 +327,44 @@ def test_too_many_records_across_records_and_columns_are_refused(shared_gradwatc
     assert message["message"] == (
         "expected at most 10000 records in a batch (records and columns together), got 10001"
     )
+
+
+def test_batches_committed_together_roll_up_as_batches_committed_alone(tmp_path, store_sql, wire):
+    """The writer upserts the rollups of one transaction's batches once (a run's
+    batches joined into one group): downsampled history reads the same as when each
+    batch commits alone. A lock held on the database makes the writer queue them."""
+    import sqlite3
+
+    db = str(tmp_path / "g.db")
+    store = store_sql.open(db, "alone")
+    heavy, light = _records(wire)
+    batches = []
+    for seq in range(8):
+        part = [dict(r, step=r["step"] + 40 * seq) for r in heavy + light]
+        batch = wire.batch("", seq, part[::3] if seq % 2 else [])
+        batch["columns"] = [as_block(part[:20]), as_block(part[20:])] if seq % 2 == 0 else []
+        if seq % 2:
+            batch["columns"] = [as_block([r for i, r in enumerate(part[:20]) if i % 3])]
+        batches.append(batch)
+    from gradwatch.server.schema import parse_message
+
+    def parsed(run: str, batch: dict[str, Any]) -> Any:
+        return parse_message(json.dumps({**batch, "run_id": run}))
+
+    try:
+        for batch in batches:
+            assert store.submit_batch(parsed("alone", batch)).result()
+        store.submit_hello(parse_message(json.dumps(wire.hello("together")))).result()
+        blocker = sqlite3.connect(db, timeout=30)
+        blocker.execute("BEGIN EXCLUSIVE")
+        futures = [store.submit_batch(parsed("together", b)) for b in batches]
+        blocker.rollback()
+        blocker.close()
+        assert all(f.result(timeout=60) for f in futures)
+        for query in ({"max_points": 8}, {"max_points": 30, "start": 5, "stop": 290}, {}):
+            alone, together = store.steps("alone", **query), store.steps("together", **query)
+            assert alone["total"] == together["total"] > 0
+            assert together["downsampled"] == ("max_points" in query)
+            assert together["fields"] == alone["fields"]
+    finally:
+        store.close()

@@ -71,6 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
             token=args.token,
             view_token=args.view_token,
             allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+            writer_process=False if args.writer == "thread" else None,
         )
     except ValueError as error:
         print(f"gradwatch serve: {error}", file=sys.stderr)
@@ -205,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="server processes on one port (PostgreSQL only: they share its database and"
         " live feed); parses and stores in parallel (default 1)",
+    )
+    serve.add_argument(
+        "--writer",
+        choices=("process", "thread"),
+        default="process",
+        help="SQLite: write in a child process, so validating and writing each have a CPU"
+        " (default), or on a thread of the server process",
     )
     serve.set_defaults(handler=_serve)
 

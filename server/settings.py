@@ -62,6 +62,9 @@ class Settings:
     sqlite_synchronous: str = "NORMAL"
     # Batches of several connections written in one transaction at most.
     group_commit: int = 64
+    # SQLite: write in a child process (store/writer_process.py), so validation and
+    # writing each have a core; False writes on a thread of the server process.
+    writer_process: bool = True
     serve_client: bool = True
 
     @property

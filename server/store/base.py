@@ -66,7 +66,12 @@ class Store(ScalarWrites, Reads, ABC):
         self._thread = threading.Thread(
             target=self._write_loop, name="gradwatch-store-writer", daemon=True
         )
-        self._thread.start()
+        # A writer elsewhere (SQLite's writer process) takes the writes instead.
+        self._remote = self.remote_writer()
+        if self._remote is None:
+            self._thread.start()
+        else:
+            writer.close()
 
     # ----- what a backend provides -------------------------------------------------
     @abstractmethod
@@ -76,6 +81,11 @@ class Store(ScalarWrites, Reads, ABC):
     @abstractmethod
     def create_schema(self, conn: Any) -> None:
         """Create tables and indexes if missing."""
+
+    def remote_writer(self) -> Any:
+        """An object whose ``submit(op, payload)`` writes instead of this process's
+        writer thread (store/writer_process.py), or None."""
+        return None
 
     def alive(self, conn: Any) -> bool:
         """Whether ``conn`` can still be used (a PostgreSQL server may drop it)."""
@@ -104,6 +114,9 @@ class Store(ScalarWrites, Reads, ABC):
         return self._submit("batch", (batch, session))
 
     def _submit(self, op: str, payload: Any) -> Future[Any]:
+        if self._remote is not None and not self._closed:
+            remote: Future[Any] = self._remote.submit(op, payload)
+            return remote
         future: Future[Any] = Future()
         if self._closed:
             future.set_exception(StoreError("the store is closed"))
@@ -315,8 +328,11 @@ class Store(ScalarWrites, Reads, ABC):
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
-        self._thread.join(timeout=30)
+        if self._remote is not None:
+            self._remote.close()
+        else:
+            self._queue.put(_STOP)
+            self._thread.join(timeout=30)
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for conn in readers:

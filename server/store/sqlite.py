@@ -47,7 +47,7 @@ class SQLiteStore(Store):
         if str(self.path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
         super().__init__(settings)
-        if str(self.path) != ":memory:":
+        if str(self.path) != ":memory:" and self._remote is None:
             self._checkpointer = threading.Thread(
                 target=self._checkpoint_loop, name="gradwatch-sqlite-checkpoint", daemon=True
             )
@@ -83,6 +83,13 @@ class SQLiteStore(Store):
 
     def scalar_in(self, value: Any) -> Any:
         return value
+
+    def remote_writer(self) -> Any:
+        if not self.settings.writer_process or str(self.path) == ":memory:":
+            return None
+        from .writer_process import ProcessWriter
+
+        return ProcessWriter(self.settings)
 
     def _checkpoint_loop(self) -> None:
         conn = self.connect()

@@ -1,0 +1,207 @@
+"""SQLite's writer in a process of its own, beside the server's event loop.
+
+One Python process holds one GIL: at ~45,000 records/s the server's event loop
+(websocket frames, validation, acks) and the store's writer (rows, rollups, SQLite)
+took turns on one core while the other core idled. With the writer in a child
+process each has a core (BENCHMARKS.md, "Ingest in columns"). The server process
+validates, hands each message to the child over a pipe (store/handoff.py: a batch's
+blocks as their raw bytes) and gets each one's verdict back; the child runs the same
+:class:`~gradwatch.server.store.sqlite.SQLiteStore` writer (group commit, checkpoints)
+and answers only after the commit, so an ``ack`` still means "durable". Reads stay in
+the server process (SQLite WAL: readers never wait for the writer).
+
+If the child dies, the writes it held fail (not acknowledged: their trainers resend)
+and a new child starts for the next ones. The child ends when its pipe closes, so a
+``kill -9`` of the server leaves no writer behind.
+
+Example (what ``gradwatch serve --db runs.db`` does):
+    >>> store = open_store(Settings(db="runs.db"))    # doctest: +SKIP
+    >>> store.submit_batch(batch, session).result()   # written by the child
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from dataclasses import replace
+from functools import partial
+from typing import IO, Any
+
+from ..settings import Settings
+from .base import StoreError
+from .handoff import decode_batch, encode_batch, read_frame, write_frame
+
+
+class WriterGone(StoreError):
+    """The writer process ended before it answered (the write was not acknowledged)."""
+
+
+class ProcessWriter:
+    """The server process's end: ``submit`` returns a Future resolved by the child."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future[Any]] = {}
+        self._next = 0
+        self._closing = False
+        self._child: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._start()
+
+    def _start(self) -> None:
+        child = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "GRADWATCH_WRITER_SETTINGS": _settings_text(self.settings)},
+        )
+        self._child = child
+        self._reader = threading.Thread(
+            target=self._read_answers, args=(child,), name="gradwatch-writer-answers", daemon=True
+        )
+        self._reader.start()
+
+    def submit(self, op: str, payload: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            ident = self._next
+            self._next += 1
+            if op == "hello":
+                head, body = {"op": "hello", "id": ident, "hello": payload.model_dump_json()}, b""
+            else:
+                batch, session = payload
+                head, body = encode_batch(ident, batch, session)
+            child = self._child
+            try:
+                if child is None or child.stdin is None or child.poll() is not None:
+                    raise WriterGone("the writer process is not running")
+                self._pending[ident] = future
+                write_frame(child.stdin, head, body)
+                child.stdin.flush()
+            except (OSError, ValueError, WriterGone) as error:
+                self._pending.pop(ident, None)
+                future.set_exception(WriterGone(f"the writer process is gone ({error})"))
+                self._restart_locked(child)
+        return future
+
+    def _read_answers(self, child: subprocess.Popen[bytes]) -> None:
+        assert child.stdout is not None
+        while True:
+            frame = read_frame(child.stdout)
+            if frame is None:
+                break
+            head, _ = frame
+            with self._lock:
+                future = self._pending.pop(head["id"], None)
+            if future is None:
+                continue
+            if "error" in head:
+                future.set_exception(StoreError(head["error"]))
+            else:
+                future.set_result(head.get("result"))
+        child.stdout.close()
+        child.wait()
+        with self._lock:
+            if self._child is not child:
+                return
+            lost, self._pending = self._pending, {}
+            if not self._closing:
+                self._restart_locked(child)
+        for future in lost.values():
+            future.set_exception(WriterGone(f"the writer process exited ({child.returncode})"))
+
+    def _restart_locked(self, child: subprocess.Popen[bytes] | None) -> None:
+        if self._closing or self._child is not child:
+            return
+        if child is not None and child.stdin is not None:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
+        with contextlib.suppress(OSError):
+            self._start()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Let the child finish what it holds, then wait for it to end. Idempotent."""
+        with self._lock:
+            self._closing = True
+            child, reader = self._child, self._reader
+        if child is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if child.stdin is not None:
+                child.stdin.close()  # the child finishes its queue, then ends
+        try:
+            child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        if reader is not None:
+            reader.join(timeout=timeout)  # every answer read, the pipe closed
+
+
+def _settings_text(settings: Settings) -> str:
+    import json
+
+    # What the writer needs, and nothing secret.
+    return json.dumps(
+        {
+            "db": settings.db,
+            "sqlite_synchronous": settings.sqlite_synchronous,
+            "group_commit": settings.group_commit,
+        }
+    )
+
+
+def main() -> None:
+    """The child: frames in on stdin, verdicts out on stdout, in the order of commits."""
+    import json
+
+    from .sqlite import SQLiteStore
+
+    values = json.loads(os.environ["GRADWATCH_WRITER_SETTINGS"])
+    settings = replace(Settings(**values), writer_process=False)
+    source: IO[bytes] = sys.stdin.buffer
+    # The frames own stdout; anything printed by accident goes to stderr instead.
+    out: IO[bytes] = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    out_lock = threading.Lock()
+    store = SQLiteStore(settings)
+
+    def answer(ident: int, future: Future[Any]) -> None:
+        error = future.exception()
+        head: dict[str, Any] = {"id": ident}
+        if error is None:
+            head["result"] = future.result()
+        else:
+            head["error"] = str(error)
+        with out_lock, contextlib.suppress(OSError, ValueError):
+            write_frame(out, head)
+            out.flush()
+
+    from ..schema import Hello
+
+    try:
+        while True:
+            frame = read_frame(source)
+            if frame is None:
+                break
+            head, body = frame
+            future: Future[Any]
+            if head["op"] == "hello":
+                ident = int(head["id"])
+                future = store.submit_hello(Hello.model_validate_json(head["hello"]))
+            else:
+                ident, batch, session = decode_batch(head, body)
+                future = store.submit_batch(batch, session)
+            future.add_done_callback(partial(answer, ident))
+    finally:
+        store.close()  # finishes every queued write (each answered), checkpoints
+
+
+if __name__ == "__main__":
+    main()

@@ -120,21 +120,25 @@ class Server:
 
 
 def encode_batches(
-    run_id: str, batches: int, per_batch: int, args: argparse.Namespace, packed: bool = False
+    run_id: str, batches: int, per_batch: int, args: argparse.Namespace, encoding: str = "lists"
 ) -> list[str]:
+    """Batch texts: records with series as lists or packed, or "columns" (the trainer's
+    encoder, gradwatch.protocol.columns, as its websocket sender does by default)."""
+    from gradwatch.protocol.columns import to_columns
+
     rng = random.Random(run_id)
     texts = []
     for seq in range(batches):
         records = [
-            step_record(seq * per_batch + i, rng, args.timesteps, args.params, packed)
+            step_record(seq * per_batch + i, rng, args.timesteps, args.params, encoding != "lists")
             for i in range(per_batch)
         ]
-        texts.append(
-            json.dumps(
-                {"type": "batch", "run_id": run_id, "rank": 0, "seq": seq, "records": records},
-                separators=(",", ":"),
-            )
-        )
+        message: dict[str, Any] = {"type": "batch", "run_id": run_id, "rank": 0, "seq": seq}
+        if encoding == "columns":
+            message["records"], message["columns"] = to_columns(records)
+        else:
+            message["records"] = records
+        texts.append(json.dumps(message, separators=(",", ":")))
     return texts
 
 
@@ -173,12 +177,12 @@ async def trainer(
 
 
 async def one_round(
-    url: str, trainers: int, records: int, args: argparse.Namespace, packed: bool
+    url: str, trainers: int, records: int, args: argparse.Namespace, encoding: str
 ) -> float:
     per_trainer = records // trainers
     batches = max(1, per_trainer // args.batch)
     payloads = [
-        encode_batches(str(uuid.uuid4()), batches, args.batch, args, packed)
+        encode_batches(str(uuid.uuid4()), batches, args.batch, args, encoding)
         for _ in range(trainers)
     ]
     start = asyncio.Event()
@@ -193,7 +197,7 @@ async def one_round(
     return trainers * batches * args.batch / (time.perf_counter() - began)
 
 
-def breakdown(args: argparse.Namespace, packed: bool) -> dict[str, float]:
+def breakdown(args: argparse.Namespace, encoding: str) -> dict[str, float]:
     """Microseconds per record of each server-side stage, in this process."""
     from gradwatch.server.schema import parse_message
     from gradwatch.server.settings import Settings
@@ -201,7 +205,7 @@ def breakdown(args: argparse.Namespace, packed: bool) -> dict[str, float]:
     from gradwatch.server.store.rows import split_batch
 
     run_id = str(uuid.uuid4())
-    texts = encode_batches(run_id, 10, args.batch, args, packed)
+    texts = encode_batches(run_id, 10, args.batch, args, encoding)
     n = 10 * args.batch
     t0 = time.perf_counter()
     parsed = [parse_message(t) for t in texts]
@@ -235,7 +239,7 @@ def _rollups_us(db: str, parsed: list[Any]) -> float:
     import sqlite3
 
     from gradwatch.server.store import rollups
-    from gradwatch.server.store.columns import aggregate_columns
+    from gradwatch.server.store.columns import Group, aggregate_columns
     from gradwatch.server.store.rows import split_batch
     from gradwatch.server.store.scalar_writes import rollup_groups
 
@@ -251,6 +255,9 @@ def _rollups_us(db: str, parsed: list[Any]) -> float:
         split = split_batch(b, lambda v: v)
         t0 = time.perf_counter()
         groups = rollup_groups(split, lambda names: [series_of(n) for n in names], series_of)
+        for chunk in split.chunks.groups if split.chunks is not None else ():
+            series = [series_of(name) for name in chunk.names]
+            groups.append(Group(chunk.steps, chunk.uids, series, chunk.columns))
         conn.executemany(rollups.UPSERT, aggregate_columns(groups, rollups.sqlite_key))
         conn.commit()
         took += time.perf_counter() - t0
@@ -265,8 +272,12 @@ def _json_loads_us(texts: list[str], n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-async def fill_history(url: str, steps: int) -> None:
-    run_id = "history-" + str(uuid.uuid4())
+async def fill_history(url: str, steps: int, columns: bool = True) -> str:
+    """A run of ``steps`` loss-only steps with one spike, sent as columns (stored as
+    chunks) or as records (rows); returns its run id."""
+    from gradwatch.protocol.columns import to_columns
+
+    run_id = f"history-{'columns' if columns else 'records'}-{uuid.uuid4()}"
     per = 5000
     texts = []
     rng = random.Random(1)
@@ -275,12 +286,14 @@ async def fill_history(url: str, steps: int) -> None:
             {"kind": "step", "step": s, "loss": rng.random() + (1e3 if s == 777_777 else 0)}
             for s in range(seq * per, (seq + 1) * per)
         ]
-        texts.append(
-            json.dumps(
-                {"type": "batch", "run_id": run_id, "rank": 0, "seq": seq, "records": records}
-            )
-        )
+        message: dict[str, Any] = {"type": "batch", "run_id": run_id, "rank": 0, "seq": seq}
+        if columns:
+            message["records"], message["columns"] = to_columns(records)
+        else:
+            message["records"] = records
+        texts.append(json.dumps(message))
     await trainer(url, run_id, texts, 8, _set_event())
+    return run_id
 
 
 def _set_event() -> asyncio.Event:
@@ -297,7 +310,7 @@ def bench_backend(name: str, db: str, args: argparse.Namespace, workers: int = 1
         for _ in range(args.repeat):
             for encoding in args.encoding:
                 for n in args.trainers:
-                    rate = asyncio.run(one_round(url, n, args.records, args, encoding == "packed"))
+                    rate = asyncio.run(one_round(url, n, args.records, args, encoding))
                     rates.setdefault((encoding, n), []).append(rate)
         for encoding in args.encoding:
             line = "  ".join(
@@ -306,21 +319,25 @@ def bench_backend(name: str, db: str, args: argparse.Namespace, workers: int = 1
             )
             print(f"{name:<10} {encoding:<6} {line}")
         if args.history_steps:
-            asyncio.run(fill_history(url, args.history_steps))
-            _, runs = server.get("/api/runs")
-            run_id = next(r["id"] for r in runs if r["id"].startswith("history-"))
-            times = []
-            for _ in range(3):
-                elapsed, answer = server.get(
-                    f"/api/runs/{run_id}/steps?fields=loss&max_points=2000"
+            for columns in (False, True):
+                run_id = asyncio.run(fill_history(url, args.history_steps, columns))
+                times = []
+                for _ in range(3):
+                    elapsed, answer = server.get(
+                        f"/api/runs/{run_id}/steps?fields=loss&max_points=2000"
+                    )
+                    times.append(elapsed)
+                points = len(answer["fields"]["loss"]["step"])
+                spike = 777_777 in answer["fields"]["loss"]["step"]
+                window, _ = server.get(
+                    f"/api/runs/{run_id}/steps?fields=loss&from=123457&to=876543&max_points=2000"
                 )
-                times.append(elapsed)
-            points = len(answer["fields"]["loss"]["step"])
-            spike = 777_777 in answer["fields"]["loss"]["step"]
-            print(
-                f"{name:<10} history: {answer['total']:,} steps -> {points} points (min/max),"
-                f" median {statistics.median(times) * 1000:,.0f} ms; spike kept: {spike}"
-            )
+                stored = "columns" if columns else "records"
+                print(
+                    f"{name:<10} history ({stored}): {answer['total']:,} steps -> {points}"
+                    f" points (min/max), median {statistics.median(times) * 1000:,.0f} ms;"
+                    f" spike kept: {spike}; a window cut mid-bucket: {window * 1000:,.0f} ms"
+                )
     finally:
         server.stop()
 
@@ -337,10 +354,10 @@ def main() -> None:
     parser.add_argument(
         "--encoding",
         nargs="+",
-        choices=["lists", "packed"],
-        default=["lists", "packed"],
-        help="timestep series as JSON lists of numbers or packed {'f64': base64} (both:"
-        " rounds interleaved)",
+        choices=["lists", "packed", "columns"],
+        default=["lists", "packed", "columns"],
+        help="step records with timestep series as JSON lists of numbers, or packed"
+        " {'f64': base64}, or records as packed columns (batch.columns); rounds interleaved",
     )
     parser.add_argument("--history-steps", type=int, default=1_000_000)
     parser.add_argument("--postgres", default=None, help="also run against this PostgreSQL URL")
@@ -356,14 +373,16 @@ def main() -> None:
         e: len(json.dumps(step_record(0, random.Random(0), args.timesteps, args.params, p)))
         for e, p in (("lists", False), ("packed", True))
     }
+    sizes["columns"] = len(encode_batches("size", 1, 100, args, "columns")[0]) // 100
     print(
         f"record: 2 modules x {args.timesteps} timesteps, {args.params} parameter norms,"
-        f" {sizes['lists']:,} bytes of JSON with lists, {sizes['packed']:,} packed;"
+        f" {sizes['lists']:,} bytes of JSON with lists, {sizes['packed']:,} packed,"
+        f" {sizes['columns']:,} in columns;"
         f" {args.batch} records per batch, {args.window} batches in flight per trainer;"
         f" median of {args.repeat} rounds of {args.records:,} records; {os.cpu_count()} CPUs"
     )
     for encoding in args.encoding:
-        stages = breakdown(args, encoding == "packed")
+        stages = breakdown(args, encoding)
         print(
             f"server time per record, {encoding} (in-process): "
             + ", ".join(f"{k} {v:.1f} us" for k, v in stages.items())

@@ -60,17 +60,18 @@ def main() -> None:
     parser.add_argument("--postgres", default=None, help="PostgreSQL URL instead of SQLite")
     args = parser.parse_args()
     args.batch, args.window, args.timesteps, args.params = 100, 8, 128, 20
-    # (label, server env, packed series)
+    # (label, server env, encoding of the records)
     variants = [
-        ("old, lists", {"PYTHONPATH": args.old}, False),
-        ("new, lists", {}, False),
-        ("new, packed", {}, True),
+        ("old, packed", {"PYTHONPATH": args.old}, "packed"),
+        ("new, packed", {}, "packed"),
+        ("new, columns, writer thread", {"GRADWATCH_WRITER": "thread"}, "columns"),
+        ("new, columns", {}, "columns"),
     ]
     rates: dict[tuple[str, int], list[float]] = {}
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as folder:
         for r in range(args.repeat):
-            for label, env, packed in variants:
+            for label, env, encoding in variants:
                 db = _fresh_schema(args.postgres) if args.postgres else str(
                     Path(folder) / f"{label[:3]}-{r}.db"
                 )
@@ -78,7 +79,7 @@ def main() -> None:
                 url = server.http.replace("http://", "ws://")
                 try:
                     for n in args.trainers:
-                        rate = asyncio.run(ingest.one_round(url, n, args.records, args, packed))
+                        rate = asyncio.run(ingest.one_round(url, n, args.records, args, encoding))
                         rates.setdefault((label, n), []).append(rate)
                 finally:
                     server.stop()
@@ -87,7 +88,7 @@ def main() -> None:
     backend = "postgresql" if args.postgres else "sqlite"
     print(f"| {backend} | " + " | ".join(f"{n} trainers (rec/s)" for n in args.trainers) + " |")
     print("| --- |" + " --- |" * len(args.trainers))
-    base = {n: statistics.median(rates["old, lists", n]) for n in args.trainers}
+    base = {n: statistics.median(rates[variants[0][0], n]) for n in args.trainers}
     for label, _, _ in variants:
         cells = []
         for n in args.trainers:

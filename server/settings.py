@@ -86,7 +86,7 @@ class Settings:
 
         Variables: GRADWATCH_HOST, _PORT, _DB, _TOKEN, _VIEW_TOKEN, _ALLOWED_HOSTS
         (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _SQLITE_SYNCHRONOUS,
-        _STALE_AFTER_S.
+        _STALE_AFTER_S, _WRITER (process or thread).
         """
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
@@ -119,6 +119,11 @@ class Settings:
                 raise ValueError(
                     f"GRADWATCH_STALE_AFTER_S: expected seconds, got {given!r}"
                 ) from None
+        writer = env.get("GRADWATCH_WRITER")
+        if writer:
+            if writer not in ("process", "thread"):
+                raise ValueError(f"GRADWATCH_WRITER: expected process or thread, got {writer!r}")
+            values["writer_process"] = writer == "process"
         if env.get("GRADWATCH_ALLOWED_HOSTS"):
             values["allowed_hosts"] = tuple(
                 h.strip() for h in env["GRADWATCH_ALLOWED_HOSTS"].split(",") if h.strip()

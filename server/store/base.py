@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
@@ -47,6 +47,9 @@ class Store(ScalarWrites, Reads, ABC):
     kind: ClassVar[str]
     # SQL written with "?" placeholders; PostgreSQL swaps them for "%s".
     placeholder: ClassVar[str] = "?"
+    # Called on the writer thread after each group's futures are resolved (the writer
+    # process sends their answers in one write).
+    after_group: Callable[[], None] | None = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -81,6 +84,11 @@ class Store(ScalarWrites, Reads, ABC):
     @abstractmethod
     def create_schema(self, conn: Any) -> None:
         """Create tables and indexes if missing."""
+
+    @property
+    def writer_thread(self) -> threading.Thread:
+        """The thread that writes (and resolves the futures of) every submission."""
+        return self._thread
 
     def remote_writer(self) -> Any:
         """An object whose ``submit(op, payload)`` writes instead of this process's
@@ -146,6 +154,8 @@ class Store(ScalarWrites, Reads, ABC):
                 for _, _, future in group:
                     if not future.done():
                         future.set_exception(StoreError(f"{type(error).__name__}: {error}"))
+            if self.after_group is not None:
+                self.after_group()
             if not self.alive(self._writer_conn):
                 # The batches that failed were not acknowledged; their trainers resend.
                 with contextlib.suppress(Exception):

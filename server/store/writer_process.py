@@ -181,7 +181,16 @@ def main() -> None:
             head["error"] = str(error)
         with out_lock, contextlib.suppress(OSError, ValueError):
             write_frame(out, head)
+            # The writer thread's answers leave together after its group (flush_answers).
+            if threading.current_thread() is not writer_thread:
+                out.flush()
+
+    def flush_answers() -> None:
+        with out_lock, contextlib.suppress(OSError, ValueError):
             out.flush()
+
+    writer_thread = store.writer_thread
+    store.after_group = flush_answers
 
     from ..schema import Hello
 

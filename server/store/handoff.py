@@ -12,8 +12,9 @@ Example:
     >>> from gradwatch.server.schema import parse_message
     >>> batch = parse_message('{"type": "batch", "run_id": "r", "rank": 0, "seq": 3,'
     ...                       ' "records": [{"kind": "epoch", "epoch": 1}]}')
-    >>> head, body = encode_batch(7, batch, "s1")
-    >>> ident, again, session = decode_batch(head, body)
+    >>> head, parts = encode_batch(batch, "s1")
+    >>> head["id"] = 7
+    >>> ident, again, session = decode_batch(head, b"".join(parts))
     >>> ident, again.seq, again.records[0].epoch, session
     (7, 3, 1, 's1')
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from typing import IO, Any
 
 from ..columns import FLOAT_COLUMNS
@@ -39,10 +41,13 @@ from .chunks import CHUNK_FIELDS
 _SIZES = struct.Struct("<II")
 
 
-def write_frame(out: IO[bytes], head: dict[str, Any], body: bytes = b"") -> None:
-    """One frame: the head as JSON, then the body."""
+def write_frame(out: IO[bytes], head: dict[str, Any], body: Sequence[bytes] = ()) -> None:
+    """One frame: the head as JSON, then the body's parts (written as they are, not
+    joined: a batch's body is ~300 KB)."""
     text = json.dumps(head, separators=(",", ":")).encode()
-    out.write(_SIZES.pack(len(text), len(body)) + text + body)
+    out.write(_SIZES.pack(len(text), sum(map(len, body))) + text)
+    for part in body:
+        out.write(part)
 
 
 def read_frame(source: IO[bytes]) -> tuple[dict[str, Any], bytes] | None:
@@ -68,8 +73,8 @@ def _read_exactly(source: IO[bytes], size: int) -> bytes | None:
     return data if data is not None and len(data) == size else None
 
 
-def encode_batch(ident: int, batch: Batch, session: str) -> tuple[dict[str, Any], bytes]:
-    """A validated batch as a frame's head and body."""
+def encode_batch(batch: Batch, session: str) -> tuple[dict[str, Any], list[bytes]]:
+    """A validated batch as a frame's head (``id`` still to be set) and body parts."""
     parts: list[bytes] = []
     records = RECORDS.dump_json(batch.records, exclude_unset=True) if batch.records else b""
     parts.append(records)
@@ -91,7 +96,6 @@ def encode_batch(ident: int, batch: Batch, session: str) -> tuple[dict[str, Any]
         blocks.append({"n": block.n, "fields": fields, "named": named, "timesteps": series})
     head = {
         "op": "batch",
-        "id": ident,
         "session": session,
         "run_id": batch.run_id,
         "rank": batch.rank,
@@ -100,7 +104,7 @@ def encode_batch(ident: int, batch: Batch, session: str) -> tuple[dict[str, Any]
         "blocks": blocks,
         "extra": batch.__pydantic_extra__ or {},
     }
-    return head, b"".join(parts)
+    return head, parts
 
 
 def decode_batch(head: dict[str, Any], body: bytes) -> tuple[int, Batch, str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -52,7 +53,15 @@ class ProcessWriter:
         self._closing = False
         self._child: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
+        # Frames wait here for the sending thread: a 300 KB batch fills the pipe
+        # several times over, and the event loop that submits must not wait for that.
+        self._outbox: queue.SimpleQueue[tuple[int, dict[str, Any], list[bytes]] | None]
+        self._outbox = queue.SimpleQueue()
         self._start()
+        self._sender = threading.Thread(
+            target=self._send_frames, name="gradwatch-writer-send", daemon=True
+        )
+        self._sender.start()
 
     def _start(self) -> None:
         child = subprocess.Popen(
@@ -69,26 +78,42 @@ class ProcessWriter:
 
     def submit(self, op: str, payload: Any) -> Future[Any]:
         future: Future[Any] = Future()
+        if op == "hello":
+            head: dict[str, Any] = {"op": "hello", "hello": payload.model_dump_json()}
+            parts: list[bytes] = []
+        else:
+            batch, session = payload
+            head, parts = encode_batch(batch, session)
         with self._lock:
-            ident = self._next
+            if self._closing:
+                future.set_exception(WriterGone("the store is closed"))
+                return future
+            ident = head["id"] = self._next
             self._next += 1
-            if op == "hello":
-                head, body = {"op": "hello", "id": ident, "hello": payload.model_dump_json()}, b""
-            else:
-                batch, session = payload
-                head, body = encode_batch(ident, batch, session)
-            child = self._child
+            self._pending[ident] = future
+        self._outbox.put((ident, head, parts))
+        return future
+
+    def _send_frames(self) -> None:
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            ident, head, parts = item
+            with self._lock:
+                child = self._child
             try:
                 if child is None or child.stdin is None or child.poll() is not None:
                     raise WriterGone("the writer process is not running")
-                self._pending[ident] = future
-                write_frame(child.stdin, head, body)
-                child.stdin.flush()
+                write_frame(child.stdin, head, parts)
+                if self._outbox.empty():
+                    child.stdin.flush()
             except (OSError, ValueError, WriterGone) as error:
-                self._pending.pop(ident, None)
-                future.set_exception(WriterGone(f"the writer process is gone ({error})"))
-                self._restart_locked(child)
-        return future
+                with self._lock:
+                    future = self._pending.pop(ident, None)
+                    self._restart_locked(child)
+                if future is not None:
+                    future.set_exception(WriterGone(f"the writer process is gone ({error})"))
 
     def _read_answers(self, child: subprocess.Popen[bytes]) -> None:
         assert child.stdout is not None
@@ -128,7 +153,12 @@ class ProcessWriter:
     def close(self, timeout: float = 30.0) -> None:
         """Let the child finish what it holds, then wait for it to end. Idempotent."""
         with self._lock:
+            if self._closing:
+                return
             self._closing = True
+        self._outbox.put(None)
+        self._sender.join(timeout=timeout)  # every frame submitted is in the pipe
+        with self._lock:
             child, reader = self._child, self._reader
         if child is None:
             return

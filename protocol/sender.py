@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from .outbox import ENVELOPE_BYTES, Outbox, encode_records
 from .sink import with_session
 from .spoolfiles import default_spool_path, fresh_path, rejected_path
 from .warnings import WarnOnce
-from .wsclient import ingest_url, open_ingest
+from .wsclient import abort, ingest_url, open_ingest
 
 __all__ = ["WebSocketSink", "default_spool_path", "encode_records", "rejected_path"]
 
@@ -187,7 +186,7 @@ class WebSocketSink:
             self._cond.notify_all()
             ws = self._ws
         if ws is not None:
-            _abort(ws)
+            abort(ws)
         if self._thread.is_alive():
             self._thread.join(1.0)
         with self._cond:
@@ -259,7 +258,7 @@ class WebSocketSink:
                 if outcome == "done" and self._box.empty:
                     with contextlib.suppress(Exception):
                         ws.close()  # a clean goodbye: everything is acknowledged
-                _abort(ws)
+                abort(ws)
                 with self._cond:
                     self._connected = False
                     self._ws = None
@@ -395,12 +394,3 @@ class WebSocketSink:
                 if self._session == session:
                     self._connected = False
                 self._cond.notify_all()
-
-
-def _abort(ws: ClientConnection) -> None:
-    """Drop a connection now, without waiting for a closing handshake a dead server
-    would never answer."""
-    with contextlib.suppress(Exception):
-        ws.socket.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(Exception):
-        ws.close()

@@ -12,7 +12,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import socket
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -62,3 +64,12 @@ def open_ingest(url: str, token: str | None, timeout: float) -> ClientConnection
     # enter it here (which is all the context manager does on the way in).
     entered: ClientConnection = connection.__enter__()
     return entered
+
+
+def abort(ws: ClientConnection) -> None:
+    """Drop a connection now, without waiting for a closing handshake a dead server
+    would never answer."""
+    with contextlib.suppress(Exception):
+        ws.socket.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):
+        ws.close()

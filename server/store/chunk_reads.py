@@ -163,3 +163,25 @@ class ChunkReads:
             (i, run_id, module, series, rank, step_lo, uid),
         )
         return bytes(data)
+
+
+def combined_counts(parts: Sequence[tuple[Any, Any, Any]]) -> tuple[int, Any, Any]:
+    """(count, first, last) of several (count, first, last), None where empty."""
+    firsts = [p[1] for p in parts if p[1] is not None]
+    lasts = [p[2] for p in parts if p[2] is not None]
+    return (
+        sum(int(p[0] or 0) for p in parts),
+        min(firsts) if firsts else None,
+        max(lasts) if lasts else None,
+    )
+
+
+def merged_points(
+    found: Sequence[tuple[Any, ...]], chunked: list[tuple[int, int, Any]]
+) -> list[tuple[Any, Any]]:
+    """(step, value) of rows and of chunk points, both ``(step, uid, value)`` in
+    (step, uid) order, together in that order (two rows of one step are both kept)."""
+    both = [*found, *chunked] if chunked else found
+    if chunked and found:
+        both = sorted(both, key=lambda p: (p[0], p[1]))
+    return [(p[0], p[2]) for p in both]

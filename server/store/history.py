@@ -15,6 +15,7 @@ from typing import Any
 
 from ..downsample import bucket_width
 from . import rollups, rows
+from .chunk_reads import combined_counts, merged_points
 from .named_reads import NamedReads, bucket_extremes
 
 _PARAM_FAMILIES = ("param_norms", "gate_norms", "profile")
@@ -133,7 +134,7 @@ class HistoryReads(NamedReads):
                 f"SELECT COUNT(*), MIN(step), MAX(step) FROM steps WHERE {where}",  # noqa: S608
                 params,
             )
-            total, first, last = _combined([(total, first, last), self.chunk_count(*params)])
+            total, first, last = combined_counts([(total, first, last), self.chunk_count(*params)])
         else:
             total, first, last = counted
         total = int(total)
@@ -180,7 +181,7 @@ class HistoryReads(NamedReads):
                 else:
                     table, sql, clause, args = "steps", column, where, params
                 if not downsampled and table == "steps":
-                    found = _merged(
+                    found = merged_points(
                         self.query(
                             f"SELECT step, uid, {sql} FROM steps WHERE {clause}"  # noqa: S608
                             f" AND {sql} IS NOT NULL ORDER BY step, uid",
@@ -251,7 +252,7 @@ class HistoryReads(NamedReads):
                 )[0]
             )
             parts.append(self.chunk_count(run_id, rank, a, b))
-        return _combined(parts)
+        return combined_counts(parts)
 
     def _plain_extremes(
         self,
@@ -272,7 +273,7 @@ class HistoryReads(NamedReads):
             f" AND step >= ? AND step <= ? AND {name} IS NOT NULL ORDER BY step, uid",
             (run_id, rank, lo, hi),
         )
-        steps, values = (list(c) for c in zip(*_merged(points, chunked), strict=True))
+        steps, values = (list(c) for c in zip(*merged_points(points, chunked), strict=True))
         cuts = [(bisect_left(steps, a), bisect_right(steps, b)) for a, b in bounds]
         lows, highs = bucket_extremes(steps, values, cuts, self.value_key)
         return lows + highs
@@ -349,28 +350,6 @@ class HistoryReads(NamedReads):
             bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
             found.update(raw_extremes(bounds))
         return sorted(found.items())
-
-
-def _combined(parts: Sequence[tuple[Any, Any, Any]]) -> tuple[int, Any, Any]:
-    """(count, first, last) of several (count, first, last), None where empty."""
-    firsts = [p[1] for p in parts if p[1] is not None]
-    lasts = [p[2] for p in parts if p[2] is not None]
-    return (
-        sum(int(p[0] or 0) for p in parts),
-        min(firsts) if firsts else None,
-        max(lasts) if lasts else None,
-    )
-
-
-def _merged(
-    found: Sequence[tuple[Any, ...]], chunked: list[tuple[int, int, Any]]
-) -> list[tuple[Any, Any]]:
-    """(step, value) of rows and of chunk points, both ``(step, uid, value)`` in
-    (step, uid) order, together in that order (two rows of one step are both kept)."""
-    both = [*found, *chunked] if chunked else found
-    if chunked and found:
-        both = sorted(both, key=lambda p: (p[0], p[1]))
-    return [(p[0], p[2]) for p in both]
 
 
 def _is_count(name: str) -> bool:

@@ -38,22 +38,22 @@ PROFILE_KEYS = ("forward_s", "backward_s", "calls")
 _LITTLE = sys.byteorder == "little"
 
 
-def ints(data: bytes) -> list[int]:
-    """Little-endian int64 values."""
-    values = array("q")
+def _unpack(code: str, data: bytes) -> list[Any]:
+    values = array(code)
     values.frombytes(data)
     if not _LITTLE:
         values.byteswap()
     return values.tolist()
+
+
+def ints(data: bytes) -> list[int]:
+    """Little-endian int64 values."""
+    return _unpack("q", data)
 
 
 def floats(data: bytes) -> list[float]:
     """Little-endian float64 values (NaN and infinities as floats)."""
-    values = array("d")
-    values.frombytes(data)
-    if not _LITTLE:
-        values.byteswap()
-    return values.tolist()
+    return _unpack("d", data)
 
 
 def _length_problem(where: str, data: bytes, count: int, kind: str) -> str | None:

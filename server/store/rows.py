@@ -27,6 +27,7 @@ from pydantic_core import to_json
 
 from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
 
+from ..columns import floats
 from .chunks import Chunks, add_block
 from .chunks import schema as chunk_schema
 from .named import NamedBuilder, NamedGroup
@@ -184,11 +185,8 @@ def pack_series(values: Any) -> bytes:
 
 
 def unpack_series(data: bytes) -> list[float]:
-    values = array("d")
-    values.frombytes(data)
-    if not _LITTLE:
-        values.byteswap()
-    return values.tolist()
+    """A packed series' values (little-endian float64)."""
+    return floats(data)
 
 
 @dataclass

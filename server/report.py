@@ -209,7 +209,7 @@ def render_report(store: Store, ref: str, rank: int = 0) -> str:
 
 def write_report(db: str, ref: str, output: str | Path, rank: int = 0) -> Path:
     """Write the report of run ``ref`` (id or name) stored in ``db`` to ``output``."""
-    settings = Settings(db=db)
+    settings = Settings(db=db, writer_process=False)  # it only reads: no writer to start
     if settings.db_kind == "sqlite" and not Path(db).is_file():
         raise ReportError(f"expected a gradwatch database at {db!r}, got no such file")
     store = open_store(settings)

@@ -48,7 +48,8 @@ class ProcessWriter:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._lock = threading.Lock()
-        self._pending: dict[int, Future[Any]] = {}
+        # id -> [future, the child its frame was written to (None: not yet)]
+        self._pending: dict[int, list[Any]] = {}
         self._next = 0
         self._closing = False
         self._child: subprocess.Popen[bytes] | None = None
@@ -90,7 +91,7 @@ class ProcessWriter:
                 return future
             ident = head["id"] = self._next
             self._next += 1
-            self._pending[ident] = future
+            self._pending[ident] = [future, None]
         self._outbox.put((ident, head, parts))
         return future
 
@@ -102,6 +103,9 @@ class ProcessWriter:
             ident, head, parts = item
             with self._lock:
                 child = self._child
+                entry = self._pending.get(ident)
+                if entry is not None:
+                    entry[1] = child  # if this child dies unanswered, its reader fails it
             try:
                 if child is None or child.stdin is None or child.poll() is not None:
                     raise WriterGone("the writer process is not running")
@@ -110,10 +114,10 @@ class ProcessWriter:
                     child.stdin.flush()
             except (OSError, ValueError, WriterGone) as error:
                 with self._lock:
-                    future = self._pending.pop(ident, None)
+                    entry = self._pending.pop(ident, None)
                     self._restart_locked(child)
-                if future is not None:
-                    future.set_exception(WriterGone(f"the writer process is gone ({error})"))
+                if entry is not None:
+                    entry[0].set_exception(WriterGone(f"the writer process is gone ({error})"))
 
     def _read_answers(self, child: subprocess.Popen[bytes]) -> None:
         assert child.stdout is not None
@@ -123,9 +127,10 @@ class ProcessWriter:
                 break
             head, _ = frame
             with self._lock:
-                future = self._pending.pop(head["id"], None)
-            if future is None:
+                entry = self._pending.pop(head["id"], None)
+            if entry is None:
                 continue
+            future = entry[0]
             if "error" in head:
                 future.set_exception(StoreError(head["error"]))
             else:
@@ -133,12 +138,12 @@ class ProcessWriter:
         child.stdout.close()
         child.wait()
         with self._lock:
-            if self._child is not child:
-                return
-            lost, self._pending = self._pending, {}
-            if not self._closing:
-                self._restart_locked(child)
-        for future in lost.values():
+            # What was written to this child and never answered is lost with it; what
+            # the sending thread has not written yet goes to the next child.
+            lost = [i for i, (_, to) in self._pending.items() if to is child]
+            futures = [self._pending.pop(i)[0] for i in lost]
+            self._restart_locked(child)
+        for future in futures:
             future.set_exception(WriterGone(f"the writer process exited ({child.returncode})"))
 
     def _restart_locked(self, child: subprocess.Popen[bytes] | None) -> None:

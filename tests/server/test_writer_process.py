@@ -63,7 +63,8 @@ def _batch(run: str, seq: int, steps: range) -> Any:
 
 def _open(path: Path, run: str) -> Any:
     store = open_store(Settings(db=str(path)))
-    store.submit_hello(parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": run})))
+    hello = {"type": "hello", "protocol": 1, "run_id": run}
+    store.submit_hello(parse_message(json.dumps(hello))).result(timeout=30)
     return store
 
 
@@ -143,3 +144,27 @@ def test_serve_writer_thread_keeps_writes_in_the_server_process(gradwatch_server
         {"type": "ack", "seq": 0}
     ]
     assert wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=loss")["total"] == 2
+
+
+def test_writes_in_flight_when_the_writer_dies_all_get_an_answer(tmp_path):
+    """None hangs: each is stored (True) or fails (StoreError, so the trainer resends);
+    a resend of every failed one then stores each step exactly once."""
+    store = _open(tmp_path / "g.db", "r")
+    try:
+        (writer,) = writers_of(os.getpid())
+        batches = [_batch("r", seq, range(seq * 20, seq * 20 + 20)) for seq in range(60)]
+        futures = [store.submit_batch(b) for b in batches]
+        os.kill(writer, signal.SIGKILL)
+        failed = []
+        for batch, future in zip(batches, futures, strict=True):
+            try:
+                assert future.result(timeout=60) in (True, False)
+            except StoreError:
+                failed.append(batch)
+        for batch in failed:
+            store.submit_batch(batch).result(timeout=60)
+        steps = store.steps("r", fields=["loss"], max_points=10_000)
+        assert steps["total"] == 1200
+        assert steps["fields"]["loss"]["step"] == list(range(1200))
+    finally:
+        store.close()

@@ -174,21 +174,33 @@ def block_records(block: StepColumns) -> list[dict[str, Any]]:
     return records
 
 
+def split_name(name: str) -> tuple[str, str, str]:
+    """A named scalar's (family, owner, key): ``param_norms/<p>`` -> (.., p, ""),
+    ``gate_norms/<p>/<g>`` -> (.., p, g), ``profile/<m>/<k>`` -> (.., m, k).
+
+    >>> split_name("gate_norms/lstm.weight_hh_l0/f")
+    ('gate_norms', 'lstm.weight_hh_l0', 'f')
+    """
+    head, _, tail = name.partition("/")
+    if head == "param_norms":
+        return head, tail, ""
+    owner, _, key = tail.rpartition("/")
+    return head, owner, key
+
+
 def _add_named(records: list[dict[str, Any]], names: list[str], values: list[float]) -> None:
     width = len(names)
+    parts = [split_name(name) for name in names]
     for i, record in enumerate(records):
         row = values[i * width : (i + 1) * width]
-        for name, value in zip(names, row, strict=True):
-            head, _, tail = name.partition("/")
-            if head == "param_norms":
-                record.setdefault("param_norms", {})[tail] = value
+        for (family, owner, key), value in zip(parts, row, strict=True):
+            if family == "param_norms":
+                record.setdefault("param_norms", {})[owner] = value
+            elif family == "gate_norms":
+                record.setdefault("gate_norms", {}).setdefault(owner, {})[key] = value
             else:
-                owner, _, key = tail.rpartition("/")
-                if head == "gate_norms":
-                    record.setdefault("gate_norms", {}).setdefault(owner, {})[key] = value
-                else:
-                    entry = record.setdefault("profile", {}).setdefault(owner, {})
-                    entry[key] = int(value) if key == "calls" else value
+                entry = record.setdefault("profile", {}).setdefault(owner, {})
+                entry[key] = int(value) if key == "calls" else value
 
 
 def records_json(batch: Batch) -> str:

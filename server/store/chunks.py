@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..columns import FLOAT_COLUMNS, INT_COLUMNS, floats, ints
+from ..columns import FLOAT_COLUMNS, INT_COLUMNS, floats, ints, split_name
 
 if TYPE_CHECKING:
     from ..schema import StepColumns
@@ -204,12 +204,8 @@ def add_block(
 
 
 def _named_keys(names: list[str], keys: set[tuple[str, str, str]]) -> None:
+    """run_keys of named scalars, as store/named.py writes them (a profiled module
+    once, not per key)."""
     for name in names:
-        head, _, tail = name.partition("/")
-        if head == "param_norms":
-            keys.add(("param_norms", tail, ""))
-        elif head == "gate_norms":
-            param, _, gate = tail.rpartition("/")
-            keys.add(("gate_norms", param, gate))
-        else:
-            keys.add(("profile", tail.rpartition("/")[0], ""))
+        family, owner, key = split_name(name)
+        keys.add((family, owner, "" if family == "profile" else key))

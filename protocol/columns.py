@@ -48,7 +48,15 @@ from .column_shapes import (
 )
 from .messages import MAX_RECORDS_PER_BATCH
 
-__all__ = ["batch_records", "block_json", "from_columns", "slice_block", "to_columns"]
+__all__ = [
+    "add_named",
+    "batch_records",
+    "block_json",
+    "from_columns",
+    "slice_block",
+    "split_name",
+    "to_columns",
+]
 
 _LITTLE = sys.byteorder == "little"
 
@@ -219,23 +227,7 @@ def from_columns(block: dict[str, Any]) -> list[dict[str, Any]]:
                 record[name] = value
     named = block.get("named")
     if named is not None:
-        parsed = []
-        for name in named["names"]:
-            head, _, tail = name.partition("/")
-            owner, _, key = tail.rpartition("/")
-            parsed.append((head, tail, owner, key))
-        values = _values(named, "d")
-        width = len(parsed)
-        for i, record in enumerate(records):
-            row = values[i * width : (i + 1) * width]
-            for (head, tail, owner, key), value in zip(parsed, row, strict=True):
-                if head == "param_norms":
-                    record.setdefault("param_norms", {})[tail] = value
-                elif head == "gate_norms":
-                    record.setdefault("gate_norms", {}).setdefault(owner, {})[key] = value
-                else:
-                    entry = record.setdefault("profile", {}).setdefault(owner, {})
-                    entry[key] = int(value) if key == "calls" else value
+        add_named(records, named["names"], _values(named, "d"))
     for module, by_series in (block.get("timesteps") or {}).items():
         for name, column in by_series.items():
             data = base64.b64decode(column["f64"])
@@ -244,6 +236,37 @@ def from_columns(block: dict[str, Any]) -> list[dict[str, Any]]:
                 piece = {"f64": b64(data[i * size : (i + 1) * size])}
                 record.setdefault("timesteps", {}).setdefault(module, {})[name] = piece
     return records
+
+
+def split_name(name: str) -> tuple[str, str, str]:
+    """A block's named scalar as (family, owner, key): ``param_norms/<p>`` -> (.., p,
+    ""), ``gate_norms/<p>/<g>`` -> (.., p, g), ``profile/<m>/<k>`` -> (.., m, k).
+
+    >>> split_name("gate_norms/lstm.weight_hh_l0/f")
+    ('gate_norms', 'lstm.weight_hh_l0', 'f')
+    """
+    head, _, tail = name.partition("/")
+    if head == "param_norms":
+        return head, tail, ""
+    owner, _, key = tail.rpartition("/")
+    return head, owner, key
+
+
+def add_named(records: list[dict[str, Any]], names: list[str], values: Any) -> None:
+    """Put a block's named values (record-major rows of ``len(names)``) back into its
+    records' ``param_norms``, ``gate_norms`` and ``profile``."""
+    width = len(names)
+    parts = [split_name(name) for name in names]
+    for i, record in enumerate(records):
+        row = values[i * width : (i + 1) * width]
+        for (family, owner, key), value in zip(parts, row, strict=True):
+            if family == "param_norms":
+                record.setdefault("param_norms", {})[owner] = value
+            elif family == "gate_norms":
+                record.setdefault("gate_norms", {}).setdefault(owner, {})[key] = value
+            else:
+                entry = record.setdefault("profile", {}).setdefault(owner, {})
+                entry[key] = int(value) if key == "calls" else value
 
 
 def batch_records(message: dict[str, Any]) -> list[dict[str, Any]]:

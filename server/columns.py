@@ -25,16 +25,17 @@ import sys
 from array import array
 from typing import Any
 
+from gradwatch.protocol import column_shapes as shared
 from gradwatch.protocol import messages as m
 from gradwatch.protocol.codec import dumps
+from gradwatch.protocol.column_shapes import FLOAT_COLUMNS, PROFILE_KEYS
+from gradwatch.protocol.columns import add_named
 
 from .schema import RECORDS, Batch, StepColumns
 
-INT_COLUMNS = ("epoch", "graph_nodes", "rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes")
-FLOAT_COLUMNS = ("t", "duration_s", "loss", "total_norm", "overhead")
-GATE_PREFIX = "gate_norms/"
-NAMED_PREFIXES = ("param_norms/", GATE_PREFIX, "profile/")
-PROFILE_KEYS = ("forward_s", "backward_s", "calls")
+# The int64 columns besides `step` (the trainer's encoder names them all).
+INT_COLUMNS = shared.INT_COLUMNS[1:]
+NAMED_PREFIXES = ("param_norms/", "gate_norms/", "profile/")
 _LITTLE = sys.byteorder == "little"
 
 
@@ -170,37 +171,8 @@ def block_records(block: StepColumns) -> list[dict[str, Any]]:
                     data = column.f64[i * width : (i + 1) * width]
                     record["timesteps"][module][series] = {"f64": _b64(data)}
     if block.named is not None:
-        _add_named(records, block.named.names, floats(block.named.f64))
+        add_named(records, block.named.names, floats(block.named.f64))
     return records
-
-
-def split_name(name: str) -> tuple[str, str, str]:
-    """A named scalar's (family, owner, key): ``param_norms/<p>`` -> (.., p, ""),
-    ``gate_norms/<p>/<g>`` -> (.., p, g), ``profile/<m>/<k>`` -> (.., m, k).
-
-    >>> split_name("gate_norms/lstm.weight_hh_l0/f")
-    ('gate_norms', 'lstm.weight_hh_l0', 'f')
-    """
-    head, _, tail = name.partition("/")
-    if head == "param_norms":
-        return head, tail, ""
-    owner, _, key = tail.rpartition("/")
-    return head, owner, key
-
-
-def _add_named(records: list[dict[str, Any]], names: list[str], values: list[float]) -> None:
-    width = len(names)
-    parts = [split_name(name) for name in names]
-    for i, record in enumerate(records):
-        row = values[i * width : (i + 1) * width]
-        for (family, owner, key), value in zip(parts, row, strict=True):
-            if family == "param_norms":
-                record.setdefault("param_norms", {})[owner] = value
-            elif family == "gate_norms":
-                record.setdefault("gate_norms", {}).setdefault(owner, {})[key] = value
-            else:
-                entry = record.setdefault("profile", {}).setdefault(owner, {})
-                entry[key] = int(value) if key == "calls" else value
 
 
 def records_json(batch: Batch) -> str:

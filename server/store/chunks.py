@@ -25,7 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..columns import FLOAT_COLUMNS, INT_COLUMNS, floats, ints, split_name
+from gradwatch.protocol.column_shapes import FLOAT_COLUMNS
+from gradwatch.protocol.columns import split_name
+
+from ..columns import INT_COLUMNS, floats, ints
 
 if TYPE_CHECKING:
     from ..schema import StepColumns

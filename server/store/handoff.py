@@ -26,7 +26,8 @@ import struct
 from collections.abc import Sequence
 from typing import IO, Any
 
-from ..columns import FLOAT_COLUMNS
+from gradwatch.protocol.column_shapes import FLOAT_COLUMNS
+
 from ..schema import (
     RECORDS,
     Batch,

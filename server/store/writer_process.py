@@ -28,6 +28,11 @@ import queue
 import subprocess
 import sys
 import threading
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: the pipe keeps its default size
+    fcntl = None  # type: ignore[assignment]
 from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
@@ -71,6 +76,11 @@ class ProcessWriter:
             stdout=subprocess.PIPE,
             env={**os.environ, "GRADWATCH_WRITER_SETTINGS": _settings_text(self.settings)},
         )
+        # A 300 KB batch fills the default 64 KB pipe ~5 times, each a wait for the
+        # child to read; a 1 MiB pipe takes a whole frame at once (Linux only).
+        with contextlib.suppress(AttributeError, OSError):
+            assert child.stdin is not None and fcntl is not None
+            fcntl.fcntl(child.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
         self._child = child
         self._reader = threading.Thread(
             target=self._read_answers, args=(child,), name="gradwatch-writer-answers", daemon=True

@@ -78,9 +78,9 @@ class ProcessWriter:
         )
         # A 300 KB batch fills the default 64 KB pipe ~5 times, each a wait for the
         # child to read; a 1 MiB pipe takes a whole frame at once (Linux only).
-        with contextlib.suppress(AttributeError, OSError):
-            assert child.stdin is not None and fcntl is not None
-            fcntl.fcntl(child.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
+        if fcntl is not None and child.stdin is not None:
+            with contextlib.suppress(AttributeError, OSError):  # F_SETPIPE_SZ is Linux's
+                fcntl.fcntl(child.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
         self._child = child
         self._reader = threading.Thread(
             target=self._read_answers, args=(child,), name="gradwatch-writer-answers", daemon=True

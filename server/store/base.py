@@ -63,6 +63,7 @@ class Store(ScalarWrites, Reads, ABC):
         self._name_sets = {}
         self._keys_written = set()
         self._rollups_pending = []
+        self._set_layouts = {}
         writer = self.connect()
         self.create_schema(writer)
         self._writer_conn = writer
@@ -246,7 +247,7 @@ class Store(ScalarWrites, Reads, ABC):
         )
         if cur.rowcount == 0:
             return False  # a repeat: acknowledged, not stored again
-        split = rows.split_batch(batch, self.scalar_in, session)
+        split = rows.split_batch(batch, self.scalar_in, session, self.set_rollups)
         if split.steps:
             cur.executemany(self.sql(rows.STEP_INSERT), split.steps)
         # Packed named rows, and the rollups of every series (store/scalar_writes.py).

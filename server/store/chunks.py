@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from gradwatch.protocol.column_shapes import FLOAT_COLUMNS
 from gradwatch.protocol.columns import split_name
 
@@ -84,6 +86,9 @@ class ColumnGroup:
     names: tuple[str, ...]
     columns: list[list[Any]]
     name_set: bool = False
+    # With ``arrays``: the values as one numpy array, ``matrix[i, k]`` of series k at
+    # ``steps[i]``, all int64 or all finite float64 (``columns`` then empty).
+    matrix: Any = None
 
 
 @dataclass
@@ -137,9 +142,12 @@ def add_block(
     uid: int,
     scalar: Callable[[Any], Any],
     keys: set[tuple[str, str, str]],
+    arrays: bool = False,
 ) -> tuple[int, int]:
     """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
-    ``uid + 1 ...`` in block order. Returns the block's last step and last epoch."""
+    ``uid + 1 ...`` in block order. Returns the block's last step and last epoch.
+    With ``arrays`` the groups hold numpy matrices of one dtype each (ints, floats,
+    named floats) where their values are finite (store/set_rollups.py)."""
     steps = ints(block.step.i64)
     last_epoch = max(ints(block.epoch.i64)) if block.epoch is not None else 0
     present = [(name, getattr(block, name)) for name in CHUNK_FIELDS]
@@ -147,7 +155,7 @@ def add_block(
     raw = [column.i64 if name in INT_FIELDS else column.f64 for name, column in present]
     fields = json.dumps([name for name, _ in present])
     rolled = [
-        (name, ints(data) if name in INT_FIELDS else stored_floats(floats(data), scalar))
+        (name, data)
         for (name, _), data in zip(present, raw, strict=True)
         if name not in ("epoch", "t", "graph_truncated")
     ]
@@ -155,12 +163,13 @@ def add_block(
     named = block.named if block.named is not None and block.named.names else None
     if named is not None:
         _named_keys(named.names, keys)
-        width = len(named.names)
-        named_values = stored_floats(floats(named.f64), scalar)
     for module, series_map in (block.timesteps or {}).items():
         for series in series_map:
             keys.add(("timesteps", module, series))
-    for start, stop in cuts(steps):
+    chunks = cuts(steps)
+    groups = _array_groups if arrays else _list_groups
+    out.groups.extend(groups(steps, block.step.i64, chunks, uid, rolled, named, scalar))
+    for start, stop in chunks:
         n = stop - start
         first = uid + 1 + start
         part = steps[start:stop]
@@ -168,23 +177,11 @@ def add_block(
         data = b"".join(d[8 * start : 8 * stop] for d in raw)
         step_bytes = block.step.i64[8 * start : 8 * stop]
         out.steps.append((run_id, rank, lo, hi, first, n, fields, step_bytes, data))
-        uids = range(first, first + n)
-        out.groups.append(
-            ColumnGroup(
-                part,
-                uids,
-                ("step", *(name for name, _ in rolled)),
-                [part, *(values[start:stop] for _, values in rolled)],
-            )
-        )
         if named is not None:
+            width = len(named.names)
             data = named.f64[8 * width * start : 8 * width * stop]
             names = tuple(named.names)
             out.named.append((names, (run_id, rank, lo, hi, first, n, step_bytes, data)))
-            flat = named_values[width * start : width * stop]
-            out.groups.append(
-                ColumnGroup(part, uids, names, [flat[k::width] for k in range(width)], True)
-            )
         for module, series_map in (block.timesteps or {}).items():
             for series, column in series_map.items():
                 size = 8 * column.length
@@ -204,6 +201,86 @@ def add_block(
                     )
                 )
     return max(steps), last_epoch
+
+
+# (name, raw column) of the plain fields to roll up.
+_Rolled = list[tuple[str, bytes]]
+
+
+def _list_groups(
+    steps: list[int],
+    step_bytes: bytes,
+    chunks: list[tuple[int, int]],
+    uid: int,
+    rolled: _Rolled,
+    named: Any,
+    scalar: Callable[[Any], Any],
+) -> list[ColumnGroup]:
+    """Each chunk's rollup groups as value lists (as the backend stores the values):
+    the plain fields with the steps, and the named scalars."""
+    plain = [
+        (name, ints(data) if name in INT_FIELDS else stored_floats(floats(data), scalar))
+        for name, data in rolled
+    ]
+    width = len(named.names) if named is not None else 0
+    named_values = stored_floats(floats(named.f64), scalar) if named is not None else []
+    groups: list[ColumnGroup] = []
+    for start, stop in chunks:
+        part, uids = steps[start:stop], range(uid + 1 + start, uid + 1 + stop)
+        groups.append(
+            ColumnGroup(
+                part,
+                uids,
+                ("step", *(name for name, _ in plain)),
+                [part, *(values[start:stop] for _, values in plain)],
+            )
+        )
+        if named is not None:
+            flat = named_values[width * start : width * stop]
+            columns = [flat[k::width] for k in range(width)]
+            groups.append(ColumnGroup(part, uids, tuple(named.names), columns, True))
+    return groups
+
+
+def _array_groups(
+    steps: list[int],
+    step_bytes: bytes,
+    chunks: list[tuple[int, int]],
+    uid: int,
+    rolled: _Rolled,
+    named: Any,
+    scalar: Callable[[Any], Any],
+) -> list[ColumnGroup]:
+    """Each chunk's rollup groups as numpy matrices of one dtype (store/set_rollups.py):
+    the int columns with the steps, the float columns, the named scalars; a group
+    with a value that is not finite goes as lists (the backend's order decides)."""
+    n = len(steps)
+    ints_ = [(name, data) for name, data in rolled if name in INT_FIELDS]
+    floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
+    matrices: list[tuple[tuple[str, ...], Any, bool]] = [
+        (
+            ("step", *(name for name, _ in ints_)),
+            np.frombuffer(b"".join([step_bytes, *(d for _, d in ints_)]), "<i8").reshape(-1, n).T,
+            False,
+        )
+    ]
+    if floats_:
+        matrix = np.frombuffer(b"".join(d for _, d in floats_), "<f8").reshape(-1, n).T
+        matrices.append((tuple(name for name, _ in floats_), matrix, False))
+    if named is not None:
+        matrix = np.frombuffer(named.f64, "<f8").reshape(n, len(named.names))
+        matrices.append((tuple(named.names), matrix, True))
+    groups: list[ColumnGroup] = []
+    for start, stop in chunks:
+        part, uids = steps[start:stop], range(uid + 1 + start, uid + 1 + stop)
+        for names, matrix, name_set in matrices:
+            values = matrix[start:stop]
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
+                columns = [stored_floats(c, scalar) for c in values.T.tolist()]
+                groups.append(ColumnGroup(part, uids, names, columns, name_set))
+            else:
+                groups.append(ColumnGroup(part, uids, names, [], name_set, values))
+    return groups
 
 
 def _named_keys(names: list[str], keys: set[tuple[str, str, str]]) -> None:

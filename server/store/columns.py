@@ -37,6 +37,12 @@ class Group:
     order: Sequence[int]
     series: Sequence[int]
     columns: Sequence[Sequence[Any]]
+    # The kind of each series (store/set_rollups.py) when the group's rollups are kept
+    # as one row per set of series; empty: one row per series.
+    kinds: str = ""
+    # Or the values as one numpy array, ``matrix[i, k]`` of series k at ``steps[i]``
+    # (all finite, one dtype; ``columns`` is then empty).
+    matrix: Any = None
 
 
 # (series, level, block) -> [min_step, min_v, max_step, max_v, n, min_order, max_order]
@@ -64,9 +70,15 @@ def aggregate_columns(groups: Iterable[Group], key: rollups.Key) -> list[tuple[A
     return out
 
 
-def _add_group(
-    out: list[tuple[Any, ...]], merged: _Blocks, shared: set[int], group: Group, key: rollups.Key
-) -> None:
+# (level, block, first finest block, last + 1, number of values)
+_Span = tuple[int, int, int, int, int]
+
+
+def _spans(
+    group: Group,
+) -> tuple[list[int], Sequence[int], Sequence[Sequence[Any]], list[tuple[int, int]], list[_Span]]:
+    """A group's steps, order and columns sorted by step, the finest level's blocks as
+    index ranges of the sorted steps, and every level's blocks as runs of them."""
     steps, order, columns = list(group.steps), group.order, group.columns
     ordered = sorted(steps)
     if ordered != steps:
@@ -89,7 +101,6 @@ def _add_group(
         fine.append((i, j))
         blocks.append(block)
         i = j
-    # (level, block, first finest block, last + 1, number of values)
     spans = [
         (finest, b, k, k + 1, j - i) for k, (b, (i, j)) in enumerate(zip(blocks, fine, strict=True))
     ]
@@ -101,6 +112,33 @@ def _add_group(
                 m += 1
             spans.append((level, block, k, m, fine[m - 1][1] - fine[k][0]))
             k = m
+    return steps, order, columns, fine, spans
+
+
+def set_blocks(group: Group, key: rollups.Key) -> list[tuple[int, int, int, int, int, list[Any]]]:
+    """A group's rollups as one row per block of every level for all its series
+    together (store/set_rollups.py): ``(level, block, n, first step, last step,
+    values)``, ``values`` holding ``min_step, min_v, max_step, max_v`` of each series
+    in the group's order, chosen as :func:`aggregate_columns` chooses them."""
+    steps, _, columns, fine, spans = _spans(group)
+    extremes = [_extremes(column, fine, key) for column in columns]
+    out: list[tuple[int, int, int, int, int, list[Any]]] = []
+    for level, block, k, m, count in spans:
+        values: list[Any] = []
+        for column, (lows, highs, rank) in zip(columns, extremes, strict=True):
+            if m - k == 1:
+                lo, hi = lows[k], highs[k]
+            else:
+                lo, hi = min(lows[k:m], key=rank), max(highs[k:m], key=rank)
+            values += (steps[lo], column[lo], steps[hi], column[hi])
+        out.append((level, block, count, steps[fine[k][0]], steps[fine[m - 1][1] - 1], values))
+    return out
+
+
+def _add_group(
+    out: list[tuple[Any, ...]], merged: _Blocks, shared: set[int], group: Group, key: rollups.Key
+) -> None:
+    steps, order, columns, fine, spans = _spans(group)
     for series, column in zip(group.series, columns, strict=True):
         lows, highs, rank = _extremes(column, fine, key)
         for level, block, k, m, count in spans:

@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from ..downsample import bucket_width
-from . import rollups, rows
+from . import rollups, rows, set_rollups
 from .chunk_reads import combined_counts, merged_points
 from .named_reads import NamedReads, bucket_extremes
 
@@ -216,6 +216,10 @@ class HistoryReads(NamedReads):
             "fields": out,
         }
 
+    def _stored_scalar(self, value: float) -> Any:
+        """A non-finite float of a set's rollup row as this backend stores it."""
+        return self.scalar_in(rows.scalar_out(value))
+
     def _rolled(self, started: Any) -> bool:
         """Whether a run started when this database already kept rollups."""
         if self._rollups_from is None:
@@ -236,12 +240,14 @@ class HistoryReads(NamedReads):
             return None
         blocks, rest = rollups.cover(lo, hi)
         parts = [
-            self.query(
+            self.query(text, (found[0][0], level, first, last))[0]
+            for level, first, last in blocks
+            # Per series and per set of series (store/set_rollups.py).
+            for text in (
                 "SELECT SUM(n), MIN(min_step), MAX(max_step) FROM rollups"
                 " WHERE series = ? AND level = ? AND block >= ? AND block <= ?",
-                (found[0][0], level, first, last),
-            )[0]
-            for level, first, last in blocks
+                set_rollups.STEP_COUNT,
+            )
         ]
         for a, b in rest:
             parts.append(
@@ -334,12 +340,19 @@ class HistoryReads(NamedReads):
             raw = [b for b in buckets if not inner or b < inner[0] or b > inner[-1]]
             if inner:
                 shift = (width.bit_length() - 1) - level
+                span = (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1)
                 merged = rollups.merge_buckets(
-                    self.query(
-                        "SELECT block, min_step, min_v, max_step, max_v FROM rollups"
-                        " WHERE series = ? AND level = ? AND block >= ? AND block <= ?",
-                        (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1),
-                    ),
+                    [
+                        *self.query(
+                            "SELECT block, min_step, min_v, max_step, max_v FROM rollups"
+                            " WHERE series = ? AND level = ? AND block >= ? AND block <= ?",
+                            span,
+                        ),
+                        *(
+                            (block, *set_rollups.series_at(data, at, kind, self._stored_scalar))
+                            for at, kind, block, data in self.query(set_rollups.SERIES_ROWS, span)
+                        ),
+                    ],
                     shift,
                     self.value_key,
                 )

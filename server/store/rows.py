@@ -32,6 +32,7 @@ from .chunks import Chunks, add_block
 from .chunks import schema as chunk_schema
 from .named import NamedBuilder, NamedGroup
 from .named import schema as named_schema
+from .set_rollups import schema as set_rollup_schema
 
 # Numeric scalar columns of `steps`, in protocol names (docs/PROTOCOL.md).
 NUMBER_FIELDS = ("t", "duration_s", "loss", "total_norm", "overhead")
@@ -155,6 +156,7 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
         f" '{time.time()!r}') ON CONFLICT DO NOTHING",
         *named_schema(integer, blob, serial, clustered),
         *chunk_schema(integer, blob, clustered),
+        *set_rollup_schema(integer, blob, serial, clustered),
     ]
 
 
@@ -215,9 +217,12 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else dumps(value)
 
 
-def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> SplitBatch:
+def split_batch(
+    batch: Any, scalar: Callable[[Any], Any], session: str = "", arrays: bool = False
+) -> SplitBatch:
     """Rows of every table for one validated batch (its records, then its column
-    blocks as chunks: store/chunks.py)."""
+    blocks as chunks: store/chunks.py; ``arrays``: their rollup groups as numpy
+    matrices, for the rollups per set of series)."""
     out = SplitBatch()
     run_id, rank = batch.run_id, batch.rank
     last_step = -1
@@ -294,7 +299,7 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
     if batch.columns:
         out.chunks = Chunks()
         for block in batch.columns:
-            step, epoch = add_block(out.chunks, block, run_id, rank, uid, scalar, out.keys)
+            step, epoch = add_block(out.chunks, block, run_id, rank, uid, scalar, out.keys, arrays)
             last_step, last_epoch = max(last_step, step), max(last_epoch, epoch)
             uid += block.n
     out.last_step = last_step if last_step >= 0 else None

@@ -14,9 +14,12 @@ from collections.abc import Callable, Sequence
 from itertools import chain, repeat
 from typing import Any
 
+import numpy as np
+
 from . import named, rollups, rows
-from .chunks import NAMED_CHUNK_INSERT
-from .columns import Group, aggregate_columns
+from .chunks import INT_FIELDS, NAMED_CHUNK_INSERT
+from .columns import Group, aggregate_columns, set_blocks
+from .set_rollups import SET_INSERT, Layout, array_blocks, kind_of, merge, merge_arrays
 
 # (index in a `steps` row, series name) of the columns the history API serves, and
 # the step numbers themselves (their rollups count the steps of a range).
@@ -40,6 +43,10 @@ class ScalarWrites:
     _keys_written: set[tuple[str, str, str, str]]
     # The rollup groups of the transaction being written.
     _rollups_pending: list[Group]
+    # Series of chunks roll up one row per set of series (store/set_rollups.py); the
+    # set layouts this writer knows, by series ids.
+    set_rollups = False
+    _set_layouts: dict[tuple[int, ...], Layout]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
     _written: int = 0
 
@@ -49,11 +56,15 @@ class ScalarWrites:
     def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
         raise NotImplementedError
 
+    def scalar_in(self, value: Any) -> Any:
+        raise NotImplementedError
+
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
         self._series_ids.clear()
         self._name_sets.clear()
         self._keys_written.clear()
+        self._set_layouts.clear()
 
     def _series(self, cur: Any, run_id: str, rank: int, name: str) -> int:
         key = (run_id, rank)
@@ -130,7 +141,12 @@ class ScalarWrites:
                 ids = self._name_set(cur, run_id, rank, chunk.names)[1]
             else:
                 ids = [self._series(cur, run_id, rank, name) for name in chunk.names]
-            groups.append(Group(chunk.steps, chunk.uids, ids, chunk.columns))
+            kinds = (
+                "".join(kind_of(name, INT_FIELDS) for name in chunk.names)
+                if self.set_rollups
+                else ""
+            )
+            groups.append(Group(chunk.steps, chunk.uids, ids, chunk.columns, kinds, chunk.matrix))
         # Upserted once per transaction (_flush_rollups): the batches of one run that
         # commit together share their coarse blocks, one row each instead of one per
         # batch (the upserts were a fifth of the server's time at 40k records/s).
@@ -141,7 +157,88 @@ class ScalarWrites:
         if self._rollups_pending:
             groups = joined(self._rollups_pending)
             self._rollups_pending = []  # `groups` may be the very list
-            self._upsert_rollups(cur, aggregate_columns(groups, self.value_key))
+            apart = [g for g in groups if not g.kinds]
+            if apart:
+                self._upsert_rollups(cur, aggregate_columns(apart, self.value_key))
+            together = [g for g in groups if g.kinds]
+            if together:
+                self._write_set_rollups(cur, together)
+
+    def _write_set_rollups(self, cur: Any, groups: list[Group]) -> None:
+        """One row per set and block (store/set_rollups.py), merged with the row of
+        that block already stored."""
+        found: list[tuple[Any, ...]] = []
+        for group in groups:
+            layout = self._set_layout(cur, group)
+            if group.matrix is not None:
+                steps = np.fromiter(group.steps, np.int64, len(group.steps))
+                blocks: list[tuple[Any, ...]] = array_blocks(steps, group.matrix)
+            else:
+                blocks = set_blocks(group, self.value_key)
+            stored = self._stored_set_rows(cur, layout.id, blocks)
+            for level, block, n, lo, hi, values in blocks:
+                old = stored.get((level, block))
+                if old is not None:
+                    values = self._merged(layout, old[3], values)
+                    n, lo, hi = n + old[0], min(lo, old[1]), max(hi, old[2])
+                data = values.tobytes() if isinstance(values, np.ndarray) else layout.pack(values)
+                found.append((layout.id, level, block, n, lo, hi, data))
+        cur.executemany(self.sql(SET_INSERT), found)
+
+    def _merged(self, layout: Layout, data: bytes, values: Any) -> Any:
+        """A block's new values merged into its stored row's (numpy records in, numpy
+        records out where both are finite; else lists in the backend's order)."""
+        if isinstance(values, np.ndarray):
+            merged = merge_arrays(np.frombuffer(data, values.dtype), values)
+            if merged is not None:
+                return merged
+            values = [v for record in values.tolist() for v in record]
+        return merge(layout.unpack(data, self._stored_value), values, self.value_key)
+
+    def _stored_value(self, value: float) -> Any:
+        """A non-finite float as this backend stores it."""
+        return self.scalar_in(rows.scalar_out(value))
+
+    def _set_layout(self, cur: Any, group: Group) -> Layout:
+        key = tuple(group.series)
+        layout = self._set_layouts.get(key)
+        if layout is None:
+            text = ",".join(map(str, key))
+            cur.execute(
+                self.sql(self.insert_ignore("rollup_sets", ("series", "kinds"))),
+                (text, group.kinds),
+            )
+            cur.execute(self.sql("SELECT id, kinds FROM rollup_sets WHERE series = ?"), (text,))
+            set_id, kinds = cur.fetchone()
+            cur.executemany(
+                self.sql(
+                    self.insert_ignore("rollup_members", ("series", "set_id", "position", "kind"))
+                ),
+                [(series, set_id, at, kinds[at]) for at, series in enumerate(key)],
+            )
+            layout = self._set_layouts[key] = Layout(int(set_id), kinds)
+        return layout
+
+    def _stored_set_rows(
+        self, cur: Any, set_id: int, blocks: list[tuple[Any, ...]]
+    ) -> dict[tuple[int, int], tuple[Any, ...]]:
+        """(level, block) -> (n, step_lo, step_hi, data) of the stored rows of these
+        blocks: one range query per level."""
+        found: dict[tuple[int, int], tuple[Any, ...]] = {}
+        for level in rollups.LEVELS:
+            at = [b[1] for b in blocks if b[0] == level]
+            if not at:
+                continue
+            cur.execute(
+                self.sql(
+                    "SELECT block, n, step_lo, step_hi, data FROM set_rollups"
+                    " WHERE set_id = ? AND level = ? AND block >= ? AND block <= ?"
+                ),
+                (set_id, level, min(at), max(at)),
+            )
+            for block, *row in cur.fetchall():
+                found[level, block] = tuple(row)
+        return found
 
     # PostgreSQL sends them as one statement of arrays (store/postgres.py).
     def _upsert_rollups(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
@@ -152,9 +249,9 @@ def joined(groups: list[Group]) -> list[Group]:
     """Groups of the same series (one run's batches in one transaction) as one group:
     aggregating them apart and merging their shared blocks cost ~4x more (the merge
     is per block in Python; one group's blocks are min()/max() over slices)."""
-    by_series: dict[tuple[int, ...], list[Group]] = {}
+    by_series: dict[tuple[tuple[int, ...], str], list[Group]] = {}
     for group in groups:
-        by_series.setdefault(tuple(group.series), []).append(group)
+        by_series.setdefault((tuple(group.series), group.kinds), []).append(group)
     if len(by_series) == len(groups):
         return groups
     out = []
@@ -162,18 +259,32 @@ def joined(groups: list[Group]) -> list[Group]:
         if len(same) == 1:
             out.append(same[0])
             continue
+        steps = list(chain.from_iterable(g.steps for g in same))
+        order = list(chain.from_iterable(g.order for g in same))
+        if all(g.matrix is not None for g in same):
+            matrix = np.concatenate([g.matrix for g in same])
+            out.append(Group(steps, order, same[0].series, [], same[0].kinds, matrix))
+            continue
+        columns = [_columns(g) for g in same]
         out.append(
             Group(
-                list(chain.from_iterable(g.steps for g in same)),
-                list(chain.from_iterable(g.order for g in same)),
+                steps,
+                order,
                 same[0].series,
                 [
-                    list(chain.from_iterable(g.columns[k] for g in same))
+                    list(chain.from_iterable(c[k] for c in columns))
                     for k in range(len(same[0].series))
                 ],
+                same[0].kinds,
             )
         )
     return out
+
+
+def _columns(group: Group) -> Sequence[Sequence[Any]]:
+    """A group's values as one list per series (a matrix holds finite numbers only,
+    stored as they are)."""
+    return group.matrix.T.tolist() if group.matrix is not None else group.columns
 
 
 def rollup_groups(

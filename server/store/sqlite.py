@@ -39,6 +39,8 @@ class SQLiteStore(Store):
     """
 
     kind: ClassVar[str] = "sqlite"
+    # One writer per database file: a set's rollup row is merged in Python safely.
+    set_rollups = True
 
     def __init__(self, settings: Settings) -> None:
         self.path = Path(settings.db)

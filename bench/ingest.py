@@ -2,11 +2,13 @@
 
 N concurrent raw-protocol trainers (websocket clients speaking protocol v1 directly,
 no gradwatch sender) each send `hello`, then batches of step records with 2 recurrent
-modules x 128 timesteps and 20 parameter norms, up to `--window` batches in flight,
-and wait for every ack. An ack means "committed", so records/s is stored AND
-acknowledged. 1, 4 and 16 trainers run side by side in one run, against SQLite (and
-PostgreSQL with --postgres URL); medians of --repeat rounds. The server is a real
-`gradwatch serve` process on 127.0.0.1; clients share the machine with it.
+modules x 128 timesteps and 20 parameter norms, with as much in flight as gradwatch's
+own sender keeps (`--window` batches and `--window-bytes`, its defaults: 64 and 8 MiB,
+~27 batches of 100 such records in columns), and wait for every ack. An ack means
+"committed", so records/s is stored AND acknowledged. 1, 4 and 16 trainers run side
+by side in one run, against SQLite (and PostgreSQL with --postgres URL); medians of
+--repeat rounds. The server is a real `gradwatch serve` process on 127.0.0.1; clients
+share the machine with it.
 
 Also printed: where the server's time goes for one such record (in-process: JSON
 validation, row building, SQLite insert) and how long the history API takes to
@@ -33,10 +35,14 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections import deque
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import connect
+
+from gradwatch.protocol.outbox import WINDOW_BATCHES, WINDOW_BYTES
 
 
 def free_port() -> int:
@@ -143,7 +149,7 @@ def encode_batches(
 
 
 async def trainer(
-    url: str, run_id: str, texts: list[str], window: int, start: asyncio.Event
+    url: str, run_id: str, texts: list[str], args: argparse.Namespace, start: asyncio.Event
 ) -> None:
     hello = {
         "type": "hello",
@@ -160,11 +166,21 @@ async def trainer(
     async with connect(url + "/ws/ingest", compression=None, max_size=None) as ws:
         await ws.send(json.dumps(hello))
         await start.wait()
-        in_flight = asyncio.Semaphore(window)
+        # In flight as the sender's outbox allows: at most `window` batches and
+        # `window_bytes` (but always one), acked in order.
+        sizes: deque[int] = deque()
+        room = asyncio.Condition()
+
+        def fits(size: int) -> bool:
+            return not sizes or (
+                len(sizes) < args.window and sum(sizes) + size <= args.window_bytes
+            )
 
         async def sender() -> None:
             for text in texts:
-                await in_flight.acquire()
+                async with room:
+                    await room.wait_for(partial(fits, len(text)))
+                    sizes.append(len(text))
                 await ws.send(text)
 
         task = asyncio.create_task(sender())
@@ -172,7 +188,9 @@ async def trainer(
             ack = json.loads(await ws.recv())
             if ack != {"type": "ack", "seq": expected}:
                 raise SystemExit(f"expected ack {expected}, got {ack}")
-            in_flight.release()
+            async with room:
+                sizes.popleft()
+                room.notify_all()
         await task
 
 
@@ -187,7 +205,7 @@ async def one_round(
     ]
     start = asyncio.Event()
     tasks = [
-        asyncio.create_task(trainer(url, str(json.loads(p[0])["run_id"]), p, args.window, start))
+        asyncio.create_task(trainer(url, str(json.loads(p[0])["run_id"]), p, args, start))
         for p in payloads
     ]
     await asyncio.sleep(0.2)  # let every hello land before the clock starts
@@ -348,7 +366,18 @@ def main() -> None:
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--records", type=int, default=16_000, help="records per round")
     parser.add_argument("--batch", type=int, default=100, help="records per batch")
-    parser.add_argument("--window", type=int, default=8, help="batches in flight per trainer")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=WINDOW_BATCHES,
+        help="batches in flight per trainer (the sender's default)",
+    )
+    parser.add_argument(
+        "--window-bytes",
+        type=int,
+        default=WINDOW_BYTES,
+        help="bytes in flight per trainer (the sender's default)",
+    )
     parser.add_argument("--timesteps", type=int, default=128)
     parser.add_argument("--params", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
@@ -379,7 +408,8 @@ def main() -> None:
         f"record: 2 modules x {args.timesteps} timesteps, {args.params} parameter norms,"
         f" {sizes['lists']:,} bytes of JSON with lists, {sizes['packed']:,} packed,"
         f" {sizes['columns']:,} in columns;"
-        f" {args.batch} records per batch, {args.window} batches in flight per trainer;"
+        f" {args.batch} records per batch, in flight per trainer at most {args.window}"
+        f" batches and {args.window_bytes / 2**20:g} MiB;"
         f" median of {args.repeat} rounds of {args.records:,} records; {os.cpu_count()} CPUs"
     )
     for encoding in args.encoding:

@@ -58,17 +58,24 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=8_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--postgres", default=None, help="PostgreSQL URL instead of SQLite")
+    parser.add_argument("--window", type=int, default=8, help="batches in flight per trainer")
+    parser.add_argument(
+        "--old-encoding",
+        choices=["packed", "columns"],
+        default="columns",
+        help="what the older server is sent (columns from 2c3a422 on)",
+    )
     args = parser.parse_args()
-    args.batch, args.window, args.timesteps, args.params = 100, 8, 128, 20
+    args.batch, args.timesteps, args.params = 100, 128, 20
+    args.window_bytes = ingest.WINDOW_BYTES
     # (label, server env, encoding of the records)
     variants = [
-        ("old, packed", {"PYTHONPATH": args.old}, "packed"),
-        ("new, packed", {}, "packed"),
+        (f"old, {args.old_encoding}", {"PYTHONPATH": args.old}, args.old_encoding),
         ("new, columns, writer thread", {"GRADWATCH_WRITER": "thread"}, "columns"),
         ("new, columns", {}, "columns"),
     ]
     rates: dict[tuple[str, int], list[float]] = {}
-    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; window {args.window} batches")
     with tempfile.TemporaryDirectory() as folder:
         for r in range(args.repeat):
             for label, env, encoding in variants:

@@ -95,6 +95,12 @@ class OutBatch:
     from_disk: bool = False
 
 
+# How much may be unacknowledged in memory, by default: what bench/ingest.py's
+# trainers keep in flight too.
+WINDOW_BATCHES = 64
+WINDOW_BYTES = 8 << 20
+
+
 class Outbox:
     """Unacknowledged batches of one ``(run_id, rank)``; see the module docstring."""
 
@@ -103,8 +109,8 @@ class Outbox:
         spool_path: str | os.PathLike[str],
         hello: dict[str, Any],
         *,
-        window_batches: int = 64,
-        window_bytes: int = 8 << 20,
+        window_batches: int = WINDOW_BATCHES,
+        window_bytes: int = WINDOW_BYTES,
         max_batch_bytes: int = 1 << 20,
     ) -> None:
         self.path = Path(spool_path)

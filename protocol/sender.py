@@ -32,7 +32,7 @@ from .batching import encode_batches
 from .blame import blames_a_batch
 from .codec import loads
 from .messages import MAX_MESSAGE_BYTES
-from .outbox import ENVELOPE_BYTES, Outbox, encode_records
+from .outbox import ENVELOPE_BYTES, WINDOW_BATCHES, WINDOW_BYTES, Outbox, encode_records
 from .sink import with_session
 from .spoolfiles import default_spool_path, fresh_path, rejected_path
 from .warnings import WarnOnce
@@ -73,8 +73,8 @@ class WebSocketSink:
         token: str | None = None,
         spool: str | os.PathLike[str] | None = None,
         *,
-        window_batches: int = 64,
-        window_bytes: int = 8 << 20,
+        window_batches: int = WINDOW_BATCHES,
+        window_bytes: int = WINDOW_BYTES,
         max_batch_bytes: int = 1 << 20,
         backoff_base: float = 0.05,
         backoff_cap: float = 5.0,

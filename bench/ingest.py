@@ -236,52 +236,28 @@ def breakdown(args: argparse.Namespace, encoding: str) -> dict[str, float]:
         store = open_store(Settings(db=str(Path(folder) / "b.db"), writer_process=False))
         hello = parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": run_id}))
         store.submit_hello(hello).result()
+        # The writer's own rollup step (store/scalar_writes.py), timed where it runs.
+        flush, rollups_s = store._flush_rollups, [0.0]
+
+        def timed_flush(cur: Any) -> None:
+            began = time.perf_counter()
+            flush(cur)
+            rollups_s[0] += time.perf_counter() - began
+
+        store._flush_rollups = timed_flush  # type: ignore[method-assign]
         t3 = time.perf_counter()
         for b in parsed:
             store.submit_batch(b).result()
         t4 = time.perf_counter()
         store.close()
-        rollups_us = _rollups_us(str(Path(folder) / "b.db"), parsed) / n * 1e6
+        rollups_us = rollups_s[0] / n * 1e6
     return {
         "json parse + validate": (t1 - t0) / n * 1e6,
         "build rows (pack floats, dump JSON)": (t2 - t1) / n * 1e6,
         "store (rows + SQLite insert + commit)": (t4 - t3) / n * 1e6,
-        "of which history rollups (aggregate + upsert)": rollups_us,
+        "of which history rollups": rollups_us,
         "json.loads alone": _json_loads_us(texts, n),
     }
-
-
-def _rollups_us(db: str, parsed: list[Any]) -> float:
-    """Seconds the store's rollup work takes for ``parsed``, redone on its own: the same
-    column groups, aggregate and upserts as the store's writer (store/scalar_writes.py),
-    into new series of the same database, one commit per batch."""
-    import sqlite3
-
-    from gradwatch.server.store import rollups
-    from gradwatch.server.store.columns import Group, aggregate_columns
-    from gradwatch.server.store.rows import split_batch
-    from gradwatch.server.store.scalar_writes import rollup_groups
-
-    conn = sqlite3.connect(db)
-    conn.execute("PRAGMA synchronous=NORMAL")  # as the store's writer
-    ids: dict[str, int] = {}
-
-    def series_of(name: str) -> int:
-        return ids.setdefault(name, 10**9 + len(ids))
-
-    took = 0.0
-    for b in parsed:
-        split = split_batch(b, lambda v: v)
-        t0 = time.perf_counter()
-        groups = rollup_groups(split, lambda names: [series_of(n) for n in names], series_of)
-        for chunk in split.chunks.groups if split.chunks is not None else ():
-            series = [series_of(name) for name in chunk.names]
-            groups.append(Group(chunk.steps, chunk.uids, series, chunk.columns))
-        conn.executemany(rollups.UPSERT, aggregate_columns(groups, rollups.sqlite_key))
-        conn.commit()
-        took += time.perf_counter() - t0
-    conn.close()
-    return took
 
 
 def _json_loads_us(texts: list[str], n: int) -> float:
@@ -311,7 +287,8 @@ async def fill_history(url: str, steps: int, columns: bool = True) -> str:
         else:
             message["records"] = records
         texts.append(json.dumps(message))
-    await trainer(url, run_id, texts, 8, _set_event())
+    window = argparse.Namespace(window=8, window_bytes=WINDOW_BYTES)
+    await trainer(url, run_id, texts, window, _set_event())
     return run_id
 
 

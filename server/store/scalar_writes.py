@@ -172,28 +172,51 @@ class ScalarWrites:
             layout = self._set_layout(cur, group)
             if group.matrix is not None:
                 steps = np.fromiter(group.steps, np.int64, len(group.steps))
-                blocks: list[tuple[Any, ...]] = array_blocks(steps, group.matrix)
-            else:
-                blocks = set_blocks(group, self.value_key)
-            stored = self._stored_set_rows(cur, layout.id, blocks)
-            for level, block, n, lo, hi, values in blocks:
+                blocks, values = array_blocks(steps, group.matrix)
+                stored = self._stored_set_rows(cur, layout.id, blocks)
+                found.extend(self._array_rows(layout, blocks, values, stored))
+                continue
+            with_values = set_blocks(group, self.value_key)
+            stored = self._stored_set_rows(cur, layout.id, with_values)
+            for level, block, n, lo, hi, row in with_values:
                 old = stored.get((level, block))
                 if old is not None:
-                    values = self._merged(layout, old[3], values)
+                    row = merge(layout.unpack(old[3], self._stored_value), row, self.value_key)
                     n, lo, hi = n + old[0], min(lo, old[1]), max(hi, old[2])
-                data = values.tobytes() if isinstance(values, np.ndarray) else layout.pack(values)
-                found.append((layout.id, level, block, n, lo, hi, data))
+                found.append((layout.id, level, block, n, lo, hi, layout.pack(row)))
         cur.executemany(self.sql(SET_INSERT), found)
 
-    def _merged(self, layout: Layout, data: bytes, values: Any) -> Any:
-        """A block's new values merged into its stored row's (numpy records in, numpy
-        records out where both are finite; else lists in the backend's order)."""
-        if isinstance(values, np.ndarray):
-            merged = merge_arrays(np.frombuffer(data, values.dtype), values)
+    def _array_rows(
+        self,
+        layout: Layout,
+        blocks: list[tuple[int, int, int, int, int]],
+        values: np.ndarray,
+        stored: dict[tuple[int, int], tuple[Any, ...]],
+    ) -> list[tuple[Any, ...]]:
+        """Rows of one numpy group, the stored rows of its blocks merged in at once
+        (one by one, in the backend's order, where a stored row is not finite)."""
+        again = [at for at, b in enumerate(blocks) if (b[0], b[1]) in stored]
+        merged = None
+        if again:
+            old = np.frombuffer(
+                b"".join(stored[blocks[at][:2]][3] for at in again), values.dtype
+            ).reshape(len(again), -1)
+            merged = merge_arrays(old, values[again])
             if merged is not None:
-                return merged
-            values = [v for record in values.tolist() for v in record]
-        return merge(layout.unpack(data, self._stored_value), values, self.value_key)
+                values[again] = merged
+        out = []
+        for at, (level, block, n, lo, hi) in enumerate(blocks):
+            row: Any = values[at]
+            old_row = stored.get((level, block))
+            if old_row is not None:
+                if merged is None:
+                    flat = [v for record in row.tolist() for v in record]
+                    previous = layout.unpack(old_row[3], self._stored_value)
+                    row = merge(previous, flat, self.value_key)
+                n, lo, hi = n + old_row[0], min(lo, old_row[1]), max(hi, old_row[2])
+            data = layout.pack(row) if isinstance(row, list) else row.tobytes()
+            out.append((layout.id, level, block, n, lo, hi, data))
+        return out
 
     def _stored_value(self, value: float) -> Any:
         """A non-finite float as this backend stores it."""

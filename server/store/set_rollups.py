@@ -102,9 +102,7 @@ class Layout:
         values = list(self.packing.unpack(data))
         return [v if type(v) is int or v - v == 0 else stored(v) for v in values]
 
-    def series(
-        self, data: bytes, position: int, stored: Callable[[float], Any]
-    ) -> tuple[Any, ...]:
+    def series(self, data: bytes, position: int, stored: Callable[[float], Any]) -> tuple[Any, ...]:
         """One series' four numbers of a row (:func:`series_at`)."""
         return series_at(data, position, self.kinds[position], stored)
 
@@ -138,13 +136,14 @@ def merge(old: list[Any], new: list[Any], key: rollups.Key) -> list[Any]:
 
 def array_blocks(
     steps: np.ndarray, matrix: np.ndarray
-) -> list[tuple[int, int, int, int, int, np.ndarray]]:
+) -> tuple[list[tuple[int, int, int, int, int]], np.ndarray]:
     """:func:`gradwatch.server.store.columns.set_blocks` in numpy, for a group whose
     values are all finite numbers of one dtype: ``matrix[i, k]`` is series k's value
-    at ``steps[i]``. Each block's values come as one record of :data:`ROW_DTYPES` per
-    series (the bytes of a row's ``data``). argmin/argmax keep the first of equal
-    values, and the records are in step order (a stable sort where they were not,
-    keeping equal steps in batch order): ties keep the earliest step, as there."""
+    at ``steps[i]``. Returns each block's ``(level, block, n, first step, last step)``
+    and, row for row, its values: one record of :data:`ROW_DTYPES` per series (the
+    bytes of a row's ``data``). argmin/argmax keep the first of equal values, and the
+    records are in step order (a stable sort where they were not, keeping equal steps
+    in batch order): ties keep the earliest step, as there."""
     if steps.size > 1 and bool((steps[1:] < steps[:-1]).any()):
         order = np.argsort(steps, kind="stable")
         steps, matrix = steps[order], matrix[order]
@@ -153,27 +152,20 @@ def array_blocks(
     cuts = (np.flatnonzero(blocks[1:] != blocks[:-1]) + 1).tolist()
     starts, ends = [0, *cuts], [*cuts, int(steps.size)]
     fine = blocks[starts].tolist()
-    lows = np.stack([matrix[i:j].argmin(0) + i for i, j in zip(starts, ends, strict=True)])
-    highs = np.stack([matrix[i:j].argmax(0) + i for i, j in zip(starts, ends, strict=True)])
-    columns = np.arange(matrix.shape[1])
-    dtype = ROW_DTYPES[matrix.dtype.kind]
     step_list = steps.tolist()
-
-    def row(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        out = np.empty(matrix.shape[1], dtype)
-        out["ls"], out["lv"] = steps[lo], matrix[lo, columns]
-        out["hs"], out["hv"] = steps[hi], matrix[hi, columns]
-        return out
-
+    columns = np.arange(matrix.shape[1])
+    # Index (into steps) of each series' min and max per block: the finest blocks
+    # first, then the coarser ones (at most as many as the finest, per level).
+    lows = np.empty((len(fine) * len(rollups.LEVELS), matrix.shape[1]), np.intp)
+    highs = np.empty_like(lows)
+    for f, (i, j) in enumerate(zip(starts, ends, strict=True)):
+        part = matrix[i:j]
+        lows[f] = part.argmin(0)
+        highs[f] = part.argmax(0)
+        lows[f] += i
+        highs[f] += i
     found = [
-        (
-            finest,
-            fine[f],
-            ends[f] - starts[f],
-            step_list[starts[f]],
-            step_list[ends[f] - 1],
-            row(lows[f], highs[f]),
-        )
+        (finest, fine[f], ends[f] - starts[f], step_list[starts[f]], step_list[ends[f] - 1])
         for f in range(len(fine))
     ]
     for level in rollups.LEVELS[1:]:
@@ -182,22 +174,29 @@ def array_blocks(
             block, m = fine[k] >> shift, k + 1
             while m < len(fine) and fine[m] >> shift == block:
                 m += 1
+            at = len(found)
             if m - k == 1:
-                lo, hi = lows[k], highs[k]
+                lows[at], highs[at] = lows[k], highs[k]
             else:
                 # A coarser block's extremes are among its finest blocks'; the first of
                 # equal ones is the earliest step.
-                lo = lows[k:m][matrix[lows[k:m], columns].argmin(0), columns]
-                hi = highs[k:m][matrix[highs[k:m], columns].argmax(0), columns]
+                lo, hi = lows[k:m], highs[k:m]
+                lows[at] = lo[matrix[lo, columns].argmin(0), columns]
+                highs[at] = hi[matrix[hi, columns].argmax(0), columns]
             first, last = step_list[starts[k]], step_list[ends[m - 1] - 1]
-            found.append((level, block, ends[m - 1] - starts[k], first, last, row(lo, hi)))
+            found.append((level, block, ends[m - 1] - starts[k], first, last))
             k = m
-    return found
+    lo, hi = lows[: len(found)], highs[: len(found)]
+    rows = np.empty(lo.shape, ROW_DTYPES[matrix.dtype.kind])
+    rows["ls"], rows["lv"] = steps[lo], matrix[lo, columns]
+    rows["hs"], rows["hv"] = steps[hi], matrix[hi, columns]
+    return found, rows
 
 
 def merge_arrays(old: np.ndarray, new: np.ndarray) -> np.ndarray | None:
-    """:func:`merge` of two rows as numpy records, or None when the stored row holds a
-    non-finite float (then only the backend's order, :func:`merge`, says)."""
+    """:func:`merge` of rows as numpy records (elementwise: one row or many), or None
+    when a stored row holds a non-finite float (then only the backend's order,
+    :func:`merge`, says)."""
     if old["lv"].dtype.kind == "f" and not (
         np.isfinite(old["lv"]).all() and np.isfinite(old["hv"]).all()
     ):

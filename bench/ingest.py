@@ -311,6 +311,7 @@ def bench_backend(name: str, db: str, args: argparse.Namespace, workers: int = 1
         for encoding in args.encoding:
             line = "  ".join(
                 f"{n:>2} trainers: {statistics.median(rates[encoding, n]):>8,.0f} rec/s"
+                f" ({min(rates[encoding, n]) / 1e3:.1f}k-{max(rates[encoding, n]) / 1e3:.1f}k)"
                 for n in args.trainers
             )
             print(f"{name:<10} {encoding:<6} {line}")

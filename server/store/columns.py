@@ -104,14 +104,10 @@ def _spans(
     spans = [
         (finest, b, k, k + 1, j - i) for k, (b, (i, j)) in enumerate(zip(blocks, fine, strict=True))
     ]
-    for level in rollups.LEVELS[1:]:
-        shift, k = level - finest, 0
-        while k < len(fine):
-            block, m = blocks[k] >> shift, k + 1
-            while m < len(fine) and blocks[m] >> shift == block:
-                m += 1
-            spans.append((level, block, k, m, fine[m - 1][1] - fine[k][0]))
-            k = m
+    spans += (
+        (level, block, k, m, fine[m - 1][1] - fine[k][0])
+        for level, block, k, m in rollups.coarser(blocks)
+    )
     return steps, order, columns, fine, spans
 
 

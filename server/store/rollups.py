@@ -136,6 +136,25 @@ def _merge(
         into[2], into[3], into[5] = hi_step, hi, hi_key
 
 
+def coarser(fine: list[int]) -> list[tuple[int, int, int, int]]:
+    """The blocks of every level above the finest, as runs of the finest blocks
+    ``fine`` (ascending block numbers): ``(level, block, first index, last + 1)``.
+
+    >>> coarser([0, 1, 16])
+    [(10, 0, 0, 2), (10, 1, 2, 3), (14, 0, 0, 3), (18, 0, 0, 3)]
+    """
+    out: list[tuple[int, int, int, int]] = []
+    for level in LEVELS[1:]:
+        shift, k = level - LEVELS[0], 0
+        while k < len(fine):
+            block, m = fine[k] >> shift, k + 1
+            while m < len(fine) and fine[m] >> shift == block:
+                m += 1
+            out.append((level, block, k, m))
+            k = m
+    return out
+
+
 def level_for(width: int) -> int | None:
     """The coarsest stored level whose blocks tile buckets of ``width`` (a power of
     two) steps; None when buckets are finer than every level (read the rows)."""

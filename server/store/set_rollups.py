@@ -168,24 +168,18 @@ def array_blocks(
         (finest, fine[f], ends[f] - starts[f], step_list[starts[f]], step_list[ends[f] - 1])
         for f in range(len(fine))
     ]
-    for level in rollups.LEVELS[1:]:
-        shift, k = level - finest, 0
-        while k < len(fine):
-            block, m = fine[k] >> shift, k + 1
-            while m < len(fine) and fine[m] >> shift == block:
-                m += 1
-            at = len(found)
-            if m - k == 1:
-                lows[at], highs[at] = lows[k], highs[k]
-            else:
-                # A coarser block's extremes are among its finest blocks'; the first of
-                # equal ones is the earliest step.
-                lo, hi = lows[k:m], highs[k:m]
-                lows[at] = lo[matrix[lo, columns].argmin(0), columns]
-                highs[at] = hi[matrix[hi, columns].argmax(0), columns]
-            first, last = step_list[starts[k]], step_list[ends[m - 1] - 1]
-            found.append((level, block, ends[m - 1] - starts[k], first, last))
-            k = m
+    for level, block, k, m in rollups.coarser(fine):
+        at = len(found)
+        if m - k == 1:
+            lows[at], highs[at] = lows[k], highs[k]
+        else:
+            # A coarser block's extremes are among its finest blocks'; the first of
+            # equal ones is the earliest step.
+            lo, hi = lows[k:m], highs[k:m]
+            lows[at] = lo[matrix[lo, columns].argmin(0), columns]
+            highs[at] = hi[matrix[hi, columns].argmax(0), columns]
+        first, last = step_list[starts[k]], step_list[ends[m - 1] - 1]
+        found.append((level, block, ends[m - 1] - starts[k], first, last))
     lo, hi = lows[: len(found)], highs[: len(found)]
     rows = np.empty(lo.shape, ROW_DTYPES[matrix.dtype.kind])
     rows["ls"], rows["lv"] = steps[lo], matrix[lo, columns]

@@ -4,8 +4,8 @@ A chunk (store/chunks.py) brings ~35 series that share their steps: the plain fi
 and a name set's named scalars. Kept one per series (store/rollups.py), a transaction
 upserted ~10 rollup rows of each (the finest blocks it touched and one per coarser
 level): about one row per record, and a third of SQLite's writer time at 40,000
-records/s (BENCHMARKS.md, "Rollups per set of series"). Here a chunk's series keep
-ONE row per (set, level, block) together:
+records/s (BENCHMARKS.md, "Ingest: rollups per set of series"). Here a chunk's series
+keep ONE row per (set, level, block) together:
 
 - ``rollup_sets``: a set's series ids (``series``, comma-separated, in order) and
   their ``kinds``, one letter each: ``q`` int64 values, ``d`` float64;
@@ -17,10 +17,11 @@ ONE row per (set, level, block) together:
   "NaN", "Infinity", "-Infinity"), so they order as the per-series rollups do.
 
 The same block of a set written again (the next batch of it) is merged with the
-stored row in Python, by the per-series rule: the lower (higher) value wins, then the
-earlier step. SQLite's writer holds the database's write lock from the chunk inserts
-before it to the commit, so no other write lands in between. Reads
-(store/history.py) take a series' rows from both layouts and merge them per bucket.
+stored row by the per-series rule: the lower (higher) value wins, then the earlier
+step (numpy where both are finite, :func:`merge_arrays`; else :func:`merge`).
+SQLite's writer holds the database's write lock from the chunk inserts before it to
+the commit, so no other write lands in between. Reads (store/history.py) take a
+series' rows from both layouts and merge them per bucket.
 
 Example:
     >>> layout = Layout(7, "qd")

@@ -26,7 +26,7 @@ series' rows from both layouts and merge them per bucket.
 Example:
     >>> layout = Layout(7, "qd")
     >>> row = layout.pack([3, 3, 70, 70, 3, 2.5, 65, float("inf")])
-    >>> layout.series(row, 1, str)
+    >>> series_at(row, 1, "d", str)
     (3, 2.5, 65, 'inf')
 """
 
@@ -102,10 +102,6 @@ class Layout:
         """Every series' four numbers, non-finite floats as the backend stores them."""
         values = list(self.packing.unpack(data))
         return [v if type(v) is int or v - v == 0 else stored(v) for v in values]
-
-    def series(self, data: bytes, position: int, stored: Callable[[float], Any]) -> tuple[Any, ...]:
-        """One series' four numbers of a row (:func:`series_at`)."""
-        return series_at(data, position, self.kinds[position], stored)
 
 
 def series_at(

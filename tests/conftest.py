@@ -50,7 +50,7 @@ def postgres_url() -> str:
     return POSTGRES_URL
 
 
-# ----- a real gradwatch server (engineer D1) -------------------------------------------
+# ----- a real gradwatch server --------------------------------------------------------
 # `gradwatch_server(...)` starts `python -m gradwatch.server.cli serve` as a subprocess
 # on a free loopback port and waits for /api/health (a bounded poll: readiness, not a
 # sleep). `.kill()` is kill -9; `.restart()` starts it again on the same port and db.

@@ -30,7 +30,7 @@ def _fast_encoder() -> Any:
     """pydantic-core's JSON encoder where it is installed and writes non-finite floats as
     the protocol's strings (``inf_nan_mode``); else None. On a step record of ~100 floats
     it is ~10x faster than ``json.dumps`` (float repr dominates), work the trainer's
-    background thread does for every record (BENCHMARKS.md, "Capture cost")."""
+    background thread does for every record (BENCHMARKS.md, "The background thread's JSON")."""
     try:
         from pydantic_core import to_json
 

@@ -27,8 +27,10 @@ from typing import Any
 
 from torch import nn
 
+from gradwatch.protocol.sender import WebSocketSink
 from gradwatch.protocol.sink import Sink, SpoolSink
 
+from .diagnoses import DiagnosisEngine
 from .identity import default_spool_path, make_hello, rank_and_world, run_identity
 from .monitor import Monitor
 from .quantities.base import Quantity
@@ -36,45 +38,27 @@ from .quantities.graph import DEFAULT_LIMIT, GraphSize
 from .quantities.params import ParamNorms
 from .quantities.profile import ModuleProfile
 from .quantities.stale import CellSpec, LossRetention, StaleState
+from .quantities.timesteps import RecurrentTimesteps
 from .schedule import Schedule
 from .warn import WarnOnce
 
 
 def _timesteps_quantity(
     cells: Sequence[CellSpec] | None, exact_hidden: bool | int
-) -> Quantity | None:
-    try:
-        from .quantities.timesteps import RecurrentTimesteps
-    except ImportError:  # pragma: no cover - only while that part is missing
-        return None
+) -> Quantity:
     return RecurrentTimesteps(cells=list(cells) if cells else None, exact_hidden=exact_hidden)
 
 
-def _diagnoser(diagnose: bool, thresholds: dict[str, Any] | None, once: WarnOnce) -> Any:
-    if not diagnose:
-        return None
-    try:
-        from .diagnoses import DiagnosisEngine
-    except ImportError as e:  # pragma: no cover - only while that part is missing
-        once.warn("diagnoses_missing", f"gradwatch: diagnoses are unavailable ({e})")
-        return None
-    return DiagnosisEngine(thresholds)
+def _diagnoser(diagnose: bool, thresholds: dict[str, Any] | None) -> DiagnosisEngine | None:
+    return DiagnosisEngine(thresholds) if diagnose else None
 
 
 def _make_sink(
     server: str | None, spool: str | os.PathLike[str] | None, token: str | None,
-    hello: dict[str, Any], once: WarnOnce,
+    hello: dict[str, Any],
 ) -> tuple[Sink, str | None]:
     if server is not None:
-        try:
-            from gradwatch.protocol.sender import WebSocketSink
-        except ImportError as e:  # pragma: no cover - only while the sender is missing
-            once.warn(
-                "no_sender",
-                f"gradwatch: cannot stream to {server} ({e}); recording to the spool instead",
-            )
-        else:
-            return WebSocketSink(server, hello, token=token, spool=spool), None
+        return WebSocketSink(server, hello, token=token, spool=spool), None
     path = os.fspath(spool) if spool is not None else default_spool_path(
         hello["run"], hello["run_id"], hello["rank"]
     )
@@ -150,7 +134,7 @@ def watch(
         raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
     schedule = Schedule(every=every, overhead=overhead)
     once = WarnOnce()
-    diagnoser = _diagnoser(diagnose, thresholds, once)
+    diagnoser = _diagnoser(diagnose, thresholds)
 
     timesteps = _timesteps_quantity(cells, exact_hidden)
     quantities: list[Quantity] = [ParamNorms(scaler=scaler)]
@@ -185,7 +169,7 @@ def watch(
     }
     hello = make_hello(model, run, run_id, config, recurrent, rank, world_size)
     try:
-        sink, spool_path = _make_sink(server, spool, token, hello, once)
+        sink, spool_path = _make_sink(server, spool, token, hello)
     except Exception:
         for q in attached:
             q.detach()

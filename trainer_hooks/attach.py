@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -39,10 +39,13 @@ from .quantities.stale import CellSpec, LossRetention, StaleState
 from .schedule import Schedule
 from .warn import WarnOnce
 
+if TYPE_CHECKING:
+    from .quantities.timesteps import RecurrentTimesteps
+
 
 def _timesteps_quantity(
     cells: Sequence[CellSpec] | None, exact_hidden: bool | int
-) -> Quantity | None:
+) -> RecurrentTimesteps | None:
     try:
         from .quantities.timesteps import RecurrentTimesteps
     except ImportError:  # pragma: no cover - only while that part is missing
@@ -153,8 +156,10 @@ def watch(
     diagnoser = _diagnoser(diagnose, thresholds, once)
 
     timesteps = _timesteps_quantity(cells, exact_hidden)
-    quantities: list[Quantity] = [ParamNorms(scaler=scaler)]
+    params = ParamNorms(scaler=scaler)
+    quantities: list[Quantity] = [params]
     if timesteps is not None:
+        timesteps.follow(params)  # the series describe the passes param_norms describe
         quantities.append(timesteps)
     quantities += [GraphSize(graph_limit), StaleState(cells), LossRetention()]
     if profile:

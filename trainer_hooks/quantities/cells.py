@@ -275,22 +275,34 @@ FED_WALK = 32
 def fed_by(args: Any, previous: tuple[torch.Tensor | None, torch.Tensor | None]) -> bool:
     """Whether a call's arguments hold the previous call's output state.
 
-    Object identity first (``h = cell(x, h)``); else a few autograd nodes upstream of
-    each argument (``h = dropout(h)``, ``(h, c)`` through a mask): a state combined
+    Object identity first (``h = cell(x, h)``, ``cell(x, (h, c))``): a loop over the
+    arguments, no allocation, on every captured call. Else a few autograd nodes
+    upstream of each argument (``h = dropout(h)``, ``(h * mask, c)``): a state combined
     from several earlier calls (a tree cell summing its children's states) holds the
     previous call's only when that call is one of them. Host-side only.
     """
-    targets = [t for t in previous if t is not None]
-    if not targets:
+    h, c = previous
+    if h is None:
         return False
+    if c is None:
+        c = h
+    for arg in args:
+        if arg is h or arg is c:
+            return True
+        if type(arg) is tuple or type(arg) is list:
+            for item in arg:
+                if item is h or item is c:
+                    return True
+    return _fed_upstream(args, (h, c))
+
+
+def _fed_upstream(args: Any, targets: tuple[torch.Tensor, torch.Tensor]) -> bool:
     tensors: list[torch.Tensor] = []
     for arg in args:
         if isinstance(arg, torch.Tensor):
             tensors.append(arg)
         elif isinstance(arg, (tuple, list)):
             tensors.extend(a for a in arg if isinstance(a, torch.Tensor))
-    if any(t is target for t in tensors for target in targets):
-        return True
     wanted = {t.grad_fn for t in targets if t.grad_fn is not None}
     queue = [t.grad_fn for t in tensors if t.grad_fn is not None]
     seen: set[Any] = set()

@@ -10,9 +10,9 @@ noise's entropy (0.2-0.8 per step over 40 steps), with gradient norms of 0.3-2.
 
 Two choices keep it there. The cell's update is the textbook GRU's,
 ``h = z * h_prev + (1 - z) * h_cand``, a convex mix that keeps states in [-1, 1]
-(``r * h_prev + (1 - z) * h_cand``, which an earlier version copied from the report,
-lets the kept states grow every epoch until the logits saturate: loss exactly 0 from
-step ~5 and gradients at 1e-22, which is not what the report saw). And the label
+(the report's ``r * h_prev + (1 - z) * h_cand`` lets the kept states grow every
+epoch until the logits saturate: loss exactly 0 within a few epochs, gradients near 1e-22,
+which is not what the report saw). And the label
 noise: without it, 16 trees are memorised within a few epochs and the loss goes to 0
 in the healthy twin too.
 

@@ -3,9 +3,18 @@
 As in the report, at toy scale: a hand-written GRU cell applied recursively over
 trees, children first; an attention gate over each node's children; node states
 stored on the tree objects (``node.state``); a random ``leaf_h`` initial state;
-Adagrad, lr 0.05. The cell combines as the report's code did,
-``h = r * h_prev + (1 - z) * h_cand`` (not the textbook ``z * h_prev + (1 - z) *
-h_cand``): gradwatch does not care, the growth comes from the state.
+Adagrad, lr 0.05; 16 trees of 9 nodes, 8 per step (two steps an epoch), labelled by
+the summed polarity of their words with 15% of the labels flipped afresh every epoch.
+It trains like the reported model: the loss falls from 0.69 and settles around the
+noise's entropy (0.2-0.8 per step over 40 steps), with gradient norms of 0.3-2.
+
+Two choices keep it there. The cell's update is the textbook GRU's,
+``h = z * h_prev + (1 - z) * h_cand``, a convex mix that keeps states in [-1, 1]
+(the report's ``r * h_prev + (1 - z) * h_cand`` lets the kept states grow every
+epoch until the logits saturate: loss exactly 0 within a few epochs, gradients near 1e-22,
+which is not what the report saw). And the label
+noise: without it, 16 trees are memorised within a few epochs and the loss goes to 0
+in the healthy twin too.
 
 - Bug: a node's gate also takes the state it was left with (``node.state``) when
   one is there, so from the second epoch on every tree's graph hangs on to the graph
@@ -40,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _scenario
 
 VOCAB, DIM, HIDDEN = 100, 32, 32
+LABEL_NOISE = 0.15
 
 
 class Tree:
@@ -68,7 +78,7 @@ def random_tree(rng: random.Random, size: int) -> Tree:
 
 
 class TreeGRUCell(nn.Module):
-    """The report's hand-written GRU cell: z, r, candidate; h = r*h_prev + (1-z)*h_cand."""
+    """A hand-written GRU cell: z, r, candidate; h = z*h_prev + (1-z)*h_cand."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -80,8 +90,8 @@ class TreeGRUCell(nn.Module):
         uz, ur, uh = self.u(h_prev).chunk(3, dim=-1)
         z = torch.sigmoid(wz + uz)
         r = torch.sigmoid(wr + ur)
-        h_cand = torch.tanh(wh + uh)
-        return r * h_prev + (1 - z) * h_cand
+        h_cand = torch.tanh(wh + r * uh)
+        return z * h_prev + (1 - z) * h_cand
 
 
 class ChildAttention(nn.Module):
@@ -131,10 +141,17 @@ def dataset(seed: int, trees: int, size: int) -> list[tuple[Tree, int]]:
     return out
 
 
+def noisy(labels: list[int], rng: random.Random) -> torch.Tensor:
+    """The labels with each one flipped with probability ``LABEL_NOISE``, drawn afresh
+    every epoch: the polarity is learnt, the noise cannot be, so the loss settles near
+    the noise's entropy instead of going to 0 on a data set small enough to memorise."""
+    return torch.tensor([1 - y if rng.random() < LABEL_NOISE else y for y in labels])
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = _scenario.parser("tree_gru", __doc__.splitlines()[0], steps=40)
-    p.add_argument("--trees", type=int, default=8, help="trees in the data set (default 8)")
-    p.add_argument("--batch", type=int, default=4, help="trees per step (default 4)")
+    p.add_argument("--trees", type=int, default=16, help="trees in the data set (default 16)")
+    p.add_argument("--batch", type=int, default=8, help="trees per step (default 8)")
     p.add_argument("--profile", action="store_true", help="per-module time (watch profile=True)")
     args = _scenario.parse(p, argv)
     data = dataset(args.seed, args.trees, size=9)
@@ -147,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     batches = [data[i : i + args.batch] for i in range(0, len(data), args.batch)]
     clock = _scenario.StepClock(args.max_seconds)
     epoch_times: list[float] = []
+    losses: list[float] = []
+    noise = random.Random(args.seed + 1)
     step = 0
     with _scenario.start(model, args, cells=["cell"], profile=args.profile) as monitor:
         while step < args.steps and not clock.out_of_time():
@@ -158,8 +177,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 if step == args.steps or clock.out_of_time():
                     break
                 trees = [t for t, _ in chunk]
-                labels = torch.tensor([label for _, label in chunk])
+                labels = noisy([label for _, label in chunk], noise)
                 loss = nn.functional.cross_entropy(model(trees), labels)
+                losses.append(loss.item())
                 optimizer.zero_grad()
                 loss.backward(retain_graph=not args.fixed)
                 optimizer.step()
@@ -172,9 +192,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     lines = [
         f"tree_gru ({'state reset every epoch' if args.fixed else 'state kept on the trees'}): "
         f"epoch time {epoch_times[0] * 1e3:.0f} ms in epoch 1, {epoch_times[-1] * 1e3:.0f} ms "
-        f"in epoch {len(epoch_times)}; step time {first * 1e3:.1f} -> {last * 1e3:.1f} ms",
+        f"in epoch {len(epoch_times)}; step time {first * 1e3:.1f} -> {last * 1e3:.1f} ms; "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}",
     ]
-    return _scenario.report(args, clock, lines, {"epoch_s": epoch_times, "step_s": [first, last]})
+    summary = {"epoch_s": epoch_times, "step_s": [first, last], "loss": losses}
+    return _scenario.report(args, clock, lines, summary)
 
 
 if __name__ == "__main__":

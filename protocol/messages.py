@@ -46,6 +46,10 @@ END_STATUSES: Final = ("finished", "crashed")
 # layers add "layer<i>" series (dL/d(output of layer i-1) for layer i > 0).
 TIMESTEP_SERIES: Final = ("input", "hidden", "cell")
 
+# How a cell's calls within a step connect (step field `timestep_layout`): "chain" when
+# every call k > 0 was fed call k-1's output state, "tree" otherwise. Absent: chain.
+TIMESTEP_LAYOUTS: Final = ("chain", "tree")
+
 # Gate names per parameter family, in PyTorch's packing order of weight_ih/weight_hh.
 LSTM_GATES: Final = ("i", "f", "g", "o")
 GRU_GATES: Final = ("r", "z", "n")
@@ -123,6 +127,8 @@ class StepRecord(TypedDict, total=False):
     duration_s: float
     loss: Number | None
     timesteps: dict[str, dict[str, list[Number]]]
+    timestep_layout: dict[str, Literal["chain", "tree"]]
+    backward_passes: int
     param_norms: dict[str, Number]
     gate_norms: dict[str, dict[str, Number]]
     total_norm: Number

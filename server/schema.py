@@ -117,6 +117,8 @@ class StepRecord(_Open):
     duration_s: Num | None = None
     loss: Num | None = None
     timesteps: dict[Name, dict[Name, Series]] | None = None
+    timestep_layout: dict[Name, Literal[m.TIMESTEP_LAYOUTS]] | None = None  # type: ignore[valid-type]
+    backward_passes: Annotated[int, Strict(), Field(ge=1)] | None = None
     param_norms: dict[Name, Num] | None = None
     gate_norms: dict[Name, dict[Name, Num]] | None = None
     total_norm: Num | None = None

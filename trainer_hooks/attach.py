@@ -45,7 +45,7 @@ from .warn import WarnOnce
 
 def _timesteps_quantity(
     cells: Sequence[CellSpec] | None, exact_hidden: bool | int
-) -> Quantity:
+) -> RecurrentTimesteps:
     return RecurrentTimesteps(cells=list(cells) if cells else None, exact_hidden=exact_hidden)
 
 
@@ -137,9 +137,10 @@ def watch(
     diagnoser = _diagnoser(diagnose, thresholds)
 
     timesteps = _timesteps_quantity(cells, exact_hidden)
-    quantities: list[Quantity] = [ParamNorms(scaler=scaler)]
-    if timesteps is not None:
-        quantities.append(timesteps)
+    params = ParamNorms(scaler=scaler)
+    quantities: list[Quantity] = [params]
+    timesteps.follow(params)  # the series describe the passes param_norms describe
+    quantities.append(timesteps)
     quantities += [GraphSize(graph_limit), StaleState(cells), LossRetention()]
     if profile:
         quantities.append(ModuleProfile())

@@ -83,6 +83,9 @@ class CellCapture:
         self.used: set[str] = set()
         # calls made during backward (checkpoint recomputation) -> did a hook fire?
         self.recomputed: dict[int, bool] = {}
+        # the last call's outputs, and the calls k > 0 that were not fed them
+        self._previous: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        self.unfed: list[int] = []
 
     def register(self) -> list[Any]:
         """Hook the cell now (``watch()``); :meth:`arm` then follows the schedule."""
@@ -110,12 +113,12 @@ class CellCapture:
             return
         started = time.perf_counter()
         try:
-            self._watch_call(output)
+            self._watch_call(args, output)
         except Exception as e:  # monitoring must never break the training step
             self.owner.warn_failure("cell capture", e)
         self.owner.cost_s += time.perf_counter() - started
 
-    def _watch_call(self, output: Any) -> None:
+    def _watch_call(self, args: tuple[Any, ...], output: Any) -> None:
         # the per-call cost of a cell loop is this function: keep it lean (one tuple
         # per call, no Python hook left for backward, no grad_fn wrapper made)
         h, c = _split_output(output)
@@ -124,6 +127,9 @@ class CellCapture:
         k = self.count
         self.count = k + 1
         self.device = h.device
+        if k and not fed_by(args, self._previous):
+            self.unfed.append(k)
+        self._previous = (h, c)
         if in_backward():
             self.recomputed[k] = False
         self.used.add("hidden")
@@ -187,9 +193,17 @@ class CellCapture:
     ) -> None:
         self._keep_one(step, k, 0, slots, (grad,))
 
-    def series(self) -> dict[str, torch.Tensor]:
-        """This step's float64 series, one entry per kept call (device ops, no sync)."""
-        if self.count == 0 or self.device is None:
+    def layout(self, start: int = 0, end: int | None = None) -> str:
+        """``"chain"`` when every call after ``start`` was fed the previous call's
+        output state (calls ``start .. end-1``), ``"tree"`` otherwise."""
+        stop = self.count if end is None else end
+        return "tree" if any(start < k < stop for k in self.unfed) else "chain"
+
+    def series(self, start: int = 0, end: int | None = None) -> dict[str, torch.Tensor]:
+        """This step's float64 series, one entry per kept call of ``start .. end-1``
+        (the calls of the backward passes the step reports; device ops, no sync)."""
+        outputs = self.outputs[start:end]
+        if not outputs or self.device is None:
             return {}
         grads: dict[str, list[torch.Tensor | None]] = {}
         for index, series in enumerate(SERIES):
@@ -197,13 +211,14 @@ class CellCapture:
                 hooked = self.hooked[series]
                 grads[series] = [
                     kept[index].grad if kept[index] is not None else hooked.get(k)  # type: ignore[union-attr]
-                    for k, kept in enumerate(self.outputs)
+                    for k, kept in enumerate(outputs, start)
                 ]
         # a call made during backward whose gradient never came (non-reentrant
         # checkpointing recomputes the forward only to refill saved tensors) is dropped
         dropped = {
-            k for k, fired in self.recomputed.items()
-            if not fired and all(values[k] is None for values in grads.values())
+            k - start for k, fired in self.recomputed.items()
+            if not fired and start <= k < start + len(outputs)
+            and all(values[k - start] is None for values in grads.values())
         }
         self._check_versions()
         result = {}
@@ -251,6 +266,55 @@ class RowBuffer:
         filled = self.buffer[:n]
         norms: torch.Tensor = torch.linalg.vector_norm(filled, dim=tuple(range(1, filled.dim())))
         return norms
+
+
+#: autograd nodes looked at, per call, to find the previous call's state upstream
+FED_WALK = 32
+
+
+def fed_by(args: Any, previous: tuple[torch.Tensor | None, torch.Tensor | None]) -> bool:
+    """Whether a call's arguments hold the previous call's output state.
+
+    Object identity first (``h = cell(x, h)``, ``cell(x, (h, c))``): a loop over the
+    arguments, no allocation, on every captured call. Else a few autograd nodes
+    upstream of each argument (``h = dropout(h)``, ``(h * mask, c)``): a state combined
+    from several earlier calls (a tree cell summing its children's states) holds the
+    previous call's only when that call is one of them. Host-side only.
+    """
+    h, c = previous
+    if h is None:
+        return False
+    if c is None:
+        c = h
+    for arg in args:
+        if arg is h or arg is c:
+            return True
+        if type(arg) is tuple or type(arg) is list:
+            for item in arg:
+                if item is h or item is c:
+                    return True
+    return _fed_upstream(args, (h, c))
+
+
+def _fed_upstream(args: Any, targets: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    tensors: list[torch.Tensor] = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            tensors.append(arg)
+        elif isinstance(arg, (tuple, list)):
+            tensors.extend(a for a in arg if isinstance(a, torch.Tensor))
+    wanted = {t.grad_fn for t in targets if t.grad_fn is not None}
+    queue = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    seen: set[Any] = set()
+    while queue and len(seen) < FED_WALK:
+        node = queue.pop()
+        if node in wanted:
+            return True
+        if node in seen:
+            continue
+        seen.add(node)
+        queue.extend(n for n, _ in node.next_functions if n is not None)
+    return False
 
 
 def _changed(tensor: torch.Tensor | None, version: int) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -77,6 +78,16 @@ class ParamNorms(Quantity):
         self._pending: dict[str, Any] | None = None
         self._task: int | None = None  # graph task whose gradients are being collected
         self._order: list[int] = []  # parameter indices in the order backward finished them
+        #: backward passes of this step that reached a parameter (ended), and the index
+        #: of the first pass after the last time ``.grad`` was reset: the norms (the
+        #: gradients after the last pass) describe passes ``since_reset ..passes-1``
+        self.passes = 0
+        self.since_reset = 0
+        #: called at the end of every pass (after the norms): other quantities mark
+        #: where a pass ended (the timesteps' call counts)
+        self.listeners: list[Callable[[], None]] = []
+        # (id, version) of every parameter's .grad as the last pass left it
+        self._left: list[tuple[int, int] | None] = []
 
     def attach(self, model: nn.Module) -> None:
         index: dict[int, int] = {}
@@ -105,8 +116,29 @@ class ParamNorms(Quantity):
         if task != self._task:
             self._task = task
             self._order = []
+            if self.passes and self._reset_since_last_pass(index):
+                self.since_reset = self.passes
             Variable._execution_engine.queue_callback(self._capture)
         self._order.append(index)
+
+    def _reset_since_last_pass(self, current: int) -> bool:
+        """Whether ``.grad`` was reset between the last pass and this one.
+
+        Runs at the first gradient of a pass, when only parameter ``current`` has
+        been accumulated: any other whose ``.grad`` is gone (``zero_grad()``, which
+        sets None) or changed in place (``zero_grad(set_to_none=False)``) since the
+        last pass left it was reset, as a closure optimizer (LBFGS) does before each
+        evaluation. Gradient accumulation leaves them as they were. Host-side reads
+        of ``.grad`` and its version counter: no device work.
+        """
+        params = self._params
+        for i, left in enumerate(self._left):
+            if left is None or i == current:
+                continue
+            grad = params[i].grad
+            if grad is None or id(grad) != left[0] or grad._version != left[1]:
+                return True
+        return False
 
     def _capture(self) -> None:
         started = time.perf_counter()
@@ -117,6 +149,14 @@ class ParamNorms(Quantity):
         except Exception as e:  # never into the training loop
             self._pending = {"error": f"{type(e).__name__}: {e}"}
         self._task = None
+        self.passes += 1
+        self._left = [None if p.grad is None else (id(p.grad), p.grad._version)
+                      for p in self._params]
+        for listener in self.listeners:
+            try:
+                listener()
+            except Exception as e:  # an autograd callback: never into the training loop
+                self._pending = {"error": f"{type(e).__name__}: {e}"}
         self.cost_s += time.perf_counter() - started
 
     def _norms(self) -> dict[str, Any]:
@@ -168,9 +208,13 @@ class ParamNorms(Quantity):
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
         self._pending = None
+        self.passes = self.since_reset = 0
+        self._left = []
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
         pending, self._pending = self._pending, None
+        if pending and "error" not in pending:
+            pending["passes"] = self.passes
         return pending or {}
 
     def encode(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -211,4 +255,8 @@ class ParamNorms(Quantity):
         ]
         if bad:
             fields["nonfinite"] = {"parameters": bad}
+        # only when more than one: a step record with a field a column block lacks
+        # travels whole in `records` (docs/PROTOCOL.md), so the usual step stays packed
+        if payload.get("passes", 1) > 1:
+            fields["backward_passes"] = payload["passes"]
         return fields

@@ -1,19 +1,30 @@
 """Opt-in (``profile=True``): per-module forward and backward time and calls per step.
 
 Forward pre/post hooks time each call. For the backward, the forward post-hook of a
-captured call puts two hooks on the autograd graph (not on the model): a pre-hook on
-the nodes that made the call's outputs starts the clock when their gradient is ready,
-and a pre-hook on the nodes that made its inputs stops it when the gradient reaches
-them (for a module whose inputs need no gradient, such as the first layer fed raw
-data or the model itself, the clock stops when the backward pass ends). Times are
-inclusive (a module's time contains its children's) and summed over all calls in the
-step; ``calls`` counts forward calls, so a decoder run once per target token shows
-``calls: 20`` and where the time goes. Forward calls made while backward runs
-(activation checkpointing recomputing a segment) are not counted. An input that
-also feeds later modules stops the clock only when all of them have passed their
-gradient back, so times of modules that share inputs overlap.
+captured call puts hooks on the autograd graph (not on the model): a pre-hook on the
+nodes that made the call's outputs starts the clock when their gradient is ready.
+Where the call's inputs need a gradient, a pre-hook on the nodes that made them stops
+it when the gradient reaches them. Where they do not (an embedding, the first layer
+fed raw data), the call's own nodes are the ones reachable from its outputs before
+the parameters' leaves: each gets a post-hook, and the clock stops at the last of
+them to finish, the call's own last gradient. A call with more than
+``OWN_NODES_MAX`` own nodes is not timed in backward (its module's ``backward_s`` is
+left out), except the model itself, whose own graph is the whole backward pass: its
+clock stops when the pass ends.
 
-Cost: two Python hooks per module call and two per call in backward. On CUDA each of
+Times are inclusive (a module's time contains its children's). A module's
+``backward_s`` is the time during which at least one of its calls' backward was in
+progress (the union of their intervals, so calls whose backward overlap are not
+counted twice, and it never exceeds the backward pass); ``calls`` counts forward
+calls, so a decoder run once per target token shows ``calls: 20`` and where the time
+goes. Forward calls made while backward runs (activation checkpointing recomputing a
+segment) are not counted. An input that also feeds later modules stops the clock
+only when all of them have passed their gradient back, so times of modules that
+share inputs overlap.
+
+Cost: two Python hooks per module call and two per call in backward (one per own
+node for a call whose inputs need no gradient, after a walk of them in forward). On
+CUDA each of
 them synchronises the device so that times are real: that is why profiling is opt-in
 and, like every heavy quantity, follows ``every=``.
 
@@ -57,32 +68,88 @@ def _grad_fns(value: Any, depth: int = 0) -> list[Any]:
     return []
 
 
+#: own autograd nodes a call may have for its backward to be timed by post-hooks
+OWN_NODES_MAX = 256
+
+
+def _own_nodes(outputs: set[Any]) -> list[Any] | None:
+    """The nodes reachable from ``outputs`` short of parameter leaves, or None when
+    there are more than ``OWN_NODES_MAX`` (only for a call whose inputs need no
+    gradient: everything upstream of its outputs is its own)."""
+    seen: set[Any] = set()
+    queue = list(outputs)
+    while queue:
+        node = queue.pop()
+        if node in seen or type(node).__name__ == "AccumulateGrad":  # a parameter's leaf
+            continue
+        seen.add(node)
+        if len(seen) > OWN_NODES_MAX:
+            return None
+        queue.extend(n for n, _ in node.next_functions if n is not None)
+    return list(seen)
+
+
 class _BackwardClock:
-    """Times one module call's backward; lives only as long as that call's graph."""
+    """Times one module call's backward; lives only as long as that call's graph.
 
-    __slots__ = ("generation", "key", "profile", "started", "waits_for_end")
+    ``own`` True: the clock stops at the last of the call's own nodes to finish (their
+    post-hooks note the time), read when the pass ends. ``to_end`` True: it stops when
+    the pass ends (the model itself). Else a pre-hook on an input's node stops it.
+    """
 
-    def __init__(self, key: int, profile: ModuleProfile, waits_for_end: bool) -> None:
+    __slots__ = ("generation", "key", "last", "own", "profile", "started", "to_end")
+
+    def __init__(self, key: int, profile: ModuleProfile, own: bool, to_end: bool) -> None:
         self.key = key
         self.profile = profile
         self.generation = profile.generation
         self.started: float | None = None
-        self.waits_for_end = waits_for_end
+        self.last: float | None = None
+        self.own = own
+        self.to_end = to_end
 
     def start(self, grad_outputs: Any) -> None:
         p = self.profile
         if self.started is None and p.capturing and p.generation == self.generation:
             self.started = p.now()
-            if self.waits_for_end:
+            self.last = None
+            if self.own or self.to_end:
                 Variable._execution_engine.queue_callback(self.stop_at_end)
 
     def stop(self, grad_outputs: Any) -> None:
         if self.started is not None:
-            self.profile.add_backward(self.key, self.profile.now() - self.started)
+            self.profile.add_backward(self.key, self.started, self.profile.now())
             self.started = None
 
+    def finished(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        if self.started is not None:
+            self.last = self.profile.now()
+
     def stop_at_end(self) -> None:
-        self.stop(None)
+        if self.started is None:
+            return
+        if self.to_end:
+            self.stop(None)
+            return
+        if self.last is not None:
+            self.profile.add_backward(self.key, self.started, self.last)
+        self.started = None
+
+
+def union_length(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of ``(start, end)`` intervals.
+
+    Example:
+        >>> union_length([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)])
+        4.0
+    """
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
 
 
 class ModuleProfile(Quantity):
@@ -96,13 +163,16 @@ class ModuleProfile(Quantity):
         self.generation = 0  # bumps every step: graph hooks of an earlier step stay quiet
         self._names: dict[int, str] = {}
         self._forward: dict[int, float] = {}
-        self._backward: dict[int, float] = {}
+        self._backward: dict[int, list[tuple[float, float]]] = {}
+        self._untimed: set[int] = set()  # modules with a call too big to time in backward
+        self._root = 0
         self._calls: dict[int, int] = {}
         self._started_f: dict[int, list[float]] = {}
         self._sync = False
 
     def attach(self, model: nn.Module) -> None:
         self._sync = any(p.is_cuda for p in model.parameters())
+        self._root = id(model)
         for name, module in model.named_modules():
             self._names[id(module)] = name or type(module).__name__
             self._handles += [
@@ -119,14 +189,15 @@ class ModuleProfile(Quantity):
         self.generation += 1
         for d in (self._forward, self._backward, self._calls, self._started_f):
             d.clear()
+        self._untimed.clear()
 
     def now(self) -> float:
         if self._sync:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def add_backward(self, key: int, seconds: float) -> None:
-        self._backward[key] = self._backward.get(key, 0.0) + seconds
+    def add_backward(self, key: int, started: float, stopped: float) -> None:
+        self._backward.setdefault(key, []).append((started, stopped))
 
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
         if _compiling():
@@ -147,22 +218,28 @@ class ModuleProfile(Quantity):
         if not outputs:
             return
         inputs = set(_grad_fns(args)) - outputs
-        clock = _BackwardClock(key, self, waits_for_end=not inputs)
+        own: list[Any] | None = []
+        if not inputs:
+            own = _own_nodes(outputs)
+            if own is None and key != self._root:
+                self._untimed.add(key)  # no clock: a time that is not its own is worse
+                return
+        clock = _BackwardClock(key, self, own=bool(own), to_end=own is None)
         for node in outputs:
             node.register_prehook(clock.start)
         for node in inputs:
             node.register_prehook(clock.stop)
+        for node in own or ():
+            node.register_hook(clock.finished)
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
         if not self.capturing or not self._calls:
             return {}
-        return {
-            "profile": {
-                self._names[key]: {
-                    "forward_s": self._forward.get(key, 0.0),
-                    "backward_s": self._backward.get(key, 0.0),
-                    "calls": calls,
-                }
-                for key, calls in self._calls.items()
-            }
-        }
+        profile: dict[str, dict[str, float]] = {}
+        for key, calls in self._calls.items():
+            entry = {"forward_s": self._forward.get(key, 0.0)}
+            if key not in self._untimed:
+                entry["backward_s"] = union_length(self._backward.get(key, []))
+            entry["calls"] = calls
+            profile[self._names[key]] = entry
+        return {"profile": profile}

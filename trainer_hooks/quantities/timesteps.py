@@ -20,7 +20,7 @@ recurrent module is reported under its class name (``"LSTM"``).
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from .base import Quantity
 from .calls import combine_calls
 from .cells import CellCapture
 from .fused import FusedCapture
+
+if TYPE_CHECKING:
+    from .params import ParamNorms
 
 CELL_TYPES = (nn.LSTMCell, nn.GRUCell, nn.RNNCell)
 FUSED_TYPES = (nn.LSTM, nn.GRU, nn.RNN)
@@ -120,6 +123,10 @@ class RecurrentTimesteps(Quantity):
         self._cells: list[CellCapture] = []
         self._captured = 0
         self._once = WarnOnce()
+        # the step's backward passes (ParamNorms, when the Monitor links it) and, at
+        # the end of each, how many calls each fused module and each cell had made
+        self._passes: ParamNorms | None = None
+        self._ends: list[tuple[list[int], list[int]]] = []
 
     # -- set-up ----------------------------------------------------------------------
 
@@ -140,6 +147,37 @@ class RecurrentTimesteps(Quantity):
                 continue
             self.modules.append(label)
 
+    def follow(self, passes: ParamNorms) -> None:
+        """Report only the calls of the backward passes ``passes`` reports.
+
+        ``passes`` counts a step's backward passes and knows the last one after which
+        ``.grad`` was reset. With a closure optimizer (LBFGS: forward and backward
+        several times per step, ``.grad`` reset before each) the step's series are
+        those of the last evaluation, as ``param_norms`` are; with gradient
+        accumulation, every micro-batch's calls (k continues); calls made after the
+        last backward pass (nothing flowed back through them) are left out.
+        """
+        self._passes = passes
+        passes.listeners.append(self._pass_ended)
+
+    def _pass_ended(self) -> None:
+        if self.capturing:
+            self._ends.append(
+                ([len(f.calls) for f in self._fused], [c.count for c in self._cells])
+            )
+
+    def _kept(self, which: int, index: int, total: int) -> tuple[int, int]:
+        """The calls ``start .. end-1`` of one module that the step reports."""
+        ends, tracker = self._ends, self._passes
+        if tracker is None or not ends:  # no pass seen (autograd.grad, no Monitor)
+            return 0, total
+        end = ends[-1][which][index]
+        reset = min(tracker.since_reset, len(ends))
+        start = ends[reset - 1][which][index] if reset else 0
+        if start >= end:  # no forward since the reset: a retained graph run again
+            start = 0
+        return start, end
+
     def detach(self) -> None:
         super().detach()
         for cell in self._cells:
@@ -156,6 +194,7 @@ class RecurrentTimesteps(Quantity):
         self.exact_now = bool(capture and every and self._captured % every == 0)
         if capture:
             self._captured += 1
+        self._ends = []
         for fused in self._fused:
             fused.reset()
         for cell in self._cells:
@@ -167,20 +206,31 @@ class RecurrentTimesteps(Quantity):
         if not self.capturing:
             return {}
         result: dict[str, dict[str, torch.Tensor]] = {}
+        layout: dict[str, str] = {}
         try:
-            for fused in self._fused:
-                if fused.calls:
-                    series = combine_calls(fused.calls)
+            for i, fused in enumerate(self._fused):
+                start, end = self._kept(0, i, len(fused.calls))
+                if end > start:
+                    series = combine_calls(fused.calls[start:end])
                     if series:
                         result[fused.name] = series
-            for cell in self._cells:
-                series = cell.series()
+            for i, cell in enumerate(self._cells):
+                start, end = self._kept(1, i, cell.count)
+                series = cell.series(start, end)
                 if series:
                     result[cell.name] = series
+                    layout[cell.name] = cell.layout(start, end)
         except Exception as e:
             self.warn_failure("timesteps payload", e)
             return {}
-        return {"timesteps": result} if result else {}
+        if not result:
+            return {}
+        payload: dict[str, Any] = {"timesteps": result}
+        # only when a cell's calls are not one chain ("absent means chain"): a field
+        # a column block lacks sends the record whole, in `records`
+        if "tree" in layout.values():
+            payload["timestep_layout"] = layout
+        return payload
 
     def encode(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Host tensors -> lists of floats, and the first non-finite index per series."""
@@ -206,6 +256,8 @@ class RecurrentTimesteps(Quantity):
         record: dict[str, Any] = {"timesteps": out}
         if nonfinite:
             record["nonfinite"] = {"timesteps": nonfinite}
+        if payload.get("timestep_layout"):
+            record["timestep_layout"] = dict(payload["timestep_layout"])
         return record
 
     # -- trouble ---------------------------------------------------------------------

@@ -72,6 +72,9 @@ def _serve(args: argparse.Namespace) -> int:
             view_token=args.view_token,
             allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
             writer_process=False if args.writer == "thread" else None,
+            alert_webhooks=tuple(args.alert_webhook) if args.alert_webhook else None,
+            alert_min_severity=args.alert_min_severity,
+            public_url=args.public_url,
         )
     except ValueError as error:
         print(f"gradwatch serve: {error}", file=sys.stderr)
@@ -137,6 +140,7 @@ def worker_app() -> Any:
 
     values = json.loads(os.environ[WORKER_SETTINGS])
     values["allowed_hosts"] = tuple(values.get("allowed_hosts") or ())
+    values["alert_webhooks"] = tuple(values.get("alert_webhooks") or ())
     return create_app(Settings(**values))
 
 
@@ -213,6 +217,27 @@ def build_parser() -> argparse.ArgumentParser:
         default="process",
         help="SQLite: write in a child process, so validating and writing each have a CPU"
         " (default), or on a thread of the server process",
+    )
+    serve.add_argument(
+        "--alert-webhook",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="POST each problem when raised and when cleared to this URL; Slack and Discord"
+        " webhooks get their own body (repeatable; default $GRADWATCH_ALERT_WEBHOOK, none)",
+    )
+    serve.add_argument(
+        "--alert-min-severity",
+        choices=("info", "warning", "error"),
+        default=None,
+        help="the least severity sent to webhooks (default warning)",
+    )
+    serve.add_argument(
+        "--public-url",
+        default=None,
+        metavar="URL",
+        help="the dashboard's address as people reach it, for links in alerts"
+        " (default http://HOST:PORT/)",
     )
     serve.set_defaults(handler=_serve)
 

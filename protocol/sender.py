@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -82,8 +83,12 @@ class WebSocketSink:
         pack_series: bool = True,
         columns: bool = True,
         start: bool = True,
+        announce: bool = True,
     ) -> None:
         self.url = ingest_url(url)
+        # one line with the run's link at the first connection (rank 0 only);
+        # announce=False or GRADWATCH_QUIET=1 silences it
+        self.announce = announce and os.environ.get("GRADWATCH_QUIET", "") in ("", "0")
         if not isinstance(hello, dict) or "run_id" not in hello or "rank" not in hello:
             raise ValueError(f"expected a hello message with run_id and rank, got {hello!r}")
         self.token = token
@@ -179,6 +184,15 @@ class WebSocketSink:
             self._closing = True
             self._deadline = time.monotonic() + limit
             self._cond.notify_all()
+            waiting = not self._connected and not self._box.empty and limit > 0
+        if waiting:
+            # said before the wait, so a program that seems to hang at its end says why
+            self._warn.warn(
+                "close_waiting",
+                f"gradwatch: closing while {self.url} is not answering; waiting up to "
+                f"{limit:.0f} s for it (close(timeout=...)), then the rest stays in "
+                f"{self.spool_path}",
+            )
         if self._thread.is_alive():
             self._thread.join(limit)
         with self._cond:
@@ -267,6 +281,17 @@ class WebSocketSink:
             if outcome != "done":
                 self._pause()
 
+    def _announce(self) -> None:
+        from urllib.parse import quote, urlsplit
+
+        parts = urlsplit(self.url)
+        scheme = "https" if parts.scheme == "wss" else "http"
+        link = (f"{scheme}://{parts.netloc}/#/run/{quote(str(self.hello['run_id']), safe='')}"
+                f"/{self.hello.get('rank', 0)}")
+        with contextlib.suppress(Exception):  # a closed stderr must not stop the sender
+            print(f"gradwatch: streaming run {self.hello.get('run', '')!s} to {link}",
+                  file=sys.stderr, flush=True)
+
     def _pause(self) -> None:
         delay = self._backoff.next_delay()
         with self._cond:
@@ -293,6 +318,8 @@ class WebSocketSink:
             ws.send(self._box.hello_text)
             with self._cond:
                 self._connected = True
+            if self.announce and self.connections == 1 and self.hello.get("rank", 0) == 0:
+                self._announce()
             reader.start()
             while True:
                 with self._cond:

@@ -143,13 +143,15 @@ def _child_setup(group: int) -> None:
 
 
 def start(
-    command: list[str], env: dict[str, str] | None = None, group: int | None = None
+    command: list[str], env: dict[str, str] | None = None, group: int | None = None,
+    quiet: bool = False,
 ) -> subprocess.Popen[bytes]:
     """A child in the demo's process group ``group`` (the server's; a new one for the
     server itself): Ctrl-C reaches the demo alone, which then stops the trainers and
     the server in order, and one ``killpg`` ends whatever they left behind."""
     return subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if quiet else None,
         # the demo has no threads: preexec_fn is safe here
         preexec_fn=functools.partial(_child_setup, group or 0),
     )
@@ -198,6 +200,7 @@ def run_demo(args: argparse.Namespace) -> int:
         server = start(
             [sys.executable, "-m", "gradwatch.server.cli", "serve", "--host", "127.0.0.1",
              "--port", str(args.port), "--db", str(demo.db), "--log-level", "warning"],
+            quiet=True,  # the demo prints where to look itself; errors still show
         )
         return _supervise(demo, server, running)
     except KeyboardInterrupt:
@@ -239,12 +242,16 @@ def _supervise(
     else:
         print("  Showing the runs recorded in the database (no training).")
     print("  Ctrl-C (or kill, or closing the terminal) stops everything.")
+    from .cli import tunnel_hint
+
+    print(tunnel_hint(int(demo.url.rsplit(":", 1)[1])))
     print(flush=True)
     # Pairs (a bug and its twin) run side by side, one scenario after the other: eight
     # torch processes at once would spend the first minute importing on a small box.
     pairs = [demo.trainers[i : i + 2] for i in range(0, len(demo.trainers), 2)]
     pending = list(pairs)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # the trainers' own "streaming run ... to" lines would repeat the dashboard's link
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GRADWATCH_QUIET="1")
     while True:
         running[:] = [p for p in running if p.poll() is None]
         if not running and pairs:

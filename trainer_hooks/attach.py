@@ -63,7 +63,7 @@ def _diagnoser(diagnose: bool, thresholds: dict[str, Any] | None, once: WarnOnce
 
 def _make_sink(
     server: str | None, spool: str | os.PathLike[str] | None, token: str | None,
-    hello: dict[str, Any], once: WarnOnce,
+    hello: dict[str, Any], once: WarnOnce, quiet: bool = False,
 ) -> tuple[Sink, str | None]:
     if server is not None:
         try:
@@ -74,7 +74,8 @@ def _make_sink(
                 f"gradwatch: cannot stream to {server} ({e}); recording to the spool instead",
             )
         else:
-            return WebSocketSink(server, hello, token=token, spool=spool), None
+            sink = WebSocketSink(server, hello, token=token, spool=spool, announce=not quiet)
+            return sink, None
     path = os.fspath(spool) if spool is not None else default_spool_path(
         hello["run"], hello["run_id"], hello["rank"]
     )
@@ -98,6 +99,7 @@ def watch(
     thresholds: dict[str, Any] | None = None,
     run_id: str | None = None,
     graph_limit: int = DEFAULT_LIMIT,
+    quiet: bool = False,
 ) -> Monitor:
     """Start monitoring ``model``; returns the :class:`Monitor` that owns every hook.
 
@@ -124,6 +126,8 @@ def watch(
         thresholds: diagnosis thresholds by name.
         run_id: the run's id (default ``$GRADWATCH_RUN_ID`` or a new UUID4).
         graph_limit: the graph walk stops after this many nodes.
+        quiet: with a server, do not print the line with the run's link when it
+            connects (``GRADWATCH_QUIET=1`` does the same).
 
     Example:
         >>> import torch
@@ -185,7 +189,7 @@ def watch(
     }
     hello = make_hello(model, run, run_id, config, recurrent, rank, world_size)
     try:
-        sink, spool_path = _make_sink(server, spool, token, hello, once)
+        sink, spool_path = _make_sink(server, spool, token, hello, once, quiet)
     except Exception:
         for q in attached:
             q.detach()

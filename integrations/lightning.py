@@ -84,8 +84,15 @@ class GradwatchCallback(Callback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None and not self.monitor.closed:
             return  # a second fit on the same callback goes on in the same run
+        spool = self.spool
+        if spool is not None and int(getattr(trainer, "world_size", 1)) > 1:
+            # one file per rank: ranks writing one spool would interleave their lines
+            path = os.fspath(spool)
+            stem, dot, ext = path.rpartition(".") if "." in os.path.basename(path) else (
+                path, "", "")
+            spool = f"{stem}-rank{int(trainer.global_rank)}{dot}{ext}"
         self.monitor = watch(
-            pl_module, run=self.run, server=self.server, spool=self.spool, **self.watch_options
+            pl_module, run=self.run, server=self.server, spool=spool, **self.watch_options
         )
         self._global_step = int(trainer.global_step)
         self._loss = None

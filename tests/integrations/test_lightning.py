@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -135,3 +138,45 @@ def test_the_standalone_pytorch_lightning_package_runs_the_same_callback(
     ).fit(Linear(), loader())
     assert [s["step"] for s in spooled(spool, "step")] == [0, 1, 2, 3]
     assert spooled(spool, "end")[0]["status"] == "finished"
+
+
+DDP = """
+import sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, {here!r})
+import lightning as L
+from test_lightning import Regressor, loader
+from gradwatch.integrations.lightning import GradwatchCallback
+
+if __name__ == "__main__":
+    callback = GradwatchCallback(run="pl-ddp", server={server!r}, spool={spool!r})
+    L.Trainer(max_epochs=1, accumulate_grad_batches=2, accelerator="cpu", devices=2,
+              strategy="ddp", callbacks=[callback], logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False,
+              use_distributed_sampler=True).fit(Regressor(), loader())
+"""
+
+
+@pytest.mark.slow
+def test_under_ddp_each_rank_reports_as_its_rank_of_one_run(
+    gradwatch_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    server = gradwatch_server()
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(DDP.format(here=str(Path(__file__).parent), server=server.url,
+                                 spool=str(tmp_path / "ddp.jsonl")))
+    # Lightning's DDP launcher runs this script again for rank 1; gloo on loopback
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = _runs(server.http)
+    assert run["name"] == "pl-ddp"
+    assert run["ranks"] == [0, 1] and run["world_size"] == 2
+    assert run["status"] == "finished"
+    # 64 samples over 2 ranks: 4 batches of 8 each, accumulation 2 -> 2 steps per rank
+    for rank in (0, 1):
+        url = f"{server.http}/api/runs/{run['id']}/steps?rank={rank}&fields=loss"
+        with urllib.request.urlopen(url, timeout=5) as answer:  # noqa: S310
+            steps = json.loads(answer.read())
+        assert steps["fields"]["loss"]["step"] == [0, 1], (rank, steps)

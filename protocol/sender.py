@@ -37,7 +37,7 @@ from .outbox import ENVELOPE_BYTES, WINDOW_BATCHES, WINDOW_BYTES, Outbox, encode
 from .sink import with_session
 from .spoolfiles import default_spool_path, fresh_path, rejected_path
 from .warnings import WarnOnce
-from .wsclient import abort, ingest_url, open_ingest
+from .wsclient import abort, ingest_url, open_ingest, run_link
 
 __all__ = ["WebSocketSink", "default_spool_path", "encode_records", "rejected_path"]
 
@@ -282,14 +282,9 @@ class WebSocketSink:
                 self._pause()
 
     def _announce(self) -> None:
-        from urllib.parse import quote, urlsplit
-
-        parts = urlsplit(self.url)
-        scheme = "https" if parts.scheme == "wss" else "http"
-        link = (f"{scheme}://{parts.netloc}/#/run/{quote(str(self.hello['run_id']), safe='')}"
-                f"/{self.hello.get('rank', 0)}")
+        link = run_link(self.url, str(self.hello["run_id"]), int(self.hello.get("rank", 0)))
         with contextlib.suppress(Exception):  # a closed stderr must not stop the sender
-            print(f"gradwatch: streaming run {self.hello.get('run', '')!s} to {link}",
+            print(f"gradwatch: streaming run {self.hello.get('run', '')} to {link}",
                   file=sys.stderr, flush=True)
 
     def _pause(self) -> None:

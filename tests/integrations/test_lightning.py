@@ -157,6 +157,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.timeout(320)
 @pytest.mark.slow
 def test_under_ddp_each_rank_reports_as_its_rank_of_one_run(
     gradwatch_server: Callable[..., Any], tmp_path: Path

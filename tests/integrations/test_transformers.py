@@ -115,6 +115,7 @@ train(tiny("bert"), {out!r}, GradwatchCallback(run="hf-crash", server={server!r}
 """
 
 
+@pytest.mark.timeout(320)
 def test_training_that_raises_ends_the_run_crashed(
     gradwatch_server: Callable[..., Any], tmp_path: Path
 ) -> None:

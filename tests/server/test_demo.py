@@ -90,6 +90,7 @@ def gone(marker: str) -> bool:
     return not processes_with(marker)
 
 
+@pytest.mark.timeout(500)
 @pytest.mark.slow
 def test_the_demo_goes_round_until_sigterm_stops_it_all_and_a_restart_starts_afresh(
     demo: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
@@ -123,6 +124,7 @@ def test_the_demo_goes_round_until_sigterm_stops_it_all_and_a_restart_starts_afr
     assert again.returncode == 0
 
 
+@pytest.mark.timeout(240)
 @pytest.mark.slow
 def test_sighup_from_a_closed_terminal_stops_the_server_and_the_trainers(
     demo: Callable[..., subprocess.Popen[bytes]], tmp_path: Path

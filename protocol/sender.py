@@ -185,14 +185,12 @@ class WebSocketSink:
             self._deadline = time.monotonic() + limit
             self._cond.notify_all()
             waiting = not self._connected and not self._box.empty and limit > 0
-        if waiting:
+        if waiting and self.announce:
             # said before the wait, so a program that seems to hang at its end says why
-            self._warn.warn(
-                "close_waiting",
-                f"gradwatch: closing while {self.url} is not answering; waiting up to "
-                f"{limit:.0f} s for it (close(timeout=...)), then the rest stays in "
-                f"{self.spool_path}",
-            )
+            with contextlib.suppress(Exception):
+                print(f"gradwatch: closing while {self.url} is not answering; waiting up to"
+                      f" {limit:.0f} s for it (close(timeout=...)), then the rest stays in"
+                      f" {self.spool_path}", file=sys.stderr, flush=True)
         if self._thread.is_alive():
             self._thread.join(limit)
         with self._cond:

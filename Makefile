@@ -30,9 +30,10 @@ lint: install typecheck
 # gradwatch namespace, so it reads them through a tree of links with the installed names.
 typecheck: install
 	mkdir -p build/typecheck/gradwatch
-	for part in protocol trainer_hooks server; do ln -sfn ../../../$$part build/typecheck/gradwatch/$$part; done
+	for part in protocol trainer_hooks server integrations notebook; do ln -sfn ../../../$$part build/typecheck/gradwatch/$$part; done
 	cd build/typecheck && MYPYPATH=. ../../$(BIN)/mypy --config-file ../../pyproject.toml \
-		-p gradwatch.protocol -p gradwatch.trainer_hooks -p gradwatch.server
+		-p gradwatch.protocol -p gradwatch.trainer_hooks -p gradwatch.server \
+		-p gradwatch.integrations -p gradwatch.notebook
 	cd build/typecheck && MYPYPATH=. ../../$(BIN)/mypy --config-file ../../pyproject.toml \
 		../../examples
 

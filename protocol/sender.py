@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ from .outbox import ENVELOPE_BYTES, WINDOW_BATCHES, WINDOW_BYTES, Outbox, encode
 from .sink import with_session
 from .spoolfiles import default_spool_path, fresh_path, rejected_path
 from .warnings import WarnOnce
-from .wsclient import abort, ingest_url, open_ingest
+from .wsclient import abort, ingest_url, open_ingest, run_link
 
 __all__ = ["WebSocketSink", "default_spool_path", "encode_records", "rejected_path"]
 
@@ -82,8 +83,12 @@ class WebSocketSink:
         pack_series: bool = True,
         columns: bool = True,
         start: bool = True,
+        announce: bool = True,
     ) -> None:
         self.url = ingest_url(url)
+        # one line with the run's link at the first connection (rank 0 only);
+        # announce=False or GRADWATCH_QUIET=1 silences it
+        self.announce = announce and os.environ.get("GRADWATCH_QUIET", "") in ("", "0")
         if not isinstance(hello, dict) or "run_id" not in hello or "rank" not in hello:
             raise ValueError(f"expected a hello message with run_id and rank, got {hello!r}")
         self.token = token
@@ -179,6 +184,13 @@ class WebSocketSink:
             self._closing = True
             self._deadline = time.monotonic() + limit
             self._cond.notify_all()
+            waiting = not self._connected and not self._box.empty and limit > 0
+        if waiting and self.announce:
+            # said before the wait, so a program that seems to hang at its end says why
+            with contextlib.suppress(Exception):
+                print(f"gradwatch: closing while {self.url} is not answering; waiting up to"
+                      f" {limit:.0f} s for it (close(timeout=...)), then the rest stays in"
+                      f" {self.spool_path}", file=sys.stderr, flush=True)
         if self._thread.is_alive():
             self._thread.join(limit)
         with self._cond:
@@ -267,6 +279,12 @@ class WebSocketSink:
             if outcome != "done":
                 self._pause()
 
+    def _announce(self) -> None:
+        link = run_link(self.url, str(self.hello["run_id"]), int(self.hello.get("rank", 0)))
+        with contextlib.suppress(Exception):  # a closed stderr must not stop the sender
+            print(f"gradwatch: streaming run {self.hello.get('run', '')} to {link}",
+                  file=sys.stderr, flush=True)
+
     def _pause(self) -> None:
         delay = self._backoff.next_delay()
         with self._cond:
@@ -293,6 +311,8 @@ class WebSocketSink:
             ws.send(self._box.hello_text)
             with self._cond:
                 self._connected = True
+            if self.announce and self.connections == 1 and self.hello.get("rank", 0) == 0:
+                self._announce()
             reader.start()
             while True:
                 with self._cond:

@@ -85,8 +85,13 @@ def read_spool(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 return
             raise SpoolError(f"{path}:{number}: expected one JSON message per line: {e}") from e
         if not isinstance(message, dict) or "type" not in message:
+            # what it got, shortened: the keys of an object without "type", else the value
+            if isinstance(message, dict):
+                keys = ", ".join(repr(k) for k in list(message)[:8]) or "no keys"
+                got = f"an object without it (keys: {keys})"
+            else:
+                got = f"{type(message).__name__} {line.strip()[:80]}"
             raise SpoolError(
-                f"{path}:{number}: expected a JSON object with a 'type' field, "
-                f"got {type(message).__name__}"
+                f"{path}:{number}: expected a JSON object with a 'type' field, got {got}"
             )
         yield message

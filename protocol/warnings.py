@@ -19,14 +19,41 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import warnings
+from pathlib import Path
+from types import FrameType
 
 logger = logging.getLogger("gradwatch")
 
 
 class GradwatchWarning(UserWarning):
     """Something went wrong with monitoring; training itself is unaffected."""
+
+
+# gradwatch's own folders (the package's parts): frames in them are not the user's line
+_OURS = tuple(
+    str(Path(__file__).resolve().parents[1] / part) + os.sep
+    for part in ("protocol", "trainer_hooks", "server", "integrations", "notebook")
+)
+_NOT_USER = (*_OURS, str(Path(threading.__file__).resolve()))
+
+
+def user_location() -> tuple[str, int, str] | None:
+    """(file, line, module) of the innermost frame outside gradwatch and threading."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        try:
+            resolved = str(Path(name).resolve())
+        except OSError:
+            resolved = name
+        if not resolved.startswith(_NOT_USER) and not name.startswith("<frozen"):
+            return name, frame.f_lineno, str(frame.f_globals.get("__name__", "__main__"))
+        frame = frame.f_back
+    return None
 
 
 class WarnOnce:
@@ -40,6 +67,8 @@ class WarnOnce:
     def __init__(self) -> None:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
+        # where the user started monitoring: what a background thread's warning points at
+        self.origin = user_location()
 
     def warn(self, kind: str, message: str) -> bool:
         """Warn about ``kind`` unless already warned; True when this call warned."""
@@ -47,8 +76,15 @@ class WarnOnce:
             if kind in self._seen:
                 return False
             self._seen.add(kind)
+        # the user's line: the caller outside gradwatch on this thread, else (a
+        # background thread) the line that started monitoring; never threading.py
+        where = user_location() or self.origin
         try:
-            warnings.warn(message, GradwatchWarning, stacklevel=3)
+            if where is None:
+                warnings.warn(message, GradwatchWarning, stacklevel=3)
+            else:
+                filename, lineno, module = where
+                warnings.warn_explicit(message, GradwatchWarning, filename, lineno, module)
         except Exception:
             # "-W error" turns the warning into an exception: it must not kill a
             # background thread. The message still goes somewhere: the log.

@@ -16,7 +16,7 @@ import contextlib
 import inspect
 import socket
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from websockets.sync.client import ClientConnection, connect
 
@@ -39,6 +39,17 @@ def ingest_url(url: str) -> str:
         raise ValueError(f"expected a server URL such as 'ws://127.0.0.1:8765', got {url!r}")
     path = parts.path if parts.path not in ("", "/") else INGEST_PATH
     return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+def run_link(url: str, run_id: str, rank: int = 0) -> str:
+    """The dashboard's page of a run, from the server's ``ws(s)://`` URL.
+
+    >>> run_link("ws://127.0.0.1:8765/ws/ingest", "ab", 1)
+    'http://127.0.0.1:8765/#/run/ab/1'
+    """
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return f"{scheme}://{parts.netloc}/#/run/{quote(run_id, safe='')}/{rank}"
 
 
 def open_ingest(url: str, token: str | None, timeout: float) -> ClientConnection:

@@ -26,6 +26,7 @@ from fastapi.staticfiles import StaticFiles
 
 from .api import require_viewer, router, version
 from .ingest import ingest_endpoint
+from .metrics import metrics_router, watch_stalls
 from .security import SecurityMiddleware
 from .settings import Settings
 from .state import AppState
@@ -81,9 +82,11 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
                     await asyncio.to_thread(opened.close)
                 raise
         state.replicas = feed
+        stalls = asyncio.create_task(watch_stalls(state))  # pushes "stalled" to viewers
         try:
             yield
         finally:
+            stalls.cancel()
             if feed is not None:
                 await feed.stop()
             if own:
@@ -105,6 +108,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         return JSONResponse({"detail": _first_error(error)}, status_code=422)
 
     app.include_router(router)
+    app.include_router(metrics_router(require_viewer))
     app.add_api_websocket_route("/ws/ingest", ingest_endpoint)
     app.add_api_websocket_route("/ws/live", live_endpoint)
 

@@ -41,6 +41,33 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def tunnel_hint(port: int) -> str:
+    """How to open a loopback dashboard from another machine (an SSH tunnel)."""
+    return (
+        "  hint, if your browser is on another machine: ssh -N -L "
+        f"{port}:127.0.0.1:{port} {getpass.getuser()}@{socket.gethostname()}"
+        f" there, then open http://127.0.0.1:{port}/ (docs/REMOTE.md)"
+    )
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """A one-line reason when ``host:port`` cannot be listened on, else None."""
+    import errno
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return (f"port {port} on {host} is in use (another gradwatch?); stop it, or"
+                        " choose another port with --port PORT")
+            if e.errno == errno.EADDRNOTAVAIL:
+                return f"--host {host}: no such address on this machine"
+    return None
+
+
 def serving_banner(settings: Any) -> str:
     """Where the dashboard is, and, on loopback, how to reach it from another machine."""
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
@@ -50,11 +77,7 @@ def serving_banner(settings: Any) -> str:
     if view:
         lines.append(f"  viewer link: {url}?token=<your view token>")
     if settings.host in ("127.0.0.1", "localhost", "::1"):
-        lines.append(
-            "  from your laptop: ssh -N -L "
-            f"{settings.port}:127.0.0.1:{settings.port} {getpass.getuser()}@{socket.gethostname()}"
-            f"  then open http://127.0.0.1:{settings.port}/  (docs/REMOTE.md)"
-        )
+        lines.append(tunnel_hint(settings.port))
     return "\n".join(lines)
 
 
@@ -72,6 +95,9 @@ def _serve(args: argparse.Namespace) -> int:
             view_token=args.view_token,
             allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
             writer_process=False if args.writer == "thread" else None,
+            alert_webhooks=tuple(args.alert_webhook) if args.alert_webhook else None,
+            alert_min_severity=args.alert_min_severity,
+            public_url=args.public_url,
         )
     except ValueError as error:
         print(f"gradwatch serve: {error}", file=sys.stderr)
@@ -95,6 +121,10 @@ def _serve(args: argparse.Namespace) -> int:
             f" got --db {settings.db} ({settings.db_kind}). Nothing was started.",
             file=sys.stderr,
         )
+        return 2
+    problem = port_in_use(settings.host, settings.port) if settings.port else None
+    if problem is not None:
+        print(f"gradwatch serve: {problem}", file=sys.stderr)
         return 2
     import uvicorn
 
@@ -137,13 +167,46 @@ def worker_app() -> Any:
 
     values = json.loads(os.environ[WORKER_SETTINGS])
     values["allowed_hosts"] = tuple(values.get("allowed_hosts") or ())
+    values["alert_webhooks"] = tuple(values.get("alert_webhooks") or ())
     return create_app(Settings(**values))
 
 
+SERVE_DB = "gradwatch.db"  # Settings.db: where `gradwatch serve` writes by default
+DEMO_DB = ".gradwatch/demo.db"  # where `gradwatch demo` writes by default
+
+
+def default_databases() -> list[str]:
+    """Where ``gradwatch report`` looks without ``--db``: serve's, then the demo's."""
+    return [os.environ.get("GRADWATCH_DB") or SERVE_DB, DEMO_DB]
+
+
 def _report(args: argparse.Namespace) -> int:
-    """``gradwatch report RUN -o run.html``: a standalone HTML file (server/report.py)."""
+    """``gradwatch report RUN -o run.html``: a standalone HTML file (server/report.py).
+
+    Without ``--db`` it reads the first default database that holds the run."""
+    from .report import ReportError
     from .report import main as report_main
 
+    if args.db is not None:
+        return report_main(args)
+    candidates = default_databases()
+    found = [db for db in candidates if os.path.isfile(db)]
+    if not found:
+        where = " and ".join(repr(os.path.abspath(db)) for db in candidates)
+        print(f"gradwatch report: no gradwatch database found: looked in {where} (the"
+              " defaults of gradwatch serve and gradwatch demo); name one with --db PATH"
+              " (or a postgresql:// URL)", file=sys.stderr)
+        return 2
+    from .report import write_report
+
+    for db in found[:-1]:
+        try:
+            write_report(db, args.run, os.devnull, rank=args.rank)
+        except ReportError:
+            continue  # not in this one: the next default
+        args.db = db
+        return report_main(args)
+    args.db = found[-1]
     return report_main(args)
 
 
@@ -179,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gradwatch",
         description="Live gradient-flow monitor for PyTorch training.",
     )
+    from .api import version
+
+    parser.add_argument("--version", action="version", version=f"gradwatch {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     serve = sub.add_parser("serve", help="run the server and dashboard")
@@ -190,14 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="SQLite file path or postgresql:// URL (default gradwatch.db)",
     )
-    serve.add_argument("--token", default=None, help="ingest token (required off loopback)")
-    serve.add_argument("--view-token", default=None, help="read-only token for viewers")
+    serve.add_argument("--token", default=None,
+                       help="ingest token (required off loopback; default none)")
+    serve.add_argument("--view-token", default=None,
+                       help="read-only token for viewers (default none)")
     serve.add_argument(
         "--allowed-host",
         action="append",
         default=None,
         metavar="NAME",
-        help="a Host name browsers may use besides loopback and the bind address (repeatable)",
+        help="a Host name browsers may use besides loopback and the bind address"
+        " (repeatable; default none)",
     )
     serve.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
     serve.add_argument(
@@ -214,31 +283,63 @@ def build_parser() -> argparse.ArgumentParser:
         help="SQLite: write in a child process, so validating and writing each have a CPU"
         " (default), or on a thread of the server process",
     )
+    serve.add_argument(
+        "--alert-webhook",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="POST each problem when raised and when cleared to this URL; Slack and Discord"
+        " webhooks get their own body (repeatable; default $GRADWATCH_ALERT_WEBHOOK, none)",
+    )
+    serve.add_argument(
+        "--alert-min-severity",
+        choices=("info", "warning", "error"),
+        default=None,
+        help="the least severity sent to webhooks (default warning)",
+    )
+    serve.add_argument(
+        "--public-url",
+        default=None,
+        metavar="URL",
+        help="the dashboard's address as people reach it, for links in alerts"
+        " (default http://HOST:PORT/)",
+    )
     serve.set_defaults(handler=_serve)
 
     demo = sub.add_parser("demo", help="the dashboard with live example runs")
-    demo.add_argument("--port", type=int, default=8765)
-    demo.add_argument("--db", default=".gradwatch/demo.db")
-    demo.add_argument("--replay", action="store_true", help="show recorded runs, no training")
+    demo.add_argument("--port", type=int, default=8765,
+                      help="the dashboard's port on 127.0.0.1 (default 8765)")
+    demo.add_argument("--db", default=DEMO_DB,
+                      help=f"the demo's SQLite file, fresh at each start (default {DEMO_DB})")
+    demo.add_argument("--replay", action="store_true",
+                      help="serve the runs the last demo recorded, no training (default off)")
     demo.add_argument(
         "--steps", type=int, default=None, help="training steps per example (default: per example)"
     )
     demo.add_argument(
-        "--only", action="append", metavar="EXAMPLE", help="run only this example (repeatable)"
+        "--only", action="append", metavar="EXAMPLE",
+        help="run only this example (repeatable; default all four)",
     )
     demo.set_defaults(handler=_run_demo)
 
     report = sub.add_parser("report", help="write a standalone HTML report of one run")
     report.add_argument("run", help="run id or name")
-    report.add_argument("-o", "--output", default="run.html")
-    report.add_argument("--db", default="gradwatch.db", help="SQLite path or postgresql:// URL")
+    report.add_argument("-o", "--output", default="run.html",
+                        help="the HTML file to write (default run.html)")
+    report.add_argument(
+        "--db", default=None,
+        help=f"SQLite path or postgresql:// URL (default: $GRADWATCH_DB or {SERVE_DB},"
+        f" then {DEMO_DB}, the first that holds the run)",
+    )
     report.add_argument("--rank", type=int, default=0, help="which rank's charts (default 0)")
     report.set_defaults(handler=_report)
 
     upload = sub.add_parser("upload", help="send a spool file to a server (idempotent)")
     upload.add_argument("spool", help="JSON Lines spool written by watch(..., server=None)")
-    upload.add_argument("--server", default="ws://127.0.0.1:8765")
-    upload.add_argument("--token", default=None)
+    upload.add_argument("--server", default="ws://127.0.0.1:8765",
+                        help="the server to send to (default ws://127.0.0.1:8765)")
+    upload.add_argument("--token", default=None,
+                        help="the server's ingest token (default none)")
     upload.add_argument(
         "--timeout", type=float, default=30.0,
         help="seconds to wait for an unreachable or silent server (default 30)",

@@ -2,9 +2,13 @@
 
 Starts ``gradwatch serve`` as a child process, waits until it answers, launches the
 example scenarios (each bug variant and its fixed twin) as separate trainer
-processes streaming into it, prints the URL and what to look at, and on Ctrl-C stops
-the trainers and then the server. ``--replay`` serves the runs already recorded in the
-demo database without training.
+processes streaming into it, prints the URL and what to look at, and goes round the
+examples again until it is stopped. Ctrl-C, SIGTERM and SIGHUP (a closed terminal)
+all stop the trainers, then the server, then anything left in their process group;
+the children also get SIGTERM should the demo itself die (Linux). A training demo
+starts on a fresh database (the previous one is kept as ``<db>.previous``), so a
+restart does not pile up another set of runs; ``--replay`` serves the runs already
+recorded in the demo database without training.
 
 Example:
     $ gradwatch demo              # or: make demo
@@ -14,8 +18,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +31,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 #: (script, demo steps, what the bug variant shows); every scenario also runs --fixed.
 #: The steps keep each pair to about a minute on a 2-core CPU: the bug variants slow
@@ -89,6 +98,65 @@ def wait_until_serving(url: str, server: subprocess.Popen[bytes], timeout: float
     raise RuntimeError(f"the server did not answer {url}/api/health within {timeout:.0f} s")
 
 
+class Stopped(Exception):
+    """A signal that means "stop the demo" (SIGTERM, SIGHUP) arrived."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+def port_problem(port: int) -> str | None:
+    """Why the demo cannot serve on 127.0.0.1:``port``, or None when it can."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # as uvicorn binds: a previous demo's connections in TIME_WAIT do not count
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return (
+                    f"port {port} on 127.0.0.1 is in use (another gradwatch demo or server?);"
+                    " stop it, or choose another port with --port PORT"
+                )
+            return f"cannot listen on 127.0.0.1:{port} ({e.strerror}); choose another with --port"
+    return None
+
+
+def _child_setup(group: int) -> None:
+    """In each child before exec: join process group ``group`` (0: a new one), default
+    Ctrl-C (a background job inherits it ignored) and, on Linux, SIGTERM when the demo
+    dies, so nothing outlives it."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, group)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def start(
+    command: list[str], env: dict[str, str] | None = None, group: int | None = None,
+    quiet: bool = False,
+) -> subprocess.Popen[bytes]:
+    """A child in the demo's process group ``group`` (the server's; a new one for the
+    server itself): Ctrl-C reaches the demo alone, which then stops the trainers and
+    the server in order, and one ``killpg`` ends whatever they left behind."""
+    return subprocess.Popen(
+        command, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if quiet else None,
+        # the demo has no threads: preexec_fn is safe here
+        preexec_fn=functools.partial(_child_setup, group or 0),
+    )
+
+
 def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
     if process.poll() is not None:
         return
@@ -100,14 +168,20 @@ def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: flo
         process.wait()
 
 
-def start(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    # A session of its own: Ctrl-C reaches the demo alone, which then stops the
-    # trainers and the server in order, instead of every child dying mid-import.
-    return subprocess.Popen(command, env=env, start_new_session=True)
+def fresh_database(db: Path) -> None:
+    """Move the last demo's database (and its WAL files) aside as ``<db>.previous``."""
+    for suffix in ("", "-wal", "-shm"):
+        old = Path(f"{db}{suffix}")
+        if old.exists():
+            os.replace(old, Path(f"{db}.previous{suffix}"))
 
 
 def run_demo(args: argparse.Namespace) -> int:
     demo = plan(args)
+    problem = port_problem(args.port)
+    if problem is not None:
+        print(f"gradwatch demo: {problem}", file=sys.stderr)
+        return 2
     demo.db.parent.mkdir(parents=True, exist_ok=True)
     if demo.examples is None and not args.replay:
         print(
@@ -115,47 +189,79 @@ def run_demo(args: argparse.Namespace) -> int:
             "or use --replay to serve what a demo recorded). Serving the dashboard only.",
             file=sys.stderr,
         )
-    server = start(
-        [sys.executable, "-m", "gradwatch.server.cli", "serve", "--host", "127.0.0.1",
-         "--port", str(args.port), "--db", str(demo.db), "--log-level", "warning"],
-    )
-    # Pairs (a bug and its twin) run side by side, one scenario after the other: eight
-    # torch processes at once would spend the first minute importing on a small box.
-    pending = [demo.trainers[i : i + 2] for i in range(0, len(demo.trainers), 2)]
+    if demo.trainers:
+        fresh_database(demo.db)
+    previous = {
+        sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)
+    }
+    server: subprocess.Popen[bytes] | None = None
     running: list[subprocess.Popen[bytes]] = []
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     try:
-        wait_until_serving(demo.url, server, timeout=60)
-        print()
-        print(f"  gradwatch dashboard: {demo.url}")
-        print(f"  database:            {demo.db}")
-        if demo.trainers:
-            print("  Streaming the examples, each bug beside its fixed twin:")
-            for script, _, shows in SCENARIOS:
-                print(f"    - {script}: {shows}")
-            print("  Open a bug run, then compare it with its -fixed twin.")
-        else:
-            print("  Showing the runs recorded in the database (no training).")
-        print("  Ctrl-C stops everything.")
-        print(flush=True)
-        while True:
-            running = [p for p in running if p.poll() is None]
-            if not running and pending:
-                running = [start(command, env) for command in pending.pop(0)]
-                continue
-            try:
-                code = server.wait(timeout=1.0)  # the tick of this supervisor
-            except subprocess.TimeoutExpired:
-                continue
-            print(f"gradwatch demo: the server exited with code {code}", file=sys.stderr)
-            return code or 1
+        server = start(
+            [sys.executable, "-m", "gradwatch.server.cli", "serve", "--host", "127.0.0.1",
+             "--port", str(args.port), "--db", str(demo.db), "--log-level", "warning"],
+            quiet=True,  # the demo prints where to look itself; errors still show
+        )
+        return _supervise(demo, server, running)
     except KeyboardInterrupt:
-        print("\ngradwatch demo: stopping trainers and server...", flush=True)
+        print("\ngradwatch demo: Ctrl-C: stopping trainers and server...", flush=True)
+        return 0
+    except Stopped as e:
+        print(f"gradwatch demo: {e}: stopping trainers and server...", flush=True)
         return 0
     except RuntimeError as e:
         print(f"gradwatch demo: {e}", file=sys.stderr)
         return 1
     finally:
-        for trainer in running:
-            stop(trainer)
-        stop(server, signal.SIGINT)
+        # a second signal while stopping must not cut the stopping short
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        with contextlib.suppress(KeyboardInterrupt):
+            for trainer in running:
+                stop(trainer)
+            if server is not None:
+                stop(server)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(server.pid, signal.SIGKILL)  # anything left in the group
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _supervise(
+    demo: DemoPlan, server: subprocess.Popen[bytes], running: list[subprocess.Popen[bytes]]
+) -> int:
+    wait_until_serving(demo.url, server, timeout=60)
+    print()
+    print(f"  gradwatch dashboard: {demo.url}")
+    print(f"  database:            {demo.db}")
+    if demo.trainers:
+        print("  Streaming the examples, each bug beside its fixed twin, round after round:")
+        for script, _, shows in SCENARIOS:
+            print(f"    - {script}: {shows}")
+        print("  Open a bug run, then compare it with its -fixed twin.")
+    else:
+        print("  Showing the runs recorded in the database (no training).")
+    print("  Ctrl-C (or kill, or closing the terminal) stops everything.")
+    from .cli import tunnel_hint
+
+    print(tunnel_hint(int(demo.url.rsplit(":", 1)[1])))
+    print(flush=True)
+    # Pairs (a bug and its twin) run side by side, one scenario after the other: eight
+    # torch processes at once would spend the first minute importing on a small box.
+    pairs = [demo.trainers[i : i + 2] for i in range(0, len(demo.trainers), 2)]
+    pending = list(pairs)
+    # the trainers' own "streaming run ... to" lines would repeat the dashboard's link
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GRADWATCH_QUIET="1")
+    while True:
+        running[:] = [p for p in running if p.poll() is None]
+        if not running and pairs:
+            if not pending:
+                pending = list(pairs)  # round again: the demo stays live until stopped
+            running[:] = [start(command, env, group=server.pid) for command in pending.pop(0)]
+            continue
+        try:
+            code = server.wait(timeout=1.0)  # the tick of this supervisor
+        except subprocess.TimeoutExpired:
+            continue
+        print(f"gradwatch demo: the server exited with code {code}", file=sys.stderr)
+        return code or 1

@@ -171,6 +171,8 @@ class IngestConnection:
 
     def _publish(self, batch: Batch) -> None:
         state = self.state
+        if self.hello is not None:
+            state.on_batch(self.hello, batch)  # /metrics, stalled, alert webhooks
         if state.hub.has_viewers(batch.run_id):
             records = records_json(batch)
             head = dumps(

@@ -66,6 +66,16 @@ class Settings:
     # writing each have a core; False writes on a thread of the server process.
     writer_process: bool = True
     serve_client: bool = True
+    # A connected run with no step for this many median step times (and at least
+    # stalled_min_s seconds) is "stalled".
+    stalled_factor: float = 20.0
+    stalled_min_s: float = 30.0
+    # Where alerts are POSTed (server/webhooks.py), and the least severity sent.
+    alert_webhooks: tuple[str, ...] = ()
+    alert_min_severity: str = "warning"
+    # The dashboard's address as people reach it, for links in webhooks (default: the
+    # bind address and port).
+    public_url: str | None = None
 
     @property
     def db_kind(self) -> str:
@@ -86,7 +96,8 @@ class Settings:
 
         Variables: GRADWATCH_HOST, _PORT, _DB, _TOKEN, _VIEW_TOKEN, _ALLOWED_HOSTS
         (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _SQLITE_SYNCHRONOUS,
-        _STALE_AFTER_S, _WRITER (process or thread).
+        _STALE_AFTER_S, _WRITER (process or thread), _STALLED_FACTOR, _STALLED_MIN_S,
+        _ALERT_WEBHOOK (URLs, comma or space separated), _ALERT_MIN_SEVERITY, _PUBLIC_URL.
         """
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
@@ -124,6 +135,21 @@ class Settings:
             if writer not in ("process", "thread"):
                 raise ValueError(f"GRADWATCH_WRITER: expected process or thread, got {writer!r}")
             values["writer_process"] = writer == "process"
+        for name, var in (("stalled_factor", "GRADWATCH_STALLED_FACTOR"),
+                          ("stalled_min_s", "GRADWATCH_STALLED_MIN_S")):
+            if env.get(var):
+                try:
+                    values[name] = float(env[var])
+                except ValueError:
+                    raise ValueError(f"{var}: expected a number, got {env[var]!r}") from None
+        if env.get("GRADWATCH_ALERT_WEBHOOK"):
+            # several URLs: separated by commas or spaces
+            urls = env["GRADWATCH_ALERT_WEBHOOK"].replace(",", " ").split()
+            values["alert_webhooks"] = tuple(urls)
+        for name, var in (("alert_min_severity", "GRADWATCH_ALERT_MIN_SEVERITY"),
+                          ("public_url", "GRADWATCH_PUBLIC_URL")):
+            if env.get(var):
+                values[name] = env[var]
         if env.get("GRADWATCH_ALLOWED_HOSTS"):
             values["allowed_hosts"] = tuple(
                 h.strip() for h in env["GRADWATCH_ALLOWED_HOSTS"].split(",") if h.strip()
@@ -145,5 +171,13 @@ class Settings:
                 raise ValueError(
                     f"{name}: expected a positive integer, got {getattr(self, name)!r}"
                 )
+        if self.alert_min_severity not in ("info", "warning", "error"):
+            raise ValueError(
+                "alert_min_severity: expected info, warning or error,"
+                f" got {self.alert_min_severity!r}"
+            )
+        for url in self.alert_webhooks:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"alert webhook: expected an http(s):// URL, got {url!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port: expected 0..65535, got {self.port}")

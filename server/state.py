@@ -25,15 +25,40 @@ class AppState:
         self._tasks: set[asyncio.Task[None]] = set()
         # The live feed from other replicas (a ReplicaFeed on PostgreSQL), else None.
         self.replicas: Any = None
+        # The latest step of each live run (GET /metrics, "stalled"), and where alerts go.
+        from .metrics import LiveRuns
+        from .webhooks import Webhooks
+
+        self.live_runs = LiveRuns()
+        self.webhooks = Webhooks.from_settings(settings)
+
+    def on_batch(self, hello: Any, batch: Any) -> None:
+        """A batch was stored (ingest calls this once per batch): /metrics, webhooks."""
+        self.live_runs.observe(hello, batch)
+        if self.webhooks is not None:
+            self.webhooks.notify(hello, batch)
+
+    def is_stalled(self, run_id: str) -> bool:
+        s = self.settings
+        return self.live_runs.is_stalled(run_id, s.stalled_factor, s.stalled_min_s)
+
+    def prune_live_runs(self) -> None:
+        """Forget runs that are no longer live (bounded /metrics label sets)."""
+        now = time.time()
+        for run_id, _ in list(self.live_runs.latest):
+            latest = [x.arrived for _, x in self.live_runs.ranks(run_id)]
+            if self.connected[run_id] <= 0 and now - max(latest) > self.settings.stale_after_s:
+                self.live_runs.forget(run_id)
 
     def status(self, summary: dict[str, Any]) -> str:
-        """live, finished, crashed or stale (docs/API.md)."""
+        """live, stalled, finished, crashed or stale (docs/API.md)."""
         if summary.get("end_status"):
             return str(summary["end_status"])
-        if self.connected[summary["id"]] > 0:
-            return "live"
         updated = summary.get("updated") or 0.0
-        return "live" if time.time() - updated < self.settings.stale_after_s else "stale"
+        quiet = time.time() - updated >= self.settings.stale_after_s
+        if self.connected[summary["id"]] <= 0 and quiet:
+            return "stale"
+        return "stalled" if self.is_stalled(summary["id"]) else "live"
 
     def public(self, summary: dict[str, Any]) -> dict[str, Any]:
         """A store summary as the API shows it."""

@@ -55,10 +55,10 @@ def _diagnoser(diagnose: bool, thresholds: dict[str, Any] | None) -> DiagnosisEn
 
 def _make_sink(
     server: str | None, spool: str | os.PathLike[str] | None, token: str | None,
-    hello: dict[str, Any],
+    hello: dict[str, Any], quiet: bool = False,
 ) -> tuple[Sink, str | None]:
     if server is not None:
-        return WebSocketSink(server, hello, token=token, spool=spool), None
+        return WebSocketSink(server, hello, token=token, spool=spool, announce=not quiet), None
     path = os.fspath(spool) if spool is not None else default_spool_path(
         hello["run"], hello["run_id"], hello["rank"]
     )
@@ -82,6 +82,7 @@ def watch(
     thresholds: dict[str, Any] | None = None,
     run_id: str | None = None,
     graph_limit: int = DEFAULT_LIMIT,
+    quiet: bool = False,
 ) -> Monitor:
     """Start monitoring ``model``; returns the :class:`Monitor` that owns every hook.
 
@@ -108,6 +109,8 @@ def watch(
         thresholds: diagnosis thresholds by name.
         run_id: the run's id (default ``$GRADWATCH_RUN_ID`` or a new UUID4).
         graph_limit: the graph walk stops after this many nodes.
+        quiet: with a server, do not print the line with the run's link when it
+            connects (``GRADWATCH_QUIET=1`` does the same).
 
     Example:
         >>> import torch
@@ -170,7 +173,7 @@ def watch(
     }
     hello = make_hello(model, run, run_id, config, recurrent, rank, world_size)
     try:
-        sink, spool_path = _make_sink(server, spool, token, hello)
+        sink, spool_path = _make_sink(server, spool, token, hello, quiet)
     except Exception:
         for q in attached:
             q.detach()

@@ -180,6 +180,16 @@ class Monitor:
     ) -> None:
         self.close(status="finished" if exc_type is None else "crashed")
 
+    def _repr_html_(self) -> str:
+        """Jupyter shows a monitor as its run's live view, or where its records are
+        (gradwatch.notebook); never raises into the notebook."""
+        try:
+            from gradwatch.notebook import view_of
+
+            return view_of(self)._repr_html_()
+        except Exception as e:
+            return f"<p>gradwatch: cannot show this run ({type(e).__name__})</p>"
+
     @property
     def dropped(self) -> int:
         """Records dropped because the background thread could not keep up."""

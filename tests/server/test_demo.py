@@ -1,8 +1,11 @@
-"""`gradwatch demo`: a real server, real example trainers streaming, a clean Ctrl-C."""
+"""`gradwatch demo`: a real server, real example trainers, real signals (no SIGINT, which a
+background job such as `nohup make test &` ignores), nothing left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -10,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,29 +36,125 @@ def runs(port: int) -> list[dict[str, Any]]:
         return []
 
 
+def processes_with(marker: str) -> list[int]:
+    """Pids whose command line names `marker` (the test's own folder): what it started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def wait_for(what: Callable[[], Any], timeout: float, process: subprocess.Popen[bytes]) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+        got = what()
+        if got:
+            return got
+        time.sleep(0.2)  # polling another process's state through its API or /proc
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Starts `gradwatch demo` (db under tmp_path); at teardown, even after a failure,
+    kills whatever is still running with tmp_path in its command line."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(port: int, *extra: str) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gradwatch.server.cli", "demo", "--port", str(port),
+             "--db", str(tmp_path / "demo.db"), *extra],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+    for pid in processes_with(str(tmp_path)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def gone(marker: str) -> bool:
+    return not processes_with(marker)
+
+
+@pytest.mark.timeout(500)
 @pytest.mark.slow
-def test_demo_streams_a_bug_and_its_twin_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+def test_the_demo_goes_round_until_sigterm_stops_it_all_and_a_restart_starts_afresh(
+    demo: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
     port = free_port()
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "gradwatch.server.cli", "demo", "--port", str(port),
-         "--db", str(tmp_path / "demo.db"), "--only", "long_lstm", "--steps", "12"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 100
-        finished: dict[str, dict[str, Any]] = {}
-        while time.monotonic() < deadline and len(finished) < 2:
-            assert demo.poll() is None, demo.stdout.read().decode() if demo.stdout else ""
-            finished = {r["name"]: r for r in runs(port) if r["status"] == "finished"}
-            time.sleep(0.2)  # polling another process's database through its API
-        assert set(finished) == {"long_lstm", "long_lstm-fixed"}, runs(port)
-        assert finished["long_lstm"]["last_step"] == 11
-        assert finished["long_lstm"]["alerts"] >= 1  # the vanishing gradient, named
-        assert finished["long_lstm-fixed"]["alerts"] == 0
-    finally:
-        demo.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
-        output, _ = demo.communicate(timeout=60)
+    first = demo(port, "--only", "long_lstm", "--steps", "8")
+
+    def rounds_finished() -> int:
+        done = [r for r in runs(port) if r["status"] == "finished"]
+        return len(done) // 2
+
+    wait_for(lambda: rounds_finished() >= 2, 200, first)  # round two: still live
+    named = [r["name"] for r in runs(port)]
+    assert sorted(set(named)) == ["long_lstm", "long_lstm-fixed"]
+    assert len(processes_with(str(tmp_path))) >= 2  # the demo and its server at least
+    first.send_signal(signal.SIGTERM)
+    output, _ = first.communicate(timeout=60)
     text = output.decode()
-    assert demo.returncode == 0, text
-    assert f"http://127.0.0.1:{port}" in text and "stopping trainers and server" in text
-    assert runs(port) == []  # the server is gone too
+    assert first.returncode == 0, text
+    assert f"http://127.0.0.1:{port}" in text and "SIGTERM: stopping trainers and server" in text
+    assert runs(port) == []
+    assert gone(str(tmp_path))  # the demo waited for every child before exiting
+
+    again = demo(port, "--only", "long_lstm", "--steps", "8")
+    wait_for(lambda: rounds_finished() >= 1, 200, again)
+    # the first demo's runs are in demo.db.previous, not beside this demo's
+    assert len([r for r in runs(port) if r["name"] == "long_lstm"]) <= 2
+    assert (tmp_path / "demo.db.previous").is_file()
+    again.send_signal(signal.SIGTERM)
+    again.communicate(timeout=60)
+    assert again.returncode == 0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_sighup_from_a_closed_terminal_stops_the_server_and_the_trainers(
+    demo: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    port = free_port()
+    process = demo(port, "--only", "long_lstm", "--steps", "400")
+    wait_for(lambda: any(r["status"] == "live" for r in runs(port)), 120, process)
+    trainers = processes_with(str(ROOT / "examples" / "long_lstm.py"))
+    assert trainers, "no trainer process was found"
+    process.send_signal(signal.SIGHUP)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output.decode()
+    assert "SIGHUP: stopping trainers and server" in output.decode()
+    assert gone(str(tmp_path))
+    assert not [p for p in trainers if Path(f"/proc/{p}").exists()]
+    assert runs(port) == []
+
+
+def test_a_port_in_use_is_one_line_naming_port_before_anything_serves(
+    demo: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = demo(port)
+        output, _ = process.communicate(timeout=60)
+    lines = output.decode().strip().splitlines()
+    assert process.returncode == 2
+    assert len(lines) == 1, lines
+    assert f"port {port}" in lines[0] and "--port" in lines[0] and "in use" in lines[0]
+    assert "serving" not in lines[0] and "dashboard" not in lines[0]
+    assert gone(str(tmp_path))

@@ -1,0 +1,128 @@
+"""``GradwatchCallback`` for Lightning (``lightning`` or ``pytorch_lightning``).
+
+The callback watches the ``LightningModule`` when fit starts, closes one gradwatch
+step per optimizer step (with ``accumulate_grad_batches=2`` two batches make one
+step, as in the Trainer's ``global_step``), one epoch at each training epoch's end,
+and ends the run when fit ends (``finished``) or fails (``crashed``). Under a DDP
+strategy the process group is up when fit starts, so each rank reports as its own
+rank of one run (``watch()`` reads rank and world size from ``torch.distributed``).
+
+Example:
+    >>> import lightning as L  # doctest: +SKIP
+    >>> from gradwatch.integrations.lightning import GradwatchCallback  # doctest: +SKIP
+    >>> callback = GradwatchCallback(run="mnist", server="ws://127.0.0.1:8765")  # doctest: +SKIP
+    >>> L.Trainer(max_epochs=3, callbacks=[callback]).fit(model, loader)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+try:  # the unified package first; the standalone one is the same API
+    from lightning.pytorch import Callback
+except ImportError:  # pragma: no cover - exercised where only pytorch_lightning is installed
+    try:
+        from pytorch_lightning import Callback  # type: ignore[assignment]
+    except ImportError as e:
+        raise ImportError(
+            "gradwatch.integrations.lightning needs Lightning: "
+            "pip install 'gradwatch[lightning]' (or lightning / pytorch_lightning)"
+        ) from e
+
+from gradwatch.trainer_hooks import Monitor, watch
+
+
+def _loss_of(outputs: Any) -> torch.Tensor | None:
+    """The loss a ``training_step`` returned: a tensor, or a mapping's ``"loss"``."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, dict):
+        loss = outputs.get("loss")
+        return loss if isinstance(loss, torch.Tensor) else None
+    return None
+
+
+class GradwatchCallback(Callback):
+    """Monitor a Lightning fit with gradwatch: ``Trainer(callbacks=[GradwatchCallback()])``.
+
+    Args:
+        run: the run's name in the dashboard.
+        server: ``ws://host:port`` of a gradwatch server, or None to record a spool.
+        spool: the spool file (see :func:`gradwatch.trainer_hooks.watch`).
+        **watch_options: any other :func:`~gradwatch.trainer_hooks.watch` keyword
+            (``every``, ``overhead``, ``token``, ``profile``, ``diagnose``, ...).
+
+    The step's loss is the mean of the accumulated batches' losses (Lightning divides
+    each by ``accumulate_grad_batches`` before backward; their sum is that mean). It
+    stays a tensor: nothing here waits for the device.
+
+    Example:
+        >>> cb = GradwatchCallback(run="demo", spool="run.jsonl", every=4)
+        >>> cb.monitor is None
+        True
+    """
+
+    def __init__(
+        self,
+        run: str = "run",
+        server: str | None = None,
+        spool: str | os.PathLike[str] | None = None,
+        **watch_options: Any,
+    ) -> None:
+        super().__init__()
+        self.run = run
+        self.server = server
+        self.spool = spool
+        self.watch_options = watch_options
+        self.monitor: Monitor | None = None
+        self._loss: torch.Tensor | None = None
+        self._global_step = 0
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.monitor is not None and not self.monitor.closed:
+            return  # a second fit on the same callback goes on in the same run
+        spool = self.spool
+        if spool is not None and int(getattr(trainer, "world_size", 1)) > 1:
+            # one file per rank: ranks writing one spool would interleave their lines
+            path = os.fspath(spool)
+            stem, dot, ext = path.rpartition(".") if "." in os.path.basename(path) else (
+                path, "", "")
+            spool = f"{stem}-rank{int(trainer.global_rank)}{dot}{ext}"
+        self.monitor = watch(
+            pl_module, run=self.run, server=self.server, spool=spool, **self.watch_options
+        )
+        self._global_step = int(trainer.global_step)
+        self._loss = None
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        monitor = self.monitor
+        if monitor is None:
+            return
+        loss = _loss_of(outputs)
+        if loss is not None:
+            loss = loss.detach()
+            self._loss = loss if self._loss is None else self._loss + loss
+        # global_step counts optimizer steps: it moves once per accumulated window
+        if int(trainer.global_step) != self._global_step:
+            self._global_step = int(trainer.global_step)
+            monitor.step(self._loss)
+            self._loss = None
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.epoch()
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close("finished")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close("crashed")
+
+    def _close(self, status: str) -> None:
+        if self.monitor is not None and not self.monitor.closed:
+            self.monitor.close(status=status)

@@ -1,0 +1,128 @@
+"""``GradwatchCallback`` for the Hugging Face ``transformers.Trainer``.
+
+The callback watches the model when training begins, closes one gradwatch step per
+optimizer step (``gradient_accumulation_steps`` batches make one, as in the
+Trainer's ``global_step``), one epoch at each epoch's end, and ends the run when
+training ends. The step's loss is the one the Trainer trains on: the model's output
+``loss`` of each batch (read by a forward hook while the model is in training mode),
+combined over the accumulated batches the way the Trainer combines what it logs: a
+mean, or a sum where the model was given ``num_items_in_batch`` (its loss is then
+already divided by the tokens of the whole window). A loss computed outside the model
+(``compute_loss_func``, label smoothing) is not the one seen here.
+
+A ``TrainerCallback`` hears of no exception: when training raises, the run is ended
+``crashed`` at process exit by gradwatch's own exit handler, or at once when the
+program calls :meth:`GradwatchCallback.close` with ``status="crashed"``.
+
+Example:
+    >>> from transformers import Trainer  # doctest: +SKIP
+    >>> from gradwatch.integrations.transformers import GradwatchCallback  # doctest: +SKIP
+    >>> trainer = Trainer(model, args, train_dataset=data,  # doctest: +SKIP
+    ...                   callbacks=[GradwatchCallback(run="bert-ft")])
+    >>> trainer.train()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+try:
+    from transformers import TrainerCallback
+except ImportError as e:  # pragma: no cover - exercised only without transformers
+    raise ImportError(
+        "gradwatch.integrations.transformers needs transformers: "
+        "pip install 'gradwatch[transformers]'"
+    ) from e
+
+from gradwatch.trainer_hooks import Monitor, watch
+
+
+def _output_loss(output: Any) -> torch.Tensor | None:
+    """``output.loss`` of a ``ModelOutput`` (or a mapping's ``"loss"``), else None."""
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+class GradwatchCallback(TrainerCallback):
+    """Monitor a ``transformers.Trainer`` with gradwatch: ``callbacks=[GradwatchCallback()]``.
+
+    Args:
+        run: the run's name in the dashboard.
+        server: ``ws://host:port`` of a gradwatch server, or None to record a spool.
+        spool: the spool file (see :func:`gradwatch.trainer_hooks.watch`).
+        **watch_options: any other :func:`~gradwatch.trainer_hooks.watch` keyword.
+
+    Example:
+        >>> cb = GradwatchCallback(run="demo", spool="run.jsonl")
+        >>> cb.monitor is None
+        True
+    """
+
+    def __init__(
+        self,
+        run: str = "run",
+        server: str | None = None,
+        spool: str | os.PathLike[str] | None = None,
+        **watch_options: Any,
+    ) -> None:
+        self.run = run
+        self.server = server
+        self.spool = spool
+        self.watch_options = watch_options
+        self.monitor: Monitor | None = None
+        # each training forward's loss, and whether it was already scaled to the window
+        self._losses: list[tuple[torch.Tensor, bool]] = []
+        self._hook: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model = kwargs.get("model")
+        if not isinstance(model, nn.Module):
+            return
+        if self.monitor is None or self.monitor.closed:
+            self.monitor = watch(
+                model, run=self.run, server=self.server, spool=self.spool, **self.watch_options
+            )
+        if self._hook is None:
+            self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+        self._losses = []
+
+    def _on_forward(
+        self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any
+    ) -> None:
+        # evaluation and prediction run the same forward: only training batches count
+        if module.training and torch.is_grad_enabled():
+            loss = _output_loss(output)
+            if loss is not None:
+                scaled = kwargs.get("num_items_in_batch") is not None
+                self._losses.append((loss.detach(), scaled))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is None:
+            return
+        losses, self._losses = self._losses, []
+        loss: torch.Tensor | None = None
+        if losses:
+            # device ops only, no host sync: the value the Trainer sums for this step
+            n = len(losses)
+            loss = torch.stack([x.float() if scaled else x.float() / n for x, scaled in losses])
+            loss = loss.sum()
+        self.monitor.step(loss)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.epoch()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.close("finished")
+
+    def close(self, status: str = "finished") -> None:
+        """End the run now (``"finished"`` or ``"crashed"``) and take the hooks off."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.monitor is not None and not self.monitor.closed:
+            self.monitor.close(status=status)

@@ -1,0 +1,183 @@
+"""A real Lightning Trainer with GradwatchCallback: steps per optimizer step, epochs, end."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from gradwatch.integrations.lightning import GradwatchCallback
+
+# Lightning's advice (worker processes, logging) and its use of deprecated torch APIs
+# are not what these tests check.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+
+class Regressor(L.LightningModule):
+    """A small GRU regressor that remembers every batch's loss."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.rnn = nn.GRU(3, 8, batch_first=True)
+        self.head = nn.Linear(8, 1)
+        self.losses: list[float] = []
+        self.fail_at = fail_at
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.fail_at is not None and len(self.losses) == self.fail_at:
+            raise RuntimeError("the data went bad")
+        x, y = batch
+        out, _ = self.rnn(x)
+        loss = nn.functional.mse_loss(self.head(out[:, -1]), y)
+        self.losses.append(float(loss))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def loader(samples: int = 64, batch: int = 8) -> DataLoader[Any]:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(samples, 5, 3, generator=g), torch.randn(samples, 1, generator=g)
+    data = TensorDataset(x, y)
+    return DataLoader(data, batch_size=batch, shuffle=False)
+
+
+def trainer(callback: GradwatchCallback, epochs: int, accumulate: int) -> L.Trainer:
+    return L.Trainer(
+        max_epochs=epochs, accumulate_grad_batches=accumulate, callbacks=[callback],
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+
+
+@pytest.mark.parametrize(("epochs", "accumulate", "per_epoch"), [(2, 2, 4), (1, 1, 8), (3, 4, 2)])
+def test_one_step_per_optimizer_step_and_an_epoch_each(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]],
+    epochs: int, accumulate: int, per_epoch: int,
+) -> None:
+    spool = tmp_path / "run.jsonl"
+    module = Regressor()
+    trainer(GradwatchCallback(run="pl", spool=spool, every=1), epochs, accumulate).fit(
+        module, loader()
+    )
+    steps, epoch_records = spooled(spool, "step"), spooled(spool, "epoch")
+    assert [s["step"] for s in steps] == list(range(epochs * per_epoch))
+    assert [s["epoch"] for s in steps] == [e for e in range(epochs) for _ in range(per_epoch)]
+    assert [e["steps"] for e in epoch_records] == [per_epoch] * epochs
+    assert spooled(spool, "end")[0]["status"] == "finished"
+    # the step's loss: the mean of the losses of the batches accumulated into it
+    batches = module.losses
+    expected = [sum(batches[i : i + accumulate]) / accumulate
+                for i in range(0, len(batches), accumulate)]
+    assert [s["loss"] for s in steps] == pytest.approx(expected, rel=1e-5)
+    # the gradient norms are the model's own parameters, names without a wrapper prefix
+    norms = [s for s in steps if s.get("param_norms")]
+    assert norms and "rnn.weight_ih_l0" in norms[-1]["param_norms"]
+
+
+def _runs(http: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{http}/api/runs", timeout=5) as answer:  # noqa: S310
+        return list(json.loads(answer.read()))
+
+
+def test_a_failing_fit_ends_crashed_and_a_good_one_finished_on_a_real_server(
+    gradwatch_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    server = gradwatch_server()
+    good = GradwatchCallback(run="pl-good", server=server.url, spool=tmp_path / "good.jsonl")
+    trainer(good, 1, 2).fit(Regressor(), loader())
+    bad = GradwatchCallback(run="pl-bad", server=server.url, spool=tmp_path / "bad.jsonl")
+    with pytest.raises(RuntimeError, match="the data went bad"):
+        trainer(bad, 2, 2).fit(Regressor(fail_at=5), loader())
+    assert bad.monitor is not None and bad.monitor.closed
+    found = {r["name"]: r for r in _runs(server.http)}
+    assert found["pl-good"]["status"] == "finished"
+    assert found["pl-good"]["last_step"] == 3
+    assert found["pl-bad"]["status"] == "crashed"
+    assert found["pl-bad"]["last_step"] == 1  # batches 0-4 ran: two optimizer steps
+
+
+def test_the_standalone_pytorch_lightning_package_runs_the_same_callback(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]]
+) -> None:
+    pl = importlib.import_module("pytorch_lightning")
+
+    class Linear(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(3, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return nn.functional.mse_loss(self.layer(batch[0][:, -1]), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    spool = tmp_path / "pl.jsonl"
+    pl.Trainer(
+        max_epochs=1, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+        callbacks=[GradwatchCallback(run="standalone", spool=spool)],
+    ).fit(Linear(), loader())
+    assert [s["step"] for s in spooled(spool, "step")] == [0, 1, 2, 3]
+    assert spooled(spool, "end")[0]["status"] == "finished"
+
+
+DDP = """
+import sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, {here!r})
+import lightning as L
+from test_lightning import Regressor, loader
+from gradwatch.integrations.lightning import GradwatchCallback
+
+if __name__ == "__main__":
+    callback = GradwatchCallback(run="pl-ddp", server={server!r}, spool={spool!r})
+    L.Trainer(max_epochs=1, accumulate_grad_batches=2, accelerator="cpu", devices=2,
+              strategy="ddp", callbacks=[callback], logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False,
+              use_distributed_sampler=True).fit(Regressor(), loader())
+"""
+
+
+@pytest.mark.timeout(320)
+@pytest.mark.slow
+def test_under_ddp_each_rank_reports_as_its_rank_of_one_run(
+    gradwatch_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    server = gradwatch_server()
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(DDP.format(here=str(Path(__file__).parent), server=server.url,
+                                 spool=str(tmp_path / "ddp.jsonl")))
+    # Lightning's DDP launcher runs this script again for rank 1; gloo on loopback
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = _runs(server.http)
+    assert run["name"] == "pl-ddp"
+    assert run["ranks"] == [0, 1] and run["world_size"] == 2
+    assert run["status"] == "finished"
+    # 64 samples over 2 ranks: 4 batches of 8 each, accumulation 2 -> 2 steps per rank
+    for rank in (0, 1):
+        url = f"{server.http}/api/runs/{run['id']}/steps?rank={rank}&fields=loss"
+        with urllib.request.urlopen(url, timeout=5) as answer:  # noqa: S310
+            steps = json.loads(answer.read())
+        assert steps["fields"]["loss"]["step"] == [0, 1], (rank, steps)

@@ -1,0 +1,133 @@
+"""A real Hugging Face Trainer with GradwatchCallback, on a tiny model made from a config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainingArguments,
+)
+
+from gradwatch.integrations.transformers import GradwatchCallback
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
+
+Spooled = Callable[[Path, str], list[dict[str, Any]]]
+
+
+class Examples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, n: int, lm: bool) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, 50, (n, 6), generator=g)
+        self.labels = self.ids.clone() if lm else torch.randint(0, 2, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
+def tiny(kind: str) -> torch.nn.Module:
+    """Built from a config: no download, a few thousand parameters."""
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=16,
+                                          n_layer=1, n_head=2))
+    return BertForSequenceClassification(BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=16, num_labels=2))
+
+
+def train(model: torch.nn.Module, out: Path, callback: GradwatchCallback, *, samples: int,
+          batch: int, accumulate: int, epochs: int, lm: bool) -> Trainer:
+    args = TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=batch, num_train_epochs=epochs,
+        gradient_accumulation_steps=accumulate, logging_steps=1, save_strategy="no",
+        report_to=[], use_cpu=True, disable_tqdm=True, learning_rate=1e-3,
+        dataloader_num_workers=0, seed=0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=Examples(samples, lm),
+                      callbacks=[callback])
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize(
+    ("kind", "accumulate", "epochs", "per_epoch"),
+    [("bert", 2, 2, 4), ("gpt2", 4, 1, 2), ("bert", 1, 1, 8)],
+)
+def test_one_step_per_optimizer_step_with_the_trainers_loss(
+    tmp_path: Path, spooled: Spooled, kind: str, accumulate: int, epochs: int, per_epoch: int
+) -> None:
+    spool = tmp_path / "run.jsonl"
+    trainer = train(tiny(kind), tmp_path / "out", GradwatchCallback(run=kind, spool=spool),
+                    samples=64, batch=8, accumulate=accumulate, epochs=epochs, lm=kind == "gpt2")
+    steps = spooled(spool, "step")
+    assert [s["step"] for s in steps] == list(range(epochs * per_epoch))
+    assert trainer.state.global_step == len(steps)
+    assert [e["steps"] for e in spooled(spool, "epoch")] == [per_epoch] * epochs
+    assert spooled(spool, "end")[0]["status"] == "finished"
+    # logging_steps=1: the Trainer logs each optimizer step's loss (rounded to 4 places)
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == len(steps)
+    assert [s["loss"] for s in steps] == pytest.approx(logged, abs=2e-4)
+    assert any(s.get("param_norms") for s in steps)
+
+
+CRASHING = """
+import sys, torch, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, {here!r})
+from test_transformers import Examples, tiny, train
+from gradwatch.integrations.transformers import GradwatchCallback
+
+class Broken(Examples):
+    calls = 0
+
+    def __getitem__(self, i):
+        Broken.calls += 1
+        if Broken.calls > 36:  # in the fifth batch of 8
+            raise RuntimeError("a corrupt sample")
+        return super().__getitem__(i)
+
+import test_transformers
+test_transformers.Examples = Broken
+train(tiny("bert"), {out!r}, GradwatchCallback(run="hf-crash", server={server!r}),
+      samples=64, batch=8, accumulate=1, epochs=1, lm=False)
+"""
+
+
+@pytest.mark.timeout(320)
+def test_training_that_raises_ends_the_run_crashed(
+    gradwatch_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    server = gradwatch_server()
+    script = CRASHING.format(here=str(Path(__file__).parent), out=str(tmp_path / "out"),
+                             server=server.url)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 1 and "a corrupt sample" in done.stderr, done.stderr[-2000:]
+    with urllib.request.urlopen(f"{server.http}/api/runs", timeout=5) as answer:  # noqa: S310
+        (run,) = json.loads(answer.read())
+    assert run["name"] == "hf-crash"
+    assert run["status"] == "crashed"
+    # four batches loaded; the loader reads one batch ahead, so three were trained
+    assert run["last_step"] == 2

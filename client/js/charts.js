@@ -46,9 +46,22 @@ export function layout(extra = {}) {
   };
 }
 
+/**
+ * A layout with the theme's colours of now: layouts are built when a view mounts, and
+ * a chart first drawn after a theme change must not keep the colours of then.
+ */
+export function themed(lay) {
+  const c = colors();
+  const out = { ...lay, font: { ...(lay.font || {}), color: c.text } };
+  for (const key of Object.keys(out)) {
+    if (/^[xy]axis\d*$/.test(key)) out[key] = { ...out[key], gridcolor: c.grid, linecolor: c.line, zerolinecolor: c.line };
+  }
+  return out;
+}
+
 /** Draw a new chart into `div`; the div keeps Plotly's data (div.data, div.layout). */
 export async function plot(div, traces, lay) {
-  await window.Plotly.newPlot(div, traces, lay, CONFIG);
+  await window.Plotly.newPlot(div, traces, themed(lay), CONFIG);
   charts.add(div);
   return div;
 }

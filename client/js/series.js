@@ -14,8 +14,8 @@ export const SCALARS = ["loss", "duration_s", "total_norm", "graph_nodes", "rss_
 // Live points beyond this many per trace push the oldest out of the chart (the full
 // history stays on the server; reload for it).
 export const MAX_LIVE_POINTS = 20000;
-// Points kept for a chart that is off screen (the oldest go first beyond this).
-const MAX_BACKLOG = 100000;
+// Points kept for a chart that is off screen; beyond this they are drawn (lazy.js).
+const MAX_BACKLOG = 5000;
 
 /** A step record's scalar fields as [name, value] pairs named like the REST API. */
 export function recordFields(rec) {

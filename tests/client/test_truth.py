@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from .conftest import alert_record, chart, scroll_to, step_record, vanishing_profile, wait_js, wait_points
+from .conftest import (
+    alert_record,
+    chart,
+    scroll_to,
+    step_record,
+    vanishing_profile,
+    wait_js,
+    wait_points,
+)
 
 pytestmark = pytest.mark.browser
 HEAT = "chart-heatmap-lstm-input"
@@ -79,11 +87,15 @@ def test_heatmap_colour_range_fits_the_data_and_draws_the_horizon(
     assert_clean(w)
 
 
-def test_header_alert_count_and_trend_note_follow_live_updates(gradwatch_server, open_page, raw_trainer):
+def test_header_alert_count_and_trend_note_follow_live_updates(
+    gradwatch_server, open_page, raw_trainer
+):
     server = gradwatch_server()
     trainer = raw_trainer(server, "live-numbers")
     # A slow first step (warm-up) and then flat: no trend to speak of.
-    trainer.send([light_step(0, 2.0)] + [light_step(s, 0.010) for s in range(1, 80)] + [alert_record(5)])
+    trainer.send(
+        [light_step(0, 2.0)] + [light_step(s, 0.010) for s in range(1, 80)] + [alert_record(5)]
+    )
     w = open_page(server, f"#/run/{trainer.run_id}")
     w.page.wait_for_selector("body[data-scalars='1']")
     note = "document.getElementById('panel-time').querySelector('header .note')"
@@ -93,7 +105,9 @@ def test_header_alert_count_and_trend_note_follow_live_updates(gradwatch_server,
     assert "1 alerts" in w.page.inner_text("p.sub")
     # Live: step time now grows 1 ms per step, and more alerts fire.
     trainer.send([light_step(s, 0.010 + 0.001 * (s - 80)) for s in range(80, 200)])
-    trainer.send([alert_record(s) for s in (150, 160, 170)] + [alert_record(180, "slowdown", "step")])
+    trainer.send(
+        [alert_record(s) for s in (150, 160, 170)] + [alert_record(180, "slowdown", "step")]
+    )
     wait_js(w.page, f"() => {note}.dataset.step === '199'")
     grown = w.page.evaluate(f"() => {note}.textContent")
     assert grown.startswith("trend +") and "ms per 100 steps" in grown, grown
@@ -112,7 +126,8 @@ def test_print_media_draws_every_chart_with_data(gradwatch_server, open_page, ra
     w = open_page(server, f"#/run/{trainer.run_id}", viewport={"width": 1000, "height": 500})
     w.page.wait_for_selector("body[data-painted='1']")
     w.page.emulate_media(media="print")
-    drawn = """() => [...document.querySelectorAll('.chart:not([hidden])')].every(d => d.data && d.data.length)"""
+    drawn = """() => [...document.querySelectorAll('.chart:not([hidden])')]
+        .every(d => d.data && d.data.length)"""
     wait_js(w.page, drawn)
     for kind in ("loss", "time", "epochs", "graph", "norms", "gates"):
         assert chart(w.page, f"chart-{kind}", "d.data.length") > 0, kind
@@ -138,7 +153,9 @@ def test_chart_off_screen_for_long_shows_every_point(gradwatch_server, open_page
     assert_clean(w)
 
 
-def test_dark_toggle_restyles_every_chart_also_those_drawn_later(gradwatch_server, open_page, raw_trainer):
+def test_dark_toggle_restyles_every_chart_also_those_drawn_later(
+    gradwatch_server, open_page, raw_trainer
+):
     server = gradwatch_server()
     trainer = raw_trainer(server, "dark")
     trainer.send([step_record(s) for s in range(5)])
@@ -151,7 +168,9 @@ def test_dark_toggle_restyles_every_chart_also_those_drawn_later(gradwatch_serve
     w.page.emulate_media(media="print")  # and every other chart
     grids = """() => [...document.querySelectorAll('.chart')].filter(d => d.layout)
         .map(d => [d.id, d.layout.xaxis.gridcolor, d.layout.font.color])"""
-    wait_js(w.page, "() => [...document.querySelectorAll('.chart:not([hidden])')].every(d => d.layout)")
+    wait_js(
+        w.page, "() => [...document.querySelectorAll('.chart:not([hidden])')].every(d => d.layout)"
+    )
     found = w.page.evaluate(grids)
     assert len(found) >= 8, found
     for chart_id, grid, font in found:
@@ -159,7 +178,9 @@ def test_dark_toggle_restyles_every_chart_also_those_drawn_later(gradwatch_serve
     assert_clean(w)
 
 
-def test_module_first_seen_live_gets_its_heatmap_without_reload(gradwatch_server, open_page, raw_trainer):
+def test_module_first_seen_live_gets_its_heatmap_without_reload(
+    gradwatch_server, open_page, raw_trainer
+):
     server = gradwatch_server()
     trainer = raw_trainer(server, "new-module")
     trainer.send([step_record(s) for s in range(3)])
@@ -167,14 +188,19 @@ def test_module_first_seen_live_gets_its_heatmap_without_reload(gradwatch_server
     w.page.wait_for_selector("body[data-painted='1']")
     assert w.page.query_selector("#chart-heatmap-decoder-input") is None
     trainer.send([with_profile(s, vanishing_profile(40), module="decoder") for s in range(3, 7)])
-    wait_js(w.page, """() => { const d = document.getElementById('chart-heatmap-decoder-input');
-        return d && d.data && d.data[0].z.length === 4; }""")
+    wait_js(
+        w.page,
+        """() => { const d = document.getElementById('chart-heatmap-decoder-input');
+        return d && d.data && d.data[0].z.length === 4; }""",
+    )
     assert "decoder" in w.page.inner_text("#panel-heatmap-decoder-input h2")
     assert chart(w.page, "chart-heatmap-decoder-input", "d.data[0].y") == [3, 4, 5, 6]
     assert_clean(w)
 
 
-def test_panels_this_run_will_never_fill_say_how_to_fill_them(gradwatch_server, open_page, raw_trainer):
+def test_panels_this_run_will_never_fill_say_how_to_fill_them(
+    gradwatch_server, open_page, raw_trainer
+):
     server = gradwatch_server()
     trainer = raw_trainer(server, "no-profile")
     trainer.send([light_step(s) for s in range(5)])

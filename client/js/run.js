@@ -15,7 +15,7 @@ import { fmt, fmtBytes, fmtSeconds, num, seriesValues } from "./num.js";
 import { panel, RollingMedian, specs } from "./panels.js";
 import { Profile } from "./profile.js";
 import { RanksView } from "./ranks.js";
-import { alertCount, CHART_INFO, heatmapPanel, NO_DATA, scalePicker, TrendNote } from "./runparts.js";
+import { alertCount, CHART_INFO, heatmapPanel, lineSearch, NO_DATA, scalePicker, TrendNote } from "./runparts.js";
 import { LineChart, nonFiniteNote, recordFields } from "./series.js";
 import { state, stats } from "./state.js";
 
@@ -128,7 +128,9 @@ export class RunView {
     const lines = CHART_INFO.map(([kind, title, caption]) => {
       const p = panel(kind, title, caption);
       if (NO_DATA[kind]) p.nodata.textContent = NO_DATA[kind];
-      this.charts.set(kind, { view: new LineChart(p.chart, spec[kind]), panel: p });
+      const view = new LineChart(p.chart, spec[kind]);
+      if (spec[kind].group) p.section.querySelector("header").append(lineSearch(kind, view));
+      this.charts.set(kind, { view, panel: p });
       return p.section;
     });
     this.trendNote = new TrendNote(this.charts.get("time").panel.note);

@@ -101,3 +101,9 @@ export class TrendNote {
 export function alertCount(view) {
   return Math.max(view.alertRecords, num(view.summary.alerts) ?? 0);
 }
+
+/** A search box over a chart's lines (parameters by name); empty: the largest ones. */
+export function lineSearch(kind, view) {
+  return el("input", { type: "search", class: "line-search", id: `search-${kind}`, placeholder: "filter by name",
+    "aria-label": `${kind}: show the lines whose name contains`, oninput: (e) => view.filter(e.target.value) });
+}

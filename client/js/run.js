@@ -286,8 +286,11 @@ export class RunView {
         const m = this.trend.push(rec.duration_s);
         if (m !== null) {
           points.push({ key: "trend", step: rec.step, value: m });
-          this.trendNote.add(rec.step, m);
-          trendChanged = true;
+          // A median of a full window only: a run's first steps do not tilt the trend.
+          if (this.trend.values.length >= this.trend.size) {
+            this.trendNote.add(rec.step, m);
+            trendChanged = true;
+          }
         }
         for (const [module, seriesMap] of Object.entries(rec.timesteps || {})) {
           for (const [series, wire] of Object.entries(seriesMap || {})) {

@@ -28,6 +28,8 @@ export const NO_DATA = {
 
 const CAPTION = "Each row is one training step, each column a timestep; the dotted red line is the vanishing horizon (earliest timestep within 1e-3 of the step's peak). Colour: ";
 
+const STACKED = "Stacked fused layers (num_layers > 1): watch(..., exact_hidden=True) adds a heatmap per layer (layer1, …) on sampled steps.";
+
 function heatCaption() {
   return CAPTION + (heatScale.current === "relative"
     ? "decades below each step's peak: yellow carries the gradient, dark purple gets almost none."
@@ -38,6 +40,9 @@ function heatCaption() {
 export function heatmapPanel(module, series) {
   const title = series === "input" ? `Gradient flow through time: ${module}` : `Gradient flow through time: ${module} · ${series}`;
   const p = panel("heatmap", title, heatCaption(), { tall: true, id: heatmapPanelId(module, series) });
+  p.section.querySelector("p.caption").classList.add("heat-caption");
+  // A fused module's "input" is its first layer's: the others come with exact_hidden.
+  if (series === "input") p.section.append(el("p", { class: "caption" }, STACKED));
   p.section.dataset.module = module;
   p.section.classList.add("heat");
   return { view: new Heatmap(p.chart, module, series), panel: p };
@@ -48,7 +53,7 @@ export function scalePicker(onChange) {
   return el("label", { class: "note" }, "heatmap colour ",
     el("select", { id: "heat-scale", "aria-label": "heatmap colour scale", onchange: (e) => {
       heatScale.current = e.target.value;
-      for (const c of document.querySelectorAll("section.heat p.caption")) c.textContent = heatCaption();
+      for (const c of document.querySelectorAll("section.heat p.heat-caption")) c.textContent = heatCaption();
       onChange();
     } }, Object.entries(SCALES).map(([v, t]) => el("option", { value: v, selected: v === heatScale.current }, t))));
 }

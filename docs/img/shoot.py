@@ -4,7 +4,7 @@ Starts a throwaway ``gradwatch serve`` on loopback, trains examples/long_lstm.py
 bug and its --fixed twin) and examples/seq2seq_attention.py (with profiling) into it,
 then photographs the runs list, the run view, compare and replay in headless Chromium.
 
-    .venv/bin/python docs/img/shoot.py            # Chromium from $GRADWATCH_CHROMIUM
+    .venv/bin/python docs/img/shoot.py [DB]       # Chromium from $GRADWATCH_CHROMIUM
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).resolve().parent
-REPLAYED = "() => document.getElementById('replay-label').textContent.startsWith('replayed')"
-ALL_DRAWN = "() => [...document.querySelectorAll('.chart:not([hidden])')].every(d => d.data)"
+REPLAYED = """() => (document.getElementById('replay-label') || {}).textContent
+    ?.startsWith('replayed')"""
+# Every chart drawn, and nothing left in a backlog (the run view or the one a replay feeds).
+ALL_DRAWN = """() => { const s = window.gradwatch.state.view; const v = s && (s.view || s);
+    const charts = v && v.allCharts ? v.allCharts() : [];
+    return [...document.querySelectorAll('.chart:not([hidden])')].every(d => d.data)
+        && charts.every(c => c.drawn && !c.backlog.length); }"""
 CHROMIUM = os.environ.get("GRADWATCH_CHROMIUM", "/usr/bin/chromium")
 
 
@@ -79,7 +84,7 @@ def shoot(http: str) -> None:
                 page.emulate_media(media="print")  # every chart drawn
                 page.wait_for_function(ALL_DRAWN)
                 page.emulate_media(media="screen")
-                page.wait_for_timeout(500)  # Plotly's resize after the media switch
+                page.wait_for_timeout(1000)  # Plotly's resize after the media switch
                 page.screenshot(path=str(OUT / f"{name}-{theme}.png"), full_page=name != "runs")
             ctx.close()
         browser.close()
@@ -89,11 +94,14 @@ def main() -> None:
     port = free_port()
     http, ws = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
-        serve = ["serve", "--host", "127.0.0.1", "--port", str(port), "--db", f"{tmp}/shots.db"]
+        # A database given as the first argument is kept, and trained into only once.
+        db = sys.argv[1] if len(sys.argv) > 1 else f"{tmp}/shots.db"
+        serve = ["serve", "--host", "127.0.0.1", "--port", str(port), "--db", db]
         server = subprocess.Popen([sys.executable, "-m", "gradwatch.server.cli", *serve])
         try:
             wait_up(http)
-            train(ws)
+            if not get(http + "/api/runs"):
+                train(ws)
             shoot(http)
         finally:
             server.terminate()

@@ -50,6 +50,33 @@ function horizonTrace(steps, horizons) {
   };
 }
 
+/**
+ * Heatmaps drawn side by side (compare) share one colour range, so that one colour
+ * means the same number of decades in both: each reports the range its rows need.
+ */
+export class HeatLink {
+  constructor() {
+    this.needs = new Map(); // heatmap -> [zmin, zmax] its own rows need
+  }
+
+  /** The range every member draws on, given what `h` needs now; redraws the others. */
+  range(h, need) {
+    this.needs.set(h, need);
+    const all = [...this.needs.values()];
+    const range = [Math.min(...all.map((r) => r[0])), Math.max(...all.map((r) => r[1]))];
+    for (const other of this.needs.keys()) {
+      if (other !== h && other.drawn && (other.range[0] !== range[0] || other.range[1] !== range[1])) {
+        queueMicrotask(() => other.redraw());
+      }
+    }
+    return range;
+  }
+
+  leave(h) {
+    this.needs.delete(h);
+  }
+}
+
 export class Heatmap extends OnScreen {
   constructor(div, module, series) {
     super(MAX_ROWS);
@@ -88,7 +115,8 @@ export class Heatmap extends OnScreen {
   traces() {
     const scale = heatScale.current;
     const z = this.raw.map((r) => pad(scaleRow(r, scale), this.width));
-    this.range = fitRange(z, scale);
+    const need = fitRange(z, scale);
+    this.range = this.link ? this.link.range(this, need) : need;
     this.scale = scale;
     return [heatmapTrace(this.steps.slice(), z, this.series, this.range, scale),
       horizonTrace(this.steps.slice(), this.raw.map(rowHorizon))];
@@ -97,7 +125,11 @@ export class Heatmap extends OnScreen {
   /** Redraw every row on the page's current scale (the scale picker changed). */
   rescale() {
     if (!this.drawn || this.scale === heatScale.current) return;
-    window.Plotly.react(this.div, this.traces(), this.div.layout);
+    this.redraw();
+  }
+
+  redraw() {
+    if (this.drawn && this.div.layout) window.Plotly.react(this.div, this.traces(), this.div.layout);
   }
 
   /** Append rows [{step, values}] now (one extendTraces per frame). */

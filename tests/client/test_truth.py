@@ -211,3 +211,20 @@ def test_panels_this_run_will_never_fill_say_how_to_fill_them(
     assert w.page.is_hidden("#chart-modules")
     assert w.page.is_visible("#chart-time")
     assert_clean(w)
+
+
+def test_compare_heatmaps_share_one_colour_range(gradwatch_server, open_page, raw_trainer):
+    server = gradwatch_server()
+    bug, fixed = raw_trainer(server, "long-lstm"), raw_trainer(server, "long-lstm --fixed")
+    bug.send([with_profile(s, vanishing_profile(121)) for s in range(5)])
+    fixed.send([with_profile(s, [1.0 + 0.01 * t for t in range(121)]) for s in range(5)])
+    w = open_page(server, f"#/compare/{fixed.run_id}/{bug.run_id}")
+    w.page.wait_for_selector("body[data-painted='1']")
+    ranges = """['A', 'B'].map(k => {
+        const t = document.getElementById('chart-cmp-heat-' + k).data[0];
+        return [t.zmin, t.zmax]; })"""
+    wait_js(w.page, f"() => JSON.stringify({ranges}) === JSON.stringify([[-13, 0], [-13, 0]])")
+    # Live rows that need more decades widen both.
+    bug.send([with_profile(5, [10.0 ** (-20 + t / 6) for t in range(121)])])
+    wait_js(w.page, f"() => JSON.stringify({ranges}) === JSON.stringify([[-20, 0], [-20, 0]])")
+    assert_clean(w)

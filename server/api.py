@@ -10,11 +10,12 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, StrictBool
 
 from gradwatch.protocol import messages as m
 from gradwatch.protocol.codec import dumps
 
-from .security import can_read, token_from
+from .security import can_read, can_write, token_from
 from .state import AppState
 from .store import RunNotFound
 
@@ -40,6 +41,31 @@ def require_viewer(request: Request) -> AppState:
 
 
 Viewer = Annotated[AppState, Depends(require_viewer)]
+
+
+def require_admin(request: Request) -> AppState:
+    """A FastAPI dependency for changes to runs: the ingest token, never the view token.
+
+    A server with a view token but no ingest token has no token that may change runs
+    (anyone may write there, and only the view token separates readers), so it refuses.
+    """
+    state = _state(request)
+    token = token_from(request.headers, request.query_params)
+    settings = state.settings
+    if settings.token is None and settings.view_token is not None:
+        raise HTTPException(
+            403, "expected a server started with --token to change runs, got none set"
+        )
+    if not can_write(settings, token):
+        raise HTTPException(
+            401,
+            "expected the ingest token (Authorization: Bearer or ?token=), got "
+            + ("a view token or a wrong one" if token else "none"),
+        )
+    return state
+
+
+Admin = Annotated[AppState, Depends(require_admin)]
 
 
 def json_response(value: Any) -> Response:
@@ -79,16 +105,35 @@ async def health(request: Request) -> Response:
     )
 
 
-@router.get("/runs", summary="Every run's summary, newest first")
-async def runs(state: Viewer) -> Response:
+@router.get("/runs", summary="Every run's summary, newest first (archived ones on request)")
+async def runs(state: Viewer, archived: bool = False) -> Response:
     found = await _read(state.store.list_runs)
-    return json_response([state.public(s) for s in found])
+    hidden = await _read(state.store.archived_ids)
+    return json_response(
+        [
+            {**state.public(s), "archived": s["id"] in hidden}
+            for s in found
+            if archived or s["id"] not in hidden
+        ]
+    )
 
 
 @router.get("/runs/{run_id}", summary="One run: summary, hellos, modules, series, parameters")
 async def run(run_id: str, state: Viewer) -> Response:
     detail = await _read(state.store.run_detail, run_id)
-    return json_response(state.public(detail))
+    hidden = await _read(state.store.archived_ids)
+    return json_response({**state.public(detail), "archived": run_id in hidden})
+
+
+class ArchiveBody(BaseModel):
+    archived: StrictBool
+
+
+@router.put("/runs/{run_id}/archived", summary="Archive a run, or bring it back")
+async def archive(run_id: str, body: ArchiveBody, state: Admin) -> Response:
+    await _read(state.store.run_summary, run_id)  # 404 for an unknown run
+    await _read(state.store.set_archived, run_id, body.archived)
+    return json_response({"id": run_id, "archived": body.archived})
 
 
 Step = Annotated[int | None, Query(ge=0)]

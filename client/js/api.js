@@ -38,6 +38,10 @@ export async function api(path, query = {}) {
   } catch (err) {
     throw new ApiError(0, `${path}: the server cannot be reached (${err.message})`);
   }
+  return answer(path, response);
+}
+
+async function answer(path, response) {
   if (!response.ok) {
     let detail = response.statusText;
     try {
@@ -51,6 +55,23 @@ export async function api(path, query = {}) {
     throw new ApiError(response.status, `${path}: ${response.status} ${detail}`);
   }
   return response.json();
+}
+
+/**
+ * Send a JSON body with a method other than GET (a change: archive a run). The page
+ * token rides along; the server decides whether it may change anything.
+ * `await send("/api/runs/abc/archived", "PUT", {archived: true})`.
+ */
+export async function send(path, method, body) {
+  const url = withQuery(new URL(path, window.location.origin), {});
+  let response;
+  try {
+    response = await fetch(url, { method, headers: { Accept: "application/json", "Content-Type": "application/json" },
+      body: JSON.stringify(body), cache: "no-store" });
+  } catch (err) {
+    throw new ApiError(0, `${path}: the server cannot be reached (${err.message})`);
+  }
+  return answer(path, response);
 }
 
 /** The websocket URL of a server path on this page's origin, with the token. */

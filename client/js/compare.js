@@ -6,7 +6,7 @@ import { api } from "./api.js";
 import { axis, plot, purgeAll } from "./charts.js";
 import { el, replaceChildren } from "./dom.js";
 import { FrameBatcher } from "./batcher.js";
-import { Heatmap } from "./heatmap.js";
+import { HeatLink, Heatmap } from "./heatmap.js";
 import { heatmapKeys } from "./history.js";
 import { connect } from "./live.js";
 import { seriesValues } from "./num.js";
@@ -36,6 +36,7 @@ export class CompareView {
     this.buffer = [];
     this.batcher = new FrameBatcher((items) => this.flush(items));
     this.sockets = [];
+    this.heatLink = new HeatLink(); // both heatmaps on one colour range
   }
 
   async mount() {
@@ -70,6 +71,7 @@ export class CompareView {
       }
       this.heatPanels[k] = p;
       this.heatmaps[k] = new Heatmap(p.chart, module, series);
+      this.heatmaps[k].link = this.heatLink;
       heat.push(p.section);
     }
     replaceChildren(this.root,
@@ -95,6 +97,8 @@ export class CompareView {
   async showHeatmap(k, { module, series }) {
     const p = this.heatPanels[k];
     const h = new Heatmap(p.chart, module, series);
+    if (this.heatmaps[k]) this.heatLink.leave(this.heatmaps[k]);
+    h.link = this.heatLink;
     this.heatmaps[k] = null; // live rows of the old choice stop here
     this.pendingHeat = h;
     p.section.querySelector("h2").textContent = heatTitle(this.names[k], module, series);

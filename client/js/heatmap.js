@@ -1,16 +1,18 @@
 // The gradient-flow heatmap of one recurrent module's series: x = timestep,
-// y = training step, colour = log10 of the gradient norm on a FIXED scale
-// (1e-30 .. 1e3), so that a colour means the same in every run and at every moment.
+// y = training step, colour = the norm on one of two scales (heatscale.js): decades
+// below each step's peak (default; where the gradient dies shows whatever the norms'
+// size) or log10 of the norm. A dotted line marks the vanishing horizon of each step.
 // New rows arrive live through Plotly.extendTraces on z and y (no redraw).
 
 import { plotText } from "./dom.js";
 import { axis, extend, layout, plot } from "./charts.js";
+import { fitRange, rowHorizon, scaleRow, scaleTicks } from "./heatscale.js";
 import { OnScreen } from "./lazy.js";
-import { LOG_MAX, LOG_MIN, logNorm } from "./num.js";
 
 export const MAX_ROWS = 2000; // live rows kept in the browser; older ones scroll out
 
-const TICKS = [-30, -25, -20, -15, -10, -5, 0, 3];
+/** The colour scale every heatmap of the page uses ("relative" or "absolute"). */
+export const heatScale = { current: "relative" };
 
 /** What the colour shows, for the colour bar and hover: ‖∂L/∂x_t‖ and friends. */
 export function seriesSymbol(series) {
@@ -21,23 +23,58 @@ export function seriesSymbol(series) {
   return "‖∂L/∂x_t‖";
 }
 
-function padRow(values, width) {
-  const row = values.map(logNorm);
-  while (row.length < width) row.push(null);
-  return row;
+function pad(row, width) {
+  const out = row.slice();
+  while (out.length < width) out.push(null);
+  return out;
 }
 
-/** A heatmap trace in the dashboard's look (shared with the HTML report). */
-export function heatmapTrace(steps, rows, series) {
+/** A heatmap trace in the dashboard's look: z already scaled, range [zmin, zmax]. */
+export function heatmapTrace(steps, z, series, range = [-30, 3], scale = "absolute") {
+  const what = scale === "relative" ? `log10 ${seriesSymbol(series)} / step peak` : `log10 ${seriesSymbol(series)}`;
   return {
-    type: "heatmap", z: rows, y: steps, colorscale: "Viridis", zmin: LOG_MIN, zmax: LOG_MAX,
+    type: "heatmap", z, y: steps, colorscale: "Viridis", zmin: range[0], zmax: range[1],
     zsmooth: false, hoverongaps: false,
-    colorbar: {
-      title: { text: `log10 ${seriesSymbol(series)}`, side: "right" },
-      tickvals: TICKS, ticktext: TICKS.map((t) => (t === 0 ? "1" : `1e${t}`)), thickness: 14,
-    },
-    hovertemplate: `timestep %{x}<br>step %{y}<br>log10 ${seriesSymbol(series)} = %{z:.1f}<extra></extra>`,
+    colorbar: { title: { text: what, side: "right" }, ...scaleTicks(range, scale), thickness: 14 },
+    hovertemplate: `timestep %{x}<br>step %{y}<br>${what} = %{z:.1f}<extra></extra>`,
   };
+}
+
+/** The vanishing horizon per step as a line over the heatmap. */
+function horizonTrace(steps, horizons) {
+  return {
+    type: "scatter", mode: "lines", x: horizons, y: steps, name: "vanishing horizon",
+    line: { color: "rgba(255, 77, 77, 0.95)", width: 2, dash: "dot" }, connectgaps: false,
+    showlegend: false,
+    hovertemplate: "step %{y}: gradient reaches back to t = %{x} (1e-3 of the peak)<extra></extra>",
+  };
+}
+
+/**
+ * Heatmaps drawn side by side (compare) share one colour range, so that one colour
+ * means the same number of decades in both: each reports the range its rows need.
+ */
+export class HeatLink {
+  constructor() {
+    this.needs = new Map(); // heatmap -> [zmin, zmax] its own rows need
+  }
+
+  /** The range every member draws on, given what `h` needs now; redraws the others. */
+  range(h, need) {
+    this.needs.set(h, need);
+    const all = [...this.needs.values()];
+    const range = [Math.min(...all.map((r) => r[0])), Math.max(...all.map((r) => r[1]))];
+    for (const other of this.needs.keys()) {
+      if (other !== h && other.drawn && (other.range[0] !== range[0] || other.range[1] !== range[1])) {
+        queueMicrotask(() => other.redraw());
+      }
+    }
+    return range;
+  }
+
+  leave(h) {
+    this.needs.delete(h);
+  }
 }
 
 export class Heatmap extends OnScreen {
@@ -47,25 +84,52 @@ export class Heatmap extends OnScreen {
     this.module = module;
     this.series = series;
     this.width = 0;
-    this.rows = 0;
+    this.steps = []; // the rows drawn: their steps and raw values (for a change of scale)
+    this.raw = [];
+    this.range = null;
     this.lastStep = -1;
+  }
+
+  get rows() {
+    return this.steps.length;
   }
 
   /** First paint: matrix = GET /api/runs/{id}/timesteps answer (possibly empty). */
   async draw(matrix) {
-    const steps = matrix && Array.isArray(matrix.steps) ? matrix.steps : [];
-    const values = matrix && Array.isArray(matrix.values) ? matrix.values : [];
-    this.width = Math.max(matrix && matrix.max_timesteps ? matrix.max_timesteps : 0,
-      ...values.map((r) => r.length), 0);
-    const rows = values.map((r) => padRow(r, this.width));
-    this.rows = rows.length;
-    this.lastStep = steps.length ? steps[steps.length - 1] : -1;
-    await plot(this.div, [heatmapTrace(steps.slice(), rows, this.series)], layout({
-      xaxis: axis("timestep t (sequence position)", { zeroline: false }),
+    this.steps = matrix && Array.isArray(matrix.steps) ? matrix.steps.slice() : [];
+    this.raw = matrix && Array.isArray(matrix.values) ? matrix.values.slice() : [];
+    this.width = Math.max(matrix && matrix.max_timesteps ? matrix.max_timesteps : 0, ...this.raw.map((r) => r.length), 0);
+    this.lastStep = this.steps.length ? this.steps[this.steps.length - 1] : -1;
+    await plot(this.div, this.traces(), layout({
+      xaxis: axis("timestep t (sequence position)", { zeroline: false, range: this.xRange() }),
       yaxis: axis("training step", { zeroline: false }),
       margin: { l: 70, r: 16, t: 12, b: 52 },
     }));
     this.drawn = true;
+  }
+
+  xRange() {
+    return [-0.5, Math.max(0, this.width - 1) + 0.5];
+  }
+
+  traces() {
+    const scale = heatScale.current;
+    const z = this.raw.map((r) => pad(scaleRow(r, scale), this.width));
+    const need = fitRange(z, scale);
+    this.range = this.link ? this.link.range(this, need) : need;
+    this.scale = scale;
+    return [heatmapTrace(this.steps.slice(), z, this.series, this.range, scale),
+      horizonTrace(this.steps.slice(), this.raw.map(rowHorizon))];
+  }
+
+  /** Redraw every row on the page's current scale (the scale picker changed). */
+  rescale() {
+    if (!this.drawn || this.scale === heatScale.current) return;
+    this.redraw();
+  }
+
+  redraw() {
+    if (this.drawn && this.div.layout) window.Plotly.react(this.div, this.traces(), this.div.layout);
   }
 
   /** Append rows [{step, values}] now (one extendTraces per frame). */
@@ -73,25 +137,28 @@ export class Heatmap extends OnScreen {
     const fresh = rows.filter((r) => r.step > this.lastStep).sort((a, b) => a.step - b.step);
     if (!fresh.length) return;
     this.lastStep = fresh[fresh.length - 1].step;
+    for (const r of fresh) {
+      this.steps.push(r.step);
+      this.raw.push(r.values);
+    }
+    if (this.steps.length > MAX_ROWS) {
+      this.steps.splice(0, this.steps.length - MAX_ROWS);
+      this.raw.splice(0, this.raw.length - MAX_ROWS);
+    }
     const longest = Math.max(...fresh.map((r) => r.values.length));
-    if (this.rows === 0 || longest > this.width) {
-      // The first row, or longer sequences than drawn so far: the column count
-      // changes, so this one time the trace is rebuilt with every row padded.
+    const z = fresh.map((r) => scaleRow(r.values, this.scale));
+    const [lo, hi] = fitRange(z, this.scale);
+    const grows = this.steps.length === fresh.length || longest > this.width || lo < this.range[0] || hi > this.range[1];
+    if (grows || this.scale !== heatScale.current) {
+      // The first rows, longer sequences or norms outside the colour range: this one
+      // time every row is redrawn (padded to the new width, on the new range).
       this.width = Math.max(this.width, longest);
-      const trace = this.div.data[0];
-      const z = (trace.z || []).map((r) => { const c = r.slice(); while (c.length < this.width) c.push(null); return c; });
-      const y = (trace.y || []).slice();
-      for (const r of fresh) {
-        z.push(padRow(r.values, this.width));
-        y.push(r.step);
-      }
-      this.rows = z.length;
-      window.Plotly.restyle(this.div, { z: [z], y: [y] }, [0]);
+      window.Plotly.react(this.div, this.traces(), { ...this.div.layout, xaxis: { ...this.div.layout.xaxis, range: this.xRange() } });
       return;
     }
-    this.rows = Math.min(MAX_ROWS, this.rows + fresh.length);
-    extend(this.div, { z: [fresh.map((r) => padRow(r.values, this.width))], y: [fresh.map((r) => r.step)] },
-      [0], MAX_ROWS);
+    const steps = fresh.map((r) => r.step);
+    extend(this.div, { z: [z.map((r) => pad(r, this.width))], y: [steps] }, [0], MAX_ROWS);
+    extend(this.div, { x: [fresh.map((r) => rowHorizon(r.values))], y: [steps.slice()] }, [1], MAX_ROWS);
   }
 
   /** Mark a training step with a line across the heatmap (an alert fired there). */

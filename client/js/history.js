@@ -42,3 +42,19 @@ export function historySeries(steps, epochs) {
   if (epochs.length) fields.epoch_time = { step: epochs.map((e) => e.epoch), value: epochs.map((e) => e.duration_s) };
   return fields;
 }
+
+/** The latest value of each stat from history, as a step record (null when none). */
+export function latestFromHistory(fields, lastEpoch) {
+  const rec = {};
+  let step = -1;
+  for (const name of ["loss", "total_norm", "duration_s", "graph_nodes", "rss_bytes", "overhead"]) {
+    const s = fields[name];
+    if (!s || !s.step.length) continue;
+    rec[name] = s.value[s.value.length - 1];
+    step = Math.max(step, s.step[s.step.length - 1]);
+  }
+  if (step < 0) return null;
+  rec.step = step;
+  rec.epoch = lastEpoch;
+  return rec;
+}

@@ -6,12 +6,20 @@ import { wsUrl } from "./api.js";
 import { stats } from "./state.js";
 
 let openSockets = 0;
+let serverUp = null; // a view without a socket (replay) says whether the server answers
 
 function showConnection() {
   const node = document.getElementById("conn");
   if (!node) return;
-  node.textContent = openSockets > 0 ? "live" : "offline";
-  node.className = `conn ${openSockets > 0 ? "on" : "off"}`;
+  const on = openSockets > 0 || serverUp === true;
+  node.textContent = openSockets > 0 ? "live" : serverUp === true ? "server up" : "offline";
+  node.className = `conn ${on ? "on" : "off"}`;
+}
+
+/** Say whether the server answers (up), for views with no live socket; null: sockets decide. */
+export function setServerUp(up) {
+  serverUp = up;
+  showConnection();
 }
 
 /**

@@ -99,3 +99,22 @@ export function fmtAgo(unixSeconds) {
   if (s < 86400) return `${(s / 3600).toFixed(1)} h ago`;
   return new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ");
 }
+
+/** A span of seconds: "45 s", "12 min", "3.5 h", "2.1 d". */
+export function fmtDuration(seconds) {
+  const s = num(seconds);
+  if (s === null || !Number.isFinite(s) || s < 0) return "–";
+  if (s < 60) return `${Math.round(s)} s`;
+  if (s < 3600) return `${Math.round(s / 60)} min`;
+  if (s < 86400) return `${(s / 3600).toFixed(1)} h`;
+  return `${(s / 86400).toFixed(1)} d`;
+}
+
+/** A unix time as local "YYYY-MM-DD HH:MM" (when a run started). */
+export function fmtTime(unixSeconds) {
+  const t = num(unixSeconds);
+  if (t === null || !Number.isFinite(t)) return "–";
+  const d = new Date(t * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())} ${two(d.getHours())}:${two(d.getMinutes())}`;
+}

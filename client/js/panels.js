@@ -24,6 +24,11 @@ export function heatmapPanelId(module, series) {
 const MiB = 1024 * 1024;
 const stepAxis = () => axis("training step", { zeroline: false });
 const paramName = (k) => k.slice(k.indexOf("/") + 1);
+// A right-hand axis picks its own round ticks (Plotly 4 lines them up with the left
+// axis' grid by default: 89 / 179 / 268 MiB).
+const RIGHT = { overlaying: "y", side: "right", rangemode: "tozero", showgrid: false, tickmode: "auto", nticks: 6 };
+/** The module a parameter belongs to ("enc.layer1.weight" -> "enc.layer1"): its legend group. */
+export const moduleOf = (param) => (param.includes(".") ? param.slice(0, param.lastIndexOf(".")) : param);
 
 /** The chart specs of the run view, keyed like the panels. */
 export function specs() {
@@ -33,23 +38,25 @@ export function specs() {
       label: (k) => (k === "total_norm" ? "total norm" : k === "nonfinite" ? "non-finite" : paramName(k)),
       value: (v, k) => (k === "nonfinite" ? 0.96 : positive(v)),
       order: (a, b) => (a === "total_norm" ? -1 : b === "total_norm" ? 1 : a < b ? -1 : 1),
+      group: (k) => (k.startsWith("param_norms/") ? moduleOf(paramName(k)) : null),
       trace: (k) => (k === "total_norm" ? { line: { width: 2.8 } }
         : k === "nonfinite" ? { yaxis: "y2", mode: "markers", marker: { symbol: "x", size: 11, color: "#d62728" },
           hovertemplate: "non-finite gradient at step %{x}<extra></extra>" } : {}),
-      layout: { xaxis: stepAxis(), yaxis: axis("gradient L2 norm (log)", { type: "log", exponentformat: "power" }),
+      layout: { xaxis: stepAxis(), yaxis: axis("gradient norm (log)", { type: "log", exponentformat: "power" }),
         yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true } },
     },
     gates: {
       match: (k) => k.startsWith("gate_norms/"),
       label: (k) => { const [, p, g] = /^gate_norms\/(.*)\/([^/]+)$/.exec(k) || [null, k, ""]; return `${p} [${g}]`; },
+      group: (k) => { const m = /^gate_norms\/(.*)\/[^/]+$/.exec(k); return m ? m[1] : null; },
       value: positive,
-      layout: { xaxis: stepAxis(), yaxis: axis("gate gradient L2 norm (log)", { type: "log", exponentformat: "power" }) },
+      layout: { xaxis: stepAxis(), yaxis: axis("gate gradient norm (log)", { type: "log", exponentformat: "power" }) },
     },
     loss: {
       match: (k) => k === "loss",
       label: () => "loss",
       value: finite,
-      layout: { xaxis: stepAxis(), yaxis: axis("loss (as passed to monitor.step)") },
+      layout: { xaxis: stepAxis(), yaxis: axis("loss") },
     },
     time: {
       match: (k) => k === "duration_s" || k === "trend",
@@ -72,8 +79,8 @@ export function specs() {
         cuda_allocated_bytes: "CUDA allocated", cuda_reserved_bytes: "CUDA reserved" })[k],
       value: (v, k) => { const n = finite(v); return n === null || k === "graph_nodes" ? n : n / MiB; },
       trace: (k) => (k === "graph_nodes" ? { line: { width: 2.4 } } : { yaxis: "y2", line: { width: 1.5, dash: "dot" } }),
-      layout: { xaxis: stepAxis(), yaxis: axis("autograd graph nodes (count)", { rangemode: "tozero" }),
-        yaxis2: axis("memory (MiB)", { overlaying: "y", side: "right", rangemode: "tozero", showgrid: false }),
+      layout: { xaxis: stepAxis(), yaxis: axis("graph nodes (count)", { rangemode: "tozero" }),
+        yaxis2: axis("memory (MiB)", RIGHT),
         margin: { l: 64, r: 64, t: 16, b: 52 } },
     },
     modules: {
@@ -81,8 +88,8 @@ export function specs() {
       label: (k) => { const m = /^profile\/(.*)\/([^/]+)$/.exec(k); return m ? `${m[1]} ${m[2].replace("_s", "")}` : k; },
       value: (v, k) => { const n = finite(v); return n === null || k.endsWith("/calls") ? n : n * 1e3; },
       trace: (k) => (k.endsWith("/calls") ? { yaxis: "y2", line: { dash: "dot", width: 1 } } : {}),
-      layout: { xaxis: stepAxis(), yaxis: axis("time per step (ms)", { rangemode: "tozero" }),
-        yaxis2: axis("calls per step", { overlaying: "y", side: "right", rangemode: "tozero", showgrid: false }),
+      layout: { xaxis: stepAxis(), yaxis: axis("time (ms per step)", { rangemode: "tozero" }),
+        yaxis2: axis("calls per step", RIGHT),
         margin: { l: 64, r: 64, t: 16, b: 52 } },
     },
   };

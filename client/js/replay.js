@@ -1,7 +1,9 @@
 // Replay a finished run from history (#/replay/<id>): the run view, fed from the REST
 // history in step order instead of the live socket, so it unfolds the way it did live.
 
+import { api } from "./api.js";
 import { el, replaceChildren } from "./dom.js";
+import { setServerUp } from "./live.js";
 import { SCALARS } from "./series.js";
 import { RunView } from "./run.js";
 
@@ -34,12 +36,36 @@ export function historyRecords(history, heatmapKeys, rank = 0) {
     const { module, series } = heatmapKeys[i];
     m.steps.forEach((step, j) => { ((rec(step).timesteps ||= {})[module] ||= {})[series] = m.values[j]; });
   });
+  // Step rows carry no epoch: each step is in the epoch whose record ends at or after it
+  // (what a live step record says), the steps after the last one in the next epoch.
+  const ends = (history.epochs || []).filter((e) => Number.isFinite(e.step) && Number.isFinite(e.epoch))
+    .sort((x, y) => x.step - y.step);
+  let e = 0;
+  for (const r of [...steps.values()].sort((x, y) => x.step - y.step)) {
+    while (e < ends.length && ends[e].step < r.step) e += 1;
+    if (ends.length) r.epoch = e < ends.length ? ends[e].epoch : ends[ends.length - 1].epoch + 1;
+  }
   const items = [...steps.values()].map((r) => ({ rank, rec: r }));
   for (const e of history.epochs || []) items.push({ rank, rec: { kind: "epoch", ...e } });
   for (const a of history.alerts || []) items.push({ rank: a.rank ?? 0, rec: { kind: "alert", ...a } });
   items.sort((x, y) => (x.rec.step ?? 0) - (y.rec.step ?? 0) || KIND_ORDER[x.rec.kind] - KIND_ORDER[y.rec.kind]);
   return items;
 }
+
+/** Everything a replay draws, from REST: steps, epochs, alerts and each heatmap's matrix. */
+export async function fetchHistory(view) {
+  const id = encodeURIComponent(view.runId);
+  const [steps, epochs, alerts, ...matrices] = await Promise.all([
+    api(`/api/runs/${id}/steps`, { rank: view.rank, max_points: 2000 }),
+    api(`/api/runs/${id}/epochs`, { rank: view.rank }),
+    api(`/api/runs/${id}/alerts`),
+    ...[...view.heatmaps.values()].map(({ view: h }) =>
+      api(`/api/runs/${id}/timesteps`, { module: h.module, series: h.series, rank: view.rank, max_steps: 500 })),
+  ]);
+  return { steps, epochs, alerts, matrices };
+}
+
+const HEALTH_EVERY_MS = 10000;
 
 export class ReplayView {
   constructor(root, runId, { rank = 0 } = {}) {
@@ -50,12 +76,25 @@ export class ReplayView {
     this.playing = false;
     this.seconds = 20; // a whole replay takes this long at normal speed
     this.frame = 0;
+    this.playStart = 0; // performance.now() at which position 0 would have played
+  }
+
+  /** The header says whether the server answers: a replay has no live socket. */
+  async checkServer() {
+    try {
+      await api("/api/health");
+      setServerUp(true);
+    } catch {
+      setServerUp(false);
+    }
   }
 
   async mount() {
     this.view = new RunView(this.root, this.runId, { rank: this.rank, replay: true });
     await this.view.mount();
-    this.history = await this.view.fetchHistory();
+    this.checkServer();
+    this.health = setInterval(() => this.checkServer(), HEALTH_EVERY_MS);
+    this.history = await fetchHistory(this.view);
     const keys = [...this.view.heatmaps.values()].map(({ view }) => ({ module: view.module, series: view.series }));
     this.items = historyRecords(this.history, keys, this.rank);
     this.controls();
@@ -67,7 +106,8 @@ export class ReplayView {
     this.slider = el("input", { type: "range", min: 0, max: this.items.length, value: 0, id: "replay-position",
       "aria-label": "replay position", onchange: (e) => this.seek(Number(e.target.value)) });
     this.label = el("span", { class: "note", id: "replay-label" });
-    const speed = el("select", { "aria-label": "replay length", onchange: (e) => { this.seconds = Number(e.target.value); } },
+    const speed = el("select", { "aria-label": "replay length", id: "replay-speed",
+      onchange: (e) => { this.seconds = Number(e.target.value); this.rebase(); } },
       [[60, "slow (60 s)"], [20, "normal (20 s)"], [5, "fast (5 s)"]].map(([v, t]) => el("option", { value: v, selected: v === this.seconds }, t)));
     replaceChildren(document.getElementById("replay-controls"),
       el("div", { class: "toolbar" }, this.playButton, this.slider, speed, this.label));
@@ -82,14 +122,27 @@ export class ReplayView {
     this.slider.value = String(this.pos);
   }
 
+  /** Where the replay clock says the position is now (records, by elapsed time). */
+  due(now = performance.now()) {
+    const n = this.items.length;
+    return Math.min(n, Math.floor((n * (now - this.playStart)) / (this.seconds * 1000)));
+  }
+
+  /** Keep the position and let the clock run from it (on play and on a speed change). */
+  rebase() {
+    const n = Math.max(1, this.items.length);
+    this.playStart = performance.now() - (this.pos / n) * this.seconds * 1000;
+  }
+
+  /** The whole replay takes `seconds` of wall clock, however fast frames come. */
   play() {
     if (this.pos >= this.items.length) return;
     this.playing = true;
     this.playButton.textContent = "Pause";
+    this.rebase();
     const tick = () => {
       if (!this.playing || this.view.closed) return;
-      const perFrame = Math.max(1, Math.ceil(this.items.length / (this.seconds * 60)));
-      this.advance(Math.min(this.items.length, this.pos + perFrame));
+      this.advance(Math.max(this.pos, this.due()));
       if (this.pos < this.items.length) this.frame = requestAnimationFrame(tick);
       else this.pause();
     };
@@ -111,6 +164,7 @@ export class ReplayView {
   async seek(to) {
     if (to >= this.pos) {
       this.advance(to);
+      this.rebase();
       return;
     }
     // Going back: draw the charts again from nothing, then fast-forward.
@@ -124,6 +178,8 @@ export class ReplayView {
   }
 
   unmount() {
+    clearInterval(this.health);
+    setServerUp(null);
     this.playing = false;
     cancelAnimationFrame(this.frame);
     if (this.view) this.view.unmount();

@@ -8,25 +8,16 @@ import { el, replaceChildren } from "./dom.js";
 import { AlertsPanel, alertTarget } from "./alerts.js";
 import { FrameBatcher } from "./batcher.js";
 import { purgeAll } from "./charts.js";
-import { Heatmap } from "./heatmap.js";
+import { drawAll } from "./lazy.js";
 import { connect } from "./live.js";
-import { heatmapKeys, historySeries } from "./history.js";
+import { heatmapKeys, historySeries, latestFromHistory } from "./history.js";
 import { fmt, fmtBytes, fmtSeconds, num, seriesValues } from "./num.js";
-import { heatmapPanelId, panel, RollingMedian, slope, specs } from "./panels.js";
+import { panel, RollingMedian, specs } from "./panels.js";
 import { Profile } from "./profile.js";
 import { RanksView } from "./ranks.js";
+import { alertCount, CHART_INFO, heatmapPanel, lineSearch, NO_DATA, scalePicker, TrendNote } from "./runparts.js";
 import { LineChart, nonFiniteNote, recordFields } from "./series.js";
 import { state, stats } from "./state.js";
-
-const CHART_INFO = [
-  ["norms", "Gradient norms per layer", "L2 norm of each parameter's gradient and the total; ✕ marks steps with NaN or Inf."],
-  ["gates", "Gradient norms per gate", "LSTM gates i f g o, GRU gates r z n, per weight matrix."],
-  ["loss", "Loss", null],
-  ["time", "Step time", "Wall time of each training step, with its rolling median."],
-  ["epochs", "Epoch time", null],
-  ["graph", "Autograd graph and memory", "Nodes reachable from loss.grad_fn (left) and memory (right, dotted). Growing together: a graph kept across steps."],
-  ["modules", "Time per module", "Forward and backward time and calls per step (watch(..., profile=True))."],
-];
 
 export class RunView {
   constructor(root, runId, { rank = 0, replay = false } = {}) {
@@ -41,6 +32,10 @@ export class RunView {
     this.heatmaps = new Map();
     this.trend = new RollingMedian();
     this.closed = false;
+    this.alertRecords = 0; // alert records seen, history and live (the header's count)
+    this.epoch = null; // the latest epoch record's number (step records may not say)
+    this.onPrint = () => drawAll(this.allCharts(), { now: true });
+    this.printMedia = window.matchMedia("print");
   }
 
   async mount() {
@@ -57,6 +52,9 @@ export class RunView {
 
   unmount() {
     this.closed = true;
+    window.removeEventListener("beforeprint", this.onPrint);
+    this.printMedia.removeEventListener("change", this.onPrint);
+    if (this.idleDraw) this.idleDraw.cancel();
     if (this.observer) this.observer.disconnect();
     if (this.live) this.live.close();
     this.batcher.close();
@@ -120,21 +118,25 @@ export class RunView {
 
     const heat = [];
     for (const { module, series } of heatmapKeys(s)) {
-      const id = heatmapPanelId(module, series);
-      const title = series === "input" ? `Gradient flow through time: ${module}` : `Gradient flow through time: ${module} · ${series}`;
-      const p = panel("heatmap", title, "Each row is one training step; dark columns on the left mean early timesteps get (almost) no gradient. Colour: log10 of the norm, fixed scale 1e-30 … 1e3.", { tall: true, id });
-      p.section.dataset.module = module;
-      heat.push(p.section);
-      this.heatmaps.set(`${module}|${series}`, { view: new Heatmap(p.chart, module, series), panel: p });
+      const h = heatmapPanel(module, series);
+      heat.push(h.panel.section);
+      this.heatmaps.set(`${module}|${series}`, h);
     }
     const prof = panel("profile", "Latest per-timestep profile", "Gradient norm at each timestep in the latest recorded step (log scale). Dashed: the vanishing horizon (earliest timestep within 1e-3 of the largest). Shaded: exploding.");
     this.profile = { view: new Profile(prof.chart), panel: prof };
     const spec = specs();
     const lines = CHART_INFO.map(([kind, title, caption]) => {
       const p = panel(kind, title, caption);
-      this.charts.set(kind, { view: new LineChart(p.chart, spec[kind]), panel: p });
+      if (NO_DATA[kind]) p.nodata.textContent = NO_DATA[kind];
+      const view = new LineChart(p.chart, spec[kind]);
+      if (spec[kind].group) p.section.querySelector("header").append(lineSearch(kind, view));
+      this.charts.set(kind, { view, panel: p });
       return p.section;
     });
+    this.trendNote = new TrendNote(this.charts.get("time").panel.note);
+    this.noHeat = heat.length ? null : el("section", { class: "panel", id: "panel-no-heatmap" },
+      el("p", { class: "empty" }, "This run has no recurrent modules with per-timestep capture, so there is no heatmap."));
+    this.heatGrid = el("div", { class: "grid" }, heat, this.noHeat, prof.section);
     replaceChildren(this.root,
       el("h1", { id: "run-name" }, String(s.name ?? s.id)),
       this.subNode,
@@ -146,9 +148,9 @@ export class RunView {
       this.statsNode,
       alertsSection,
       this.ranksView ? this.ranksView.section : null,
-      el("div", { class: "grid" }, heat.length ? heat : el("section", { class: "panel" },
-        el("p", { class: "empty" }, "This run has no recurrent modules with per-timestep capture, so there is no heatmap.")),
-      prof.section),
+      el("div", { class: "toolbar" }, el("span", { class: "spacer" }),
+        scalePicker(() => { for (const { view } of this.heatmaps.values()) view.rescale(); })),
+      this.heatGrid,
       el("div", { class: "grid" }, lines));
     this.renderHeader();
   }
@@ -159,30 +161,18 @@ export class RunView {
     this.statusNode.className = `badge ${status}`;
     this.statusNode.textContent = this.replay ? `replay · ${status}` : status;
     this.subNode.textContent = [`run ${s.id}`, s.host ? `on ${s.host}` : null,
-      `ranks ${(s.ranks || [0]).join(", ")}`, `last step ${fmt(s.last_step)}`, `${s.alerts ?? 0} alerts`]
+      `ranks ${(s.ranks || [0]).join(", ")}`, `last step ${fmt(s.last_step)}`, `${alertCount(this)} alerts`]
       .filter(Boolean).join(" · ");
   }
 
   renderStats(rec) {
     if (!rec) return;
     this.statsStep = rec.step;
-    const items = [["step", fmt(rec.step)], ["epoch", fmt(rec.epoch)], ["loss", fmt(rec.loss)],
+    const items = [["step", fmt(rec.step)], ["epoch", fmt(rec.epoch ?? this.epoch ?? this.summary.last_epoch)], ["loss", fmt(rec.loss)],
       ["total norm", fmt(rec.total_norm)], ["step time", fmtSeconds(rec.duration_s)],
       ["graph nodes", fmt(rec.graph_nodes)], ["memory", fmtBytes(rec.rss_bytes)],
       ["gradwatch overhead", rec.overhead === undefined ? "–" : `${(num(rec.overhead) * 100).toFixed(1)} %`]];
     replaceChildren(this.statsNode, items.map(([k, v]) => el("div", { class: "stat" }, el("span", { class: "k" }, k), el("span", { class: "v", dataset: { stat: k } }, v))));
-  }
-
-  async fetchHistory() {
-    const id = encodeURIComponent(this.runId);
-    const [steps, epochs, alerts, ...matrices] = await Promise.all([
-      api(`/api/runs/${id}/steps`, { rank: this.rank, max_points: 2000 }),
-      api(`/api/runs/${id}/epochs`, { rank: this.rank }),
-      api(`/api/runs/${id}/alerts`),
-      ...[...this.heatmaps.values()].map(({ view }) =>
-        api(`/api/runs/${id}/timesteps`, { module: view.module, series: view.series, rank: this.rank, max_steps: 500 })),
-    ]);
-    return { steps, epochs, alerts, matrices };
   }
 
   /**
@@ -222,16 +212,26 @@ export class RunView {
     document.body.dataset.painted = "1";
     for (const item of this.buffer) this.batcher.push(item);
     this.buffer = [];
-    fields.then((f) => this.scalarsArrived(f), (err) => this.showError(err));
+    // The charts not on screen draw in idle time, and all at once for printing.
+    window.addEventListener("beforeprint", this.onPrint);
+    this.printMedia.addEventListener("change", this.onPrint);
+    if (this.printMedia.matches) this.onPrint();
+    fields.then((f) => this.scalarsArrived(f), (err) => this.showError(err))
+      .then(() => { if (!this.closed) this.idleDraw = drawAll(this.allCharts()); });
+  }
+
+  /** Every chart view of the page (line charts, ranks' charts, heatmaps). */
+  allCharts() {
+    return [...this.lineCharts(), ...this.heatmaps.values()].map(({ view }) => view);
   }
 
   scalarsArrived(fields) {
     if (this.closed) return;
     if (!this.trend.values.length && fields.duration_s) for (const v of fields.duration_s.value.slice(-25)) this.trend.push(v);
-    const latest = this.latestFromHistory(fields);
+    const latest = latestFromHistory(fields, this.summary.last_epoch);
     if (!this.statsStep || (latest && latest.step >= this.statsStep)) this.renderStats(latest);
     this.updateNoData();
-    this.updateTrendNote(fields.trend);
+    this.trendNote.fromHistory(fields.trend);
     stats.scalarsAt = performance.now();
     document.body.dataset.scalars = "1";
   }
@@ -244,6 +244,7 @@ export class RunView {
   /** Watch which charts are on screen; resolves when the first ones seen are drawn. */
   observeVisibility() {
     const byPanel = new Map();
+    this.byPanel = byPanel;
     for (const { view, panel: p } of [...this.lineCharts(), ...this.heatmaps.values()]) byPanel.set(p.section, view);
     if (!byPanel.size) return Promise.resolve();
     return new Promise((resolve) => {
@@ -260,22 +261,8 @@ export class RunView {
     });
   }
 
-  latestFromHistory(fields) {
-    const rec = {};
-    let step = -1;
-    for (const name of ["loss", "total_norm", "duration_s", "graph_nodes", "rss_bytes", "overhead"]) {
-      const s = fields[name];
-      if (!s || !s.step.length) continue;
-      rec[name] = s.value[s.value.length - 1];
-      step = Math.max(step, s.step[s.step.length - 1]);
-    }
-    if (step < 0) return null;
-    rec.step = step;
-    rec.epoch = this.summary.last_epoch;
-    return rec;
-  }
-
   addAlert(alert, rank) {
+    this.alertRecords += 1;
     this.alertsPanel.add(alert, rank);
     const h = alert.evidence && num(alert.evidence.horizon);
     if (alert.code === "vanishing" && alert.subject && h !== null && Number.isFinite(h)) this.profile.view.horizons.set(alert.subject, h);
@@ -288,6 +275,7 @@ export class RunView {
     let lastStep = null;
     let alertsChanged = false;
     let profileChanged = false;
+    let trendChanged = false;
     if (this.ranksView) this.ranksView.push(items);
     for (const { rank, rec } of items) {
       if (rank !== this.rank && rec.kind !== "alert") continue; // drawn by ranksView above
@@ -296,7 +284,14 @@ export class RunView {
         for (const [key, value] of recordFields(rec)) points.push({ key, step: rec.step, value });
         if (nonFiniteNote(rec)) points.push({ key: "nonfinite", step: rec.step, value: 1 });
         const m = this.trend.push(rec.duration_s);
-        if (m !== null) points.push({ key: "trend", step: rec.step, value: m });
+        if (m !== null) {
+          points.push({ key: "trend", step: rec.step, value: m });
+          // A median of a full window only: a run's first steps do not tilt the trend.
+          if (this.trend.values.length >= this.trend.size) {
+            this.trendNote.add(rec.step, m);
+            trendChanged = true;
+          }
+        }
         for (const [module, seriesMap] of Object.entries(rec.timesteps || {})) {
           for (const [series, wire] of Object.entries(seriesMap || {})) {
             const values = seriesValues(wire);
@@ -309,6 +304,7 @@ export class RunView {
           }
         }
       } else if (rec.kind === "epoch") {
+        this.epoch = Math.max(num(this.epoch) ?? -1, num(rec.epoch) ?? -1);
         points.push({ key: "epoch_time", step: rec.epoch, value: rec.duration_s });
       } else if (rec.kind === "alert") {
         this.addAlert(rec, rank);
@@ -320,16 +316,16 @@ export class RunView {
     }
     for (const { view } of this.charts.values()) view.push(points);
     for (const [key, list] of rows) {
-      const h = this.heatmaps.get(key);
-      if (h) h.view.push(list);
+      const h = this.heatmaps.get(key) || this.addHeatmap(key);
+      h.view.push(list);
     }
+    if (trendChanged) this.trendNote.render();
     if (profileChanged) this.profile.view.redraw();
     if (alertsChanged) this.alertsPanel.render();
     if (lastStep) {
       this.renderStats(lastStep);
       this.summary.last_step = Math.max(num(this.summary.last_step) ?? -1, lastStep.step);
     }
-    if (alertsChanged) this.summary.alerts = Math.max(num(this.summary.alerts) ?? 0, this.alertsPanel.size);
     if (lastStep || alertsChanged) this.renderHeader();
     this.updateNoData();
   }
@@ -350,11 +346,20 @@ export class RunView {
     this.profile.panel.nodata.hidden = this.profile.view.hasData;
   }
 
-  updateTrendNote(trend) {
-    const t = this.charts.get("time");
-    if (!trend || !t) return;
-    const s = slope(trend.step, trend.value.map((v) => (v === null ? NaN : v)));
-    if (s !== null) t.panel.note.textContent = `trend ${s >= 0 ? "+" : "−"}${fmtSeconds(Math.abs(s) * 100)} per 100 steps`;
+  /** A module's series first seen live: its heatmap panel joins the page now. */
+  addHeatmap(key) {
+    const [module, series] = [key.slice(0, key.lastIndexOf("|")), key.slice(key.lastIndexOf("|") + 1)];
+    const h = heatmapPanel(module, series);
+    this.heatmaps.set(key, h);
+    if (this.noHeat) this.noHeat.remove();
+    this.noHeat = null;
+    this.heatGrid.insertBefore(h.panel.section, this.profile.panel.section);
+    h.view.setHistory(null);
+    if (this.byPanel && this.observer) {
+      this.byPanel.set(h.panel.section, h.view);
+      this.observer.observe(h.panel.section);
+    } else h.view.force();
+    return h;
   }
 
   /** Scroll to the chart an alert is about and mark the step where it fired. */

@@ -1,11 +1,12 @@
-// The runs list (#/): name, status, ranks, last step, alerts; live through /ws/live
-// without a run (the server sends {"type": "run"} whenever a summary changes).
-// Pick two runs to compare them overlaid.
+// The runs list (#/): name, status, start time, duration, ranks, last step, alerts,
+// newest first, filtered by name; live through /ws/live without a run (the server
+// sends {"type": "run"} whenever a summary changes). Pick two runs to compare them
+// overlaid; archive a run to take it off the list (its data stays, by id).
 
-import { api, href } from "./api.js";
+import { api, href, send } from "./api.js";
 import { el, replaceChildren } from "./dom.js";
 import { connect } from "./live.js";
-import { fmt, fmtAgo } from "./num.js";
+import { fmt, fmtAgo, fmtDuration, fmtTime, num } from "./num.js";
 import { state, stats } from "./state.js";
 
 export class RunsView {
@@ -13,6 +14,9 @@ export class RunsView {
     this.root = root;
     this.selected = new Set(preselect ? [preselect] : []);
     this.rows = new Map();
+    this.started = new Map(); // id -> start time, for newest first
+    this.archived = new Set(); // archived from this page: live summaries do not bring them back
+    this.filter = "";
   }
 
   async mount() {
@@ -22,9 +26,14 @@ export class RunsView {
     replaceChildren(this.root,
       el("h1", {}, "Runs"),
       el("p", { class: "sub" }, "Training runs streaming to this server, newest first. Open one to see its gradient flow; pick two to overlay them (a bug and its fixed twin)."),
-      el("div", { class: "toolbar" }, el("span", { class: "spacer" }), this.compareButton),
+      el("div", { class: "toolbar" },
+        el("input", { type: "search", id: "runs-filter", placeholder: "filter by name", "aria-label": "filter runs by name",
+          oninput: (e) => { this.filter = e.target.value.trim().toLowerCase(); this.applyFilter(); } }),
+        el("span", { class: "spacer" }), this.compareButton),
+      this.message = el("p", { class: "note", id: "runs-message", role: "status" }),
       el("table", { class: "runs" },
         el("thead", {}, el("tr", {}, el("th", {}, "compare"), el("th", {}, "name"), el("th", {}, "status"),
+          el("th", {}, "started"), el("th", { class: "num" }, "duration"),
           el("th", { class: "num" }, "ranks"), el("th", { class: "num" }, "last step"), el("th", { class: "num" }, "alerts"),
           el("th", {}, "updated"), el("th", {}, ""))),
         this.body));
@@ -50,12 +59,13 @@ export class RunsView {
 
   renderEmpty() {
     if (this.rows.size === 0 && !this.body.querySelector(".empty-row")) {
-      this.body.append(el("tr", { class: "empty-row" }, el("td", { colspan: 8, class: "empty" },
+      this.body.append(el("tr", { class: "empty-row" }, el("td", { colspan: 10, class: "empty" },
         "No runs yet. Start one with watch(model, run=\"my-run\", server=\"ws://127.0.0.1:8765\").")));
     }
   }
 
   upsert(run, fresh) {
+    if (this.archived.has(run.id) || run.archived === true) return;
     state.runs.set(run.id, run);
     const empty = this.body.querySelector(".empty-row");
     if (empty) empty.remove();
@@ -67,15 +77,54 @@ export class RunsView {
       el("td", {}, box),
       el("td", { class: "name" }, el("a", { href: href(`#/run/${encodeURIComponent(run.id)}`), class: "run-link" }, String(run.name ?? run.id))),
       el("td", {}, el("span", { class: `badge ${status}`, dataset: { status } }, status)),
+      el("td", { dataset: { field: "started" } }, fmtTime(run.started)),
+      el("td", { class: "num", dataset: { field: "duration" }, title: "from the first hello to the latest record" },
+        fmtDuration((num(run.updated) ?? NaN) - (num(run.started) ?? NaN))),
       el("td", { class: "num", dataset: { field: "ranks" } }, (run.ranks || []).length || 1),
       el("td", { class: "num", dataset: { field: "last_step" } }, fmt(run.last_step)),
       el("td", { class: "num" }, alerts ? el("span", { class: "count-alerts" }, String(alerts)) : "0"),
       el("td", { class: "ago", dataset: { t: run.updated ?? "" } }, fmtAgo(run.updated)),
-      el("td", {}, status === "live" ? null : el("a", { href: href(`#/replay/${encodeURIComponent(run.id)}`) }, "replay")));
+      el("td", { class: "actions" }, status === "live" ? null : el("a", { href: href(`#/replay/${encodeURIComponent(run.id)}`) }, "replay"),
+        el("button", { type: "button", class: "archive", title: "take this run off the list; its data stays readable by id",
+          onclick: () => this.archive(run) }, "archive")));
     const old = this.rows.get(run.id);
     if (old) old.replaceWith(row);
-    else this.body.prepend(row);
     this.rows.set(run.id, row);
+    this.started.set(run.id, num(run.started) ?? 0);
+    if (!old) this.order();
+    this.applyFilter();
+    this.updateButton();
+  }
+
+  /** Newest first by start time (a run's row keeps its place when it updates). */
+  order() {
+    const ids = [...this.rows.keys()].sort((a, b) => this.started.get(b) - this.started.get(a));
+    for (const id of ids) this.body.append(this.rows.get(id));
+  }
+
+  applyFilter() {
+    for (const [id, row] of this.rows) {
+      const run = state.runs.get(id);
+      const name = String((run && (run.name ?? run.id)) ?? id).toLowerCase();
+      row.hidden = this.filter !== "" && !name.includes(this.filter) && !id.toLowerCase().startsWith(this.filter);
+    }
+  }
+
+  /** Archive a run (the server wants the ingest token): off this list, data kept. */
+  async archive(run) {
+    try {
+      await send(`/api/runs/${encodeURIComponent(run.id)}/archived`, "PUT", { archived: true });
+    } catch (err) {
+      this.message.textContent = `Cannot archive ${String(run.name ?? run.id)}: ${err.message}`;
+      return;
+    }
+    this.archived.add(run.id);
+    this.selected.delete(run.id);
+    const row = this.rows.get(run.id);
+    if (row) row.remove();
+    this.rows.delete(run.id);
+    this.message.textContent = `Archived ${String(run.name ?? run.id)}; it stays readable at #/run/${run.id}.`;
+    this.renderEmpty();
     this.updateButton();
   }
 

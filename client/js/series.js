@@ -4,7 +4,7 @@
 // and then only appends (Plotly.extendTraces), never redrawing what is there.
 
 import { plotText } from "./dom.js";
-import { extend, layout, plot } from "./charts.js";
+import { extend, fitLogTicks, layout, plot } from "./charts.js";
 import { OnScreen } from "./lazy.js";
 import { isNonFinite, num } from "./num.js";
 
@@ -14,8 +14,12 @@ export const SCALARS = ["loss", "duration_s", "total_norm", "graph_nodes", "rss_
 // Live points beyond this many per trace push the oldest out of the chart (the full
 // history stays on the server; reload for it).
 export const MAX_LIVE_POINTS = 20000;
-// Points kept for a chart that is off screen (the oldest go first beyond this).
-const MAX_BACKLOG = 100000;
+// Points kept for a chart that is off screen; beyond this they are drawn (lazy.js).
+const MAX_BACKLOG = 5000;
+// With more lines than this, a chart shows the TOP_K largest (by latest value) and
+// lists the others in the legend, grouped by module, for a click or a search.
+const MAX_SHOWN = 10;
+const TOP_K = 8;
 
 /** A step record's scalar fields as [name, value] pairs named like the REST API. */
 export function recordFields(rec) {
@@ -90,6 +94,8 @@ export class LineChart extends OnScreen {
       connectgaps: false, line: { width: 1.6 },
       ...(this.spec.trace ? this.spec.trace(key) : {}),
     };
+    const group = this.spec.group ? this.spec.group(key) : null;
+    if (group) Object.assign(trace, { legendgroup: plotText(group), legendgrouptitle: { text: plotText(group) } });
     if (trace.type === "bar") {
       delete trace.mode;
       delete trace.connectgaps;
@@ -107,8 +113,31 @@ export class LineChart extends OnScreen {
       this.lastStep.set(key, s.step.length ? s.step[s.step.length - 1] : -1);
       traces.push(this._trace(key, s.step.slice(), s.value));
     }
-    await plot(this.div, traces, layout(this.spec.layout));
+    await plot(this.div, traces, layout({ ...this.spec.layout, ...(this.spec.group ? { legend: GROUPED } : {}) }));
     this.drawn = true;
+    this.showTop();
+    fitLogTicks(this.div);
+  }
+
+  /** Which traces are drawn: those whose name contains `text`, or the top ones. */
+  filter(text) {
+    this.query = text.trim().toLowerCase();
+    this.showTop();
+  }
+
+  showTop() {
+    const data = this.div.data || [];
+    const grouped = data.map((t, i) => [t, i]).filter(([t]) => t.legendgroup);
+    if (!grouped.length) return;
+    let shown;
+    if (this.query) shown = new Set(grouped.filter(([t]) => String(t.name).toLowerCase().includes(this.query)).map(([, i]) => i));
+    else if (grouped.length > MAX_SHOWN) {
+      const last = (t) => { const ys = Array.from(t.y || []); for (let j = ys.length - 1; j >= 0; j -= 1) if (ys[j] !== null) return ys[j]; return -Infinity; };
+      shown = new Set(grouped.sort((a, b) => last(b[0]) - last(a[0])).slice(0, TOP_K).map(([, i]) => i));
+    } else shown = new Set(grouped.map(([, i]) => i));
+    const indices = grouped.map(([, i]) => i);
+    window.Plotly.restyle(this.div, { visible: indices.map((i) => (shown.has(i) ? true : "legendonly")) }, indices);
+    this.shown = shown.size;
   }
 
   /** True when there is something to draw (else the panel says there is no data). */
@@ -150,10 +179,16 @@ export class LineChart extends OnScreen {
         traces.push(this._trace(key, s.step, s.value));
       }
       window.Plotly.addTraces(this.div, traces);
+      this.showTop();
       if (this.onFirstData) this.onFirstData();
     }
+    fitLogTicks(this.div);
   }
 }
+
+// A grouped legend to the right (many entries scroll there instead of pushing the plot).
+const GROUPED = { orientation: "v", x: 1.02, xanchor: "left", y: 1, yanchor: "top", groupclick: "toggleitem",
+  font: { size: 11 }, grouptitlefont: { size: 11 } };
 
 /** Series values for log axes: only positive finite numbers; 0 and NaN are gaps. */
 export function positive(v) {

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from ..settings import Settings
 from . import chunks, rows
+from .archive import Archive
 from .reads import Reads
 from .scalar_writes import ScalarWrites
 
@@ -41,7 +42,7 @@ class StoreError(RuntimeError):
     """The database refused or lost a write; the batch was not acknowledged."""
 
 
-class Store(ScalarWrites, Reads, ABC):
+class Store(ScalarWrites, Reads, Archive, ABC):
     """SQL storage shared by SQLite and PostgreSQL; subclasses supply connections."""
 
     kind: ClassVar[str]

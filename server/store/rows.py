@@ -28,6 +28,7 @@ from pydantic_core import to_json
 from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
 
 from ..columns import floats
+from .archive import TABLE as ARCHIVE_TABLE
 from .chunks import Chunks, add_block
 from .chunks import schema as chunk_schema
 from .named import NamedBuilder, NamedGroup
@@ -150,6 +151,7 @@ def schema(number: str, integer: str, blob: str, serial: str, clustered: str = "
         f" min_v {number}, max_step {integer}, max_v {number}, n {integer} NOT NULL,"
         f" PRIMARY KEY (series, level, block)){clustered}",
         "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        ARCHIVE_TABLE.format(number=number),
         # Runs started before the rollups existed in this database have none: their
         # history is read from the rows (store/reads.py).
         "INSERT INTO meta (key, value) VALUES ('rollups_from',"  # noqa: S608 (a float)

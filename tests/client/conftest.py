@@ -66,11 +66,12 @@ class Watched:
 
 @pytest.fixture
 def open_page(browser: Any) -> Iterator[Any]:
-    """open_page(server, "#/run/ID") -> Watched, at 1440x900, errors recorded."""
+    """open_page(server, "#/run/ID") -> Watched, at 1440x900 (or viewport=), errors recorded."""
     contexts: list[Any] = []
 
     def open_(server: Any, hash_: str = "#/", query: str = "", **context_args: Any) -> Watched:
-        ctx = browser.new_context(viewport={"width": 1440, "height": 900}, **context_args)
+        context_args.setdefault("viewport", {"width": 1440, "height": 900})
+        ctx = browser.new_context(**context_args)
         contexts.append(ctx)
         page = ctx.new_page()
         watched = Watched(page, f"127.0.0.1:{server.port}")

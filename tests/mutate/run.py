@@ -121,7 +121,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"expected committed modules (they are mutated in place), got "
                          f"uncommitted changes in {busy}")  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
-    lines = ["| module | mutants | killed | survived | score | time (s) |", "|---|---|---|---|---|---|"]
+    lines = ["| module | mutants | killed | survived | score | time (s) |", "|---" * 6 + "|"]
     details = []
     try:
         for module in chosen:
@@ -134,7 +134,8 @@ def main(argv: list[str]) -> int:
                          f"{score:.0f}% | {r['seconds']} |")  # fmt: skip
             print(lines[-1], flush=True)
             for s in survived:
-                details.append(f"- {module}:{s['line']} {s['operator']} (occurrence {s['occurrence']})")
+                where = f"{module}:{s['line']}"
+                details.append(f"- {where} {s['operator']} (occurrence {s['occurrence']})")
     finally:
         # Whatever happened (an interrupt mid-mutant included), no mutant stays behind.
         run("git", "checkout", "HEAD", "--", *chosen)

@@ -19,6 +19,8 @@ listed in docs/TESTING.md.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -65,7 +67,18 @@ name = "local"
 
 
 def run(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, check=False)
+    """Run ``cmd`` in its own process group; stopped, group and all, if we are."""
+    child = subprocess.Popen(cmd, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        out, err = child.communicate()
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM): no cosmic-ray worker may go on mutating files
+        # after main() has restored them.
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, child.returncode, out, err)
 
 
 def dirty(module: str) -> bool:
@@ -114,6 +127,8 @@ def mutate(module: str, tests: list[str]) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
+    # SIGTERM (timeout, a closed terminal) unwinds like Ctrl-C, so `finally` restores.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     chosen = [m for m in MODULES if not argv or any(a in m for a in argv)]
     if not chosen:
         raise SystemExit(f"expected module names among {sorted(MODULES)}, got {argv}")

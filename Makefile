@@ -6,7 +6,7 @@ TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.gradwatch-installed
 
-.PHONY: demo test lint typecheck install bench clean
+.PHONY: demo test lint typecheck install bench mutate clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ typecheck: install
 
 bench: install
 	$(BIN)/python bench/overhead.py
+
+# Mutation testing (slow: minutes per module; never in CI). MODULES=vanishing picks by
+# name; the last score and surviving mutants are in docs/TESTING.md.
+mutate: install
+	$(BIN)/pip install -q -e ".[mutate]"
+	OMP_NUM_THREADS=1 $(BIN)/python tests/mutate/run.py $(MODULES)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

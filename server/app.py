@@ -4,7 +4,7 @@ Example:
     >>> from gradwatch.server.app import create_app
     >>> from gradwatch.server.settings import Settings
     >>> app = create_app(Settings(db="/tmp/gradwatch-doc.db"))
-    >>> "/ws/ingest" in {route.path for route in app.routes}
+    >>> "/ws/ingest" in {getattr(route, "path", None) for route in app.routes}
     True
 
 Run it with uvicorn (``gradwatch serve`` does this), e.g.

@@ -1,7 +1,13 @@
 """Shared test plumbing.
 
-Parts that a developer's machine may lack (Chromium, PostgreSQL) skip with a loud
-reason there; CI sets GRADWATCH_REQUIRE_ALL=1 so that a missing part fails instead.
+Parts that a developer's machine may lack (Chromium, PostgreSQL, a CUDA device) skip
+with a loud reason there (`MISSING PART: ...`), and the end of every session counts
+them in one summary section, so an absent part is never silent. Switches that turn a
+missing part into a failure:
+
+- GRADWATCH_REQUIRE_ALL=1 (CI): Chromium and PostgreSQL must be there.
+- GRADWATCH_REQUIRE_CUDA=1 (a GPU box): the CUDA tests must run. CUDA has its own
+  switch because CI has no GPU: there the CUDA tests skip, loudly and counted.
 """
 
 from __future__ import annotations
@@ -17,18 +23,95 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REQUIRE_ALL = os.environ.get("GRADWATCH_REQUIRE_ALL") == "1"
+REQUIRE_CUDA = os.environ.get("GRADWATCH_REQUIRE_CUDA") == "1"
 CHROMIUM = os.environ.get("GRADWATCH_CHROMIUM", "/usr/bin/chromium")
 POSTGRES_URL = os.environ.get("GRADWATCH_TEST_POSTGRES_URL")
 
+# What each missing part cost in this session: part -> number of tests it skipped.
+_MISSING: dict[str, int] = {}
 
-def require_part(available: bool, what: str) -> None:
-    """Skip (developer machine) or fail (CI) when a real part is missing."""
+
+def require_part(
+    available: bool, what: str, required: bool = REQUIRE_ALL, switch: str = "GRADWATCH_REQUIRE_ALL"
+) -> None:
+    """Skip (developer machine) or fail (``required``, as CI sets) when a real part is
+    missing; the session's summary counts every such skip."""
     if available:
         return
     message = f"MISSING PART: {what}"
-    if REQUIRE_ALL:
-        pytest.fail(message + " (GRADWATCH_REQUIRE_ALL=1, so this fails instead of skipping)")
+    if required:
+        pytest.fail(message + f" ({switch}=1, so this fails instead of skipping)")
     pytest.skip(message)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Counted from the reports, not in require_part: a session fixture that skips runs
+    # once and pytest re-raises its skip for every later test that uses it.
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if reason.startswith("MISSING PART: "):
+            what = reason.removeprefix("MISSING PART: ")
+            _MISSING[what] = _MISSING.get(what, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One section at the end of the run naming each missing part and its skipped tests."""
+    if not _MISSING:
+        return
+    terminalreporter.section("missing parts", sep="=", yellow=True, bold=True)
+    for what, count in sorted(_MISSING.items()):
+        terminalreporter.write_line(f"MISSING PART: {what}: {count} test(s) skipped")
+
+
+# ----- doctests (`--doctest-modules` over protocol/, trainer_hooks/, server/) -------------
+# pytest imports a collected file by its path: protocol/codec.py becomes "protocol.codec",
+# a second copy beside the installed gradwatch.protocol.codec (setuptools maps the
+# folders into the gradwatch namespace), with classes of its own that pydantic and
+# isinstance tell apart. Naming the installed modules under the path-derived names
+# first makes pytest find them in sys.modules, so the doctests run on the very modules
+# the tests import.
+_DOCTESTED = {"protocol": "gradwatch.protocol", "trainer_hooks": "gradwatch.trainer_hooks",
+              "server": "gradwatch.server"}  # fmt: skip
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import importlib
+    import pkgutil
+    import sys
+
+    if not session.config.getoption("doctestmodules", False):
+        return
+    root = session.config.rootpath
+    asked = {_Path(a.split("::")[0]).resolve() for a in session.config.args}
+    for folder, package_name in _DOCTESTED.items():
+        if not any(p == root / folder or (root / folder) in p.parents for p in asked):
+            continue  # not collected in this session: spare the imports
+        package = importlib.import_module(package_name)
+        sys.modules.setdefault(folder, package)
+        for info in pkgutil.walk_packages(package.__path__, package_name + "."):
+            module = importlib.import_module(info.name)
+            sys.modules.setdefault(folder + info.name.removeprefix(package_name), module)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.fixture(scope="session")
+def cuda_device() -> str:
+    """The CUDA tests' part: skips (loudly, counted) without a GPU, fails instead where
+    GRADWATCH_REQUIRE_CUDA=1. Use as ``pytestmark = pytest.mark.usefixtures("cuda_device")``."""
+    require_part(
+        _cuda_available(),
+        "CUDA (a CUDA device and a CUDA build of torch; GRADWATCH_REQUIRE_CUDA=1 on a GPU box)",
+        required=REQUIRE_CUDA,
+        switch="GRADWATCH_REQUIRE_CUDA",
+    )
+    return "cuda"
 
 
 @pytest.fixture(scope="session")

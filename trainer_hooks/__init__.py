@@ -1,12 +1,21 @@
 """gradwatch's capture side: runs inside the training process.
 
-Example:
-    >>> from gradwatch.trainer_hooks import watch   # doctest: +SKIP
-    >>> with watch(model, run="rotation-lstm", server=None, spool="run.jsonl") as monitor:
-    ...     for x, y in loader:
-    ...         loss = criterion(model(x), y)
+Example (a training loop writing to a spool file; ``server=`` streams it live):
+    >>> import tempfile, torch
+    >>> from gradwatch.protocol import read_spool
+    >>> from gradwatch.trainer_hooks import watch
+    >>> model = torch.nn.LSTM(3, 4)
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> spool = tempfile.mkdtemp() + "/run.jsonl"
+    >>> with watch(model, run="doc-lstm", server=None, spool=spool) as monitor:
+    ...     for _ in range(3):
+    ...         out, _ = model(torch.randn(6, 2, 3))
+    ...         loss = out.square().mean()
     ...         optimizer.zero_grad(); loss.backward(); optimizer.step()
     ...         monitor.step(loss)
+    >>> [r["step"] for m in read_spool(spool) if m["type"] == "batch"
+    ...  for r in m["records"] if r["kind"] == "step"]
+    [0, 1, 2]
 """
 
 try:

@@ -8,13 +8,15 @@ only after its transaction committed, so an ``ack`` sent on it means "durable".
 Reads are plain methods, safe from any thread (one read connection per thread);
 the app calls them through ``asyncio.to_thread`` and ``gradwatch report`` directly.
 
-Deduplication: the ``batches`` table has the primary key ``(run_id, rank, seq)``; a
-batch whose key is already there is acknowledged and nothing else is written.
+Deduplication: the ``batches`` table has the primary key ``(run_id, rank, session,
+seq)``; a batch whose key is already there is acknowledged and nothing else is
+written (its future says False; True when it was stored).
 
 Example (any backend; see :func:`gradwatch.server.store.open_store`):
     >>> store = open_store(Settings(db=path))          # doctest: +SKIP
     >>> store.submit_hello(hello).result()             # doctest: +SKIP
-    >>> store.submit_batch(batch).result()             # True: stored, False: a repeat
+    >>> store.submit_batch(batch).result()             # doctest: +SKIP
+    True
     >>> store.list_runs()[0]["name"]                   # doctest: +SKIP
 """
 

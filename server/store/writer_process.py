@@ -16,7 +16,7 @@ and a new child starts for the next ones. The child ends when its pipe closes, s
 
 Example (what ``gradwatch serve --db runs.db`` does):
     >>> store = open_store(Settings(db="runs.db"))    # doctest: +SKIP
-    >>> store.submit_batch(batch, session).result()   # written by the child
+    >>> store.submit_batch(batch, session).result()   # doctest: +SKIP
     True
 """
 

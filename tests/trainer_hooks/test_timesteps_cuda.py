@@ -1,6 +1,6 @@
 """On CUDA: the same series as autograd, through cuDNN's fused LSTM and CUDA's fused
 cell (one autograd node makes both h and c), and no host synchronisation while a
-step is captured and closed. Skipped where there is no CUDA device."""
+step is captured and closed. Skipped, as `MISSING PART: CUDA`, without a CUDA device."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from torch import nn
 
 from gradwatch.trainer_hooks.quantities.timesteps import RecurrentTimesteps
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# A named part (tests/conftest.py): `MISSING PART: CUDA` without a GPU, counted in the
+# session's summary; GRADWATCH_REQUIRE_CUDA=1 makes its absence fail.
+pytestmark = pytest.mark.usefixtures("cuda_device")
 F64 = torch.float64
 CUDA = torch.device("cuda")
 

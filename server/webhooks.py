@@ -16,10 +16,11 @@ delays neither ingest nor the other webhooks. A webhook that keeps failing is lo
 once, and once more when it answers again.
 
 Example:
-    >>> body("https://hooks.slack.com/services/T/B/x", {"run": "lstm", "code": "vanishing",
-    ...      "severity": "warning", "state": "raised", "subject": "rnn", "message": "m",
-    ...      "fix": "", "step": 3, "url": "http://h/#/run/1/0"})["text"][:40]
-    '[gradwatch] warning vanishing raised in r'
+    >>> body("https://hooks.slack.com/services/T/B/x", {"run": "lstm", "rank": 0,
+    ...      "code": "vanishing", "severity": "warning", "state": "raised",
+    ...      "subject": "rnn", "message": "m", "fix": "", "step": 3,
+    ...      "url": "http://h/#/run/1/0"})["text"].splitlines()[0]
+    '[gradwatch] warning vanishing raised in run lstm (rank 0, rnn) at step 3: m'
 """
 
 from __future__ import annotations

@@ -16,8 +16,14 @@ HEAT = "chart-heatmap-lstm-input"
 
 
 def log_cell(step: int, t: int) -> float:
-    """log10 of the norm at (step, timestep t): distinct for every step of a frame."""
-    return -float(step % 9) - 0.1 * t - 0.01 * (step // 9)
+    """log10 of the norm at (step, timestep t): each step has its own slope and its own
+    level, so both the default relative scale and the absolute one tell rows apart."""
+    return -float(step % 3) - (0.1 + 0.01 * step) * t
+
+
+def relative_cell(step: int, t: int) -> float:
+    """What the default scale draws: decades below the step's peak (timestep 0)."""
+    return log_cell(step, t) - log_cell(step, 0)
 
 
 def record(step: int, timesteps: int) -> dict[str, Any]:
@@ -36,7 +42,7 @@ def assert_cells(page: Any, steps: list[int], width: int) -> None:
         length = 30 if step < 20 else width
         assert len(row) == width, (step, len(row))
         for t in range(length):
-            assert row[t] == pytest.approx(log_cell(step, t), abs=1e-4), (step, t, row[t])
+            assert row[t] == pytest.approx(relative_cell(step, t), abs=1e-4), (step, t, row[t])
         assert all(v is None for v in row[length:]), (step, row[length:])
 
 
@@ -50,20 +56,21 @@ def test_heatmap_cells_hold_each_steps_own_profile_from_history_and_live(
     w.page.wait_for_selector("body[data-painted='1']")
     assert_cells(w.page, list(range(7)), 30)
     # A few known cells by value, read from the chart independently of the helper above.
-    assert chart(w.page, HEAT, "d.data[0].z[3][0]") == pytest.approx(-3.0, abs=1e-4)
-    assert chart(w.page, HEAT, "d.data[0].z[5][29]") == pytest.approx(-7.9, abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[3][0]") == pytest.approx(0.0, abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[3][10]") == pytest.approx(-1.3, abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[5][29]") == pytest.approx(-4.35, abs=1e-4)
     # Live: each batch of five steps lands in one frame (one extendTraces).
     for start in (7, 12):
         trainer.send([record(s, 30) for s in range(start, start + 5)])
     trainer.send([record(s, 30) for s in (17, 18, 19)])
     wait_js(w.page, f"() => document.getElementById('{HEAT}').data[0].z.length === 20")
     assert_cells(w.page, list(range(20)), 30)
-    assert chart(w.page, HEAT, "d.data[0].z[8][0]") == pytest.approx(-8.0, abs=1e-4)
-    assert chart(w.page, HEAT, "d.data[0].z[13][10]") == pytest.approx(-5.01, abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[8][0]") == pytest.approx(0.0, abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[13][10]") == pytest.approx(-2.3, abs=1e-4)
     # Longer sequences arrive: the trace is rebuilt wider, old rows padded with gaps.
     trainer.send([record(s, 40) for s in range(20, 24)])
     wait_js(w.page, f"() => document.getElementById('{HEAT}').data[0].z.length === 24")
     assert_cells(w.page, list(range(24)), 40)
-    assert chart(w.page, HEAT, "d.data[0].z[22][39]") == pytest.approx(log_cell(22, 39), abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[22][39]") == pytest.approx(-12.48, abs=1e-4)
     assert w.errors == [], w.errors
     assert w.foreign_requests() == [], w.foreign_requests()

@@ -30,7 +30,7 @@ LOOPED = {
 
 
 def test_hotspot_names_the_looped_module_its_calls_and_where_inside() -> None:
-    (alert,) = DiagnosisEngine().observe(step(1, 0.1, LOOPED))
+    (alert,) = DiagnosisEngine({"raise_after": 1}).observe(step(1, 0.1, LOOPED))
     ev = alert["evidence"]
     assert (alert["code"], alert["subject"]) == ("hotspot", "decoder")
     assert ev["calls"] == 20 and ev["share"] == 0.75 and ev["of"] == "the forward pass"
@@ -47,20 +47,20 @@ def test_hotspot_ignores_a_module_that_dominates_in_one_call() -> None:
         "decoder": entry(0.012, 0.02, 1),
         "encoder": entry(0.007, 0.01, 1),
     }
-    assert DiagnosisEngine().observe(step(1, 0.06, batched)) == []
+    assert DiagnosisEngine({"raise_after": 1}).observe(step(1, 0.06, batched)) == []
 
 
 def test_hotspot_without_the_root_entry_uses_the_step_time() -> None:
     profile = {k: v for k, v in LOOPED.items() if k != "Seq2Seq"}
-    (alert,) = DiagnosisEngine().observe(step(1, 0.05, profile))
+    (alert,) = DiagnosisEngine({"raise_after": 1}).observe(step(1, 0.05, profile))
     assert alert["evidence"]["of"] == "the step" and alert["evidence"]["share"] == 0.6
 
 
 def test_hotspot_thresholds_are_configurable_and_it_clears() -> None:
-    engine = DiagnosisEngine({"hotspot_share": 0.8, "clear_after": 1})
+    engine = DiagnosisEngine({"raise_after": 1, "hotspot_share": 0.8, "clear_after": 1})
     assert engine.observe(step(1, 0.1, LOOPED)) == []  # 75% < 80%
-    assert DiagnosisEngine({"hotspot_min_calls": 21}).observe(step(1, 0.1, LOOPED)) == []
-    engine = DiagnosisEngine({"clear_after": 1})
+    assert DiagnosisEngine({"raise_after": 1, "hotspot_min_calls": 21}).observe(step(1, 0.1, LOOPED)) == []
+    engine = DiagnosisEngine({"raise_after": 1, "clear_after": 1})
     assert [a["state"] for a in engine.observe(step(1, 0.1, LOOPED))] == ["raised"]
     quiet = dict(LOOPED, decoder=entry(0.001, 0.001, 20))
     assert [a["state"] for a in engine.observe(step(2, 0.1, quiet))] == ["cleared"]
@@ -68,4 +68,4 @@ def test_hotspot_thresholds_are_configurable_and_it_clears() -> None:
 
 def test_hotspot_needs_a_profile() -> None:
     record = {"kind": "step", "step": 0, "t": 0.0, "duration_s": 0.1}
-    assert DiagnosisEngine().observe(record) == []
+    assert DiagnosisEngine({"raise_after": 1}).observe(record) == []

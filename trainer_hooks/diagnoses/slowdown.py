@@ -11,6 +11,12 @@ Theil–Sen is the median of pairwise slopes, so a garbage-collection pause or a
 checkpoint write does not make a trend; comparing with the start of the run keeps a
 steady linear slowdown flagged however slow the steps have become.
 
+Against the run's own noise: nothing is judged before ``slowdown_min_window`` (16)
+steps are in the window, and the trend's rise over the window must be at least
+``slowdown_noise`` (3) times the window's jitter (1.4826 x the median absolute
+deviation of the step times from the trend line), so a loaded machine's random
+step times (±50%) make no trend however the pairs happen to fall.
+
 Then it says what grew alongside since the start of the run: the autograd graph
 (``graph_nodes``, 1.2x or more), process memory (``rss_bytes``, 1.1x or more), and
 with ``profile=True`` the module whose time grew most. The subject is always
@@ -19,7 +25,7 @@ with ``profile=True`` the module whose time grew most. The subject is always
 Example:
     >>> from gradwatch.trainer_hooks.diagnoses.thresholds import resolve
     >>> d = SlowdownDetector(resolve(None))
-    >>> for s in range(10):
+    >>> for s in range(22):
     ...     v = d.observe({"kind": "step", "step": s, "duration_s": 0.01 * (1 + s),
     ...                    "graph_nodes": 50 * (1 + s)})
     >>> v["step_time"].evidence["explained_by"]
@@ -49,6 +55,11 @@ from .trend import SlidingTrend
 
 #: a correlate "explains" the slowdown when it grew at least this much over the window
 _GREW = {"graph_nodes": 1.2, "rss_bytes": 1.1}
+
+
+def _jitter(xs: list[float], ys: list[float], slope: float, last: float) -> float:
+    """The window's step-time noise: 1.4826 x the median absolute residual from the trend."""
+    return 1.4826 * median([abs(y - (last + slope * (x - xs[-1]))) for x, y in zip(xs, ys)])
 
 
 class SlowdownDetector(Detector):
@@ -95,20 +106,31 @@ class SlowdownDetector(Detector):
                 value = record.get(field)
                 if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                     self._early_fields.setdefault(field, []).append(value)
-        if len(self._early) < int(self.config["slowdown_min_points"]):
+        if len(self._early) < int(self.config["slowdown_min_points"]) or len(self._rows) < int(
+            self.config["slowdown_min_window"]
+        ):
             return {}
         slope, last, rising = self._trend.trend()
         baseline = median(self._early)
         ratio = last / baseline if baseline > 0 else 1.0
+        was_holding = self._holding
         needed = float(self.config["slowdown_rising_fraction"]) - (
-            HYSTERESIS if self._holding else 0
+            HYSTERESIS if was_holding else 0
         )
         self._holding = ratio >= float(self.config["slowdown_ratio"]) and rising >= needed
         if not self._holding:
             return {"step_time": None}
         xs = [float(r["step"]) for r in self._rows]
         ys = [float(r["duration_s"]) for r in self._rows]
-        return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline)}
+        jitter = _jitter(xs, ys, slope, last)
+        # raising needs a rise clear of the noise; once raised, the relaxed rising
+        # fraction alone keeps it (a late linear slowdown rises little per window)
+        if not was_holding and slope * (xs[-1] - xs[0]) < float(
+            self.config["slowdown_noise"]
+        ) * jitter:
+            self._holding = False
+            return {"step_time": None}
+        return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline, jitter)}
 
     def _correlates(self) -> dict[str, float]:
         """How much graph size and memory grew: trend now over their start-of-run size."""
@@ -155,6 +177,7 @@ class SlowdownDetector(Detector):
         ratio: float,
         rising: float,
         first: float,
+        jitter: float,
     ) -> Finding:
         last = ys[-1] if len(ys) < 3 else sorted(ys[-3:])[1]
         grown = self._correlates()
@@ -167,6 +190,7 @@ class SlowdownDetector(Detector):
             "first_s": sig(first),
             "last_s": sig(last),
             "explained_by": explained,
+            "jitter_s": sig(jitter),
         }
         for f, r in grown.items():
             evidence[f"{f}_growth"] = sig(r)

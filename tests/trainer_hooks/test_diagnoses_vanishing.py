@@ -81,3 +81,21 @@ def test_vanishing_factor_is_configurable() -> None:
 
 def test_suggested_truncation_rounds_up_to_a_multiple_of_five() -> None:
     assert [suggest_truncation(r) for r in (1, 5, 6, 23, 40)] == [5, 5, 10, 25, 40]
+
+
+@pytest.mark.parametrize(("layout", "judged"), [(None, True), ("chain", True), ("tree", False)])
+def test_through_time_diagnoses_apply_only_where_timestep_layout_says_chain(
+    layout: str | None, judged: bool
+) -> None:
+    vanishing = [1e-12] * 60 + [0.5**k for k in range(20, 0, -1)]
+    exploding = [10.0 * 0.8**k for k in range(80)]
+    engine = DiagnosisEngine()
+    codes = []
+    for n in range(3):  # raised on the third judgement in a row
+        record = step(n, {"cell": {"hidden": vanishing}, "rnn": {"hidden": exploding}})
+        if layout is not None:
+            record["timestep_layout"] = {"cell": layout, "rnn": layout}
+        codes += [(a["code"], a["subject"]) for a in engine.observe(record)]
+    expected = [("vanishing", "cell"), ("exploding", "rnn")] if judged else []
+    assert sorted(codes) == sorted(expected)
+

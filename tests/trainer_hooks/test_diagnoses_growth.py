@@ -56,18 +56,18 @@ def run(engine: DiagnosisEngine, records: list[dict[str, Any]]) -> list[dict[str
 def test_graph_growth_fires_on_state_carried_without_detach_and_not_with_it() -> None:
     growing = carried_state_graph_sizes(detach=False)
     assert growing[-1] > 4 * growing[0]  # the premise: the real graph grows
-    alerts = run(DiagnosisEngine({"raise_after": 1}), [step(n, graph_nodes=g) for n, g in enumerate(growing)])
+    alerts = run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), [step(n, graph_nodes=g) for n, g in enumerate(growing)])
     assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("graph_growth", "graph", 3)]
     assert alerts[0]["evidence"]["graph_nodes"] == growing[:4]
     assert "detach" in alerts[0]["hint"] and "loss.item()" in alerts[0]["hint"]
 
     flat = carried_state_graph_sizes(detach=True)
     assert len(set(flat)) == 1
-    assert run(DiagnosisEngine({"raise_after": 1}), [step(n, graph_nodes=g) for n, g in enumerate(flat)]) == []
+    assert run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), [step(n, graph_nodes=g) for n, g in enumerate(flat)]) == []
 
 
 def test_graph_growth_names_the_module_from_the_capture_stale_state_alert() -> None:
-    engine = DiagnosisEngine({"raise_after": 1})
+    engine = DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1})
     stale = {"kind": "alert", "code": "graph_growth", "subject": "lstm1", "state": "raised"}
     assert engine.observe(stale) == []  # the capture's own alert is not repeated
     alerts = run(
@@ -81,7 +81,7 @@ def test_graph_growth_names_the_module_from_the_capture_stale_state_alert() -> N
 
 def test_graph_growth_says_at_least_when_the_walk_was_cut_short() -> None:
     records = [step(n, graph_nodes=1000 * (n + 1), graph_truncated=n >= 2) for n in range(4)]
-    (alert,) = run(DiagnosisEngine({"raise_after": 1}), records)
+    (alert,) = run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records)
     assert alert["evidence"]["truncated"] is True and "at least 4,000" in alert["message"]
 
 
@@ -89,14 +89,14 @@ def test_slowdown_fires_on_a_rising_step_time_explained_by_the_graph() -> None:
     rng = random.Random(1)
     records = [
         step(n, duration_s=0.010 * (1 + 0.2 * n) * rng.uniform(0.9, 1.1), graph_nodes=500 * (n + 1))
-        for n in range(30)
+        for n in range(40)
     ]
     records[8]["duration_s"] = 5.0  # one pause (GC, checkpoint) does not bend Theil–Sen
     alerts = [a for a in run(DiagnosisEngine(), records) if a["code"] == "slowdown"]
     # steps 0-4 are warm-up; steps 5-12 set the starting speed (median 29 ms, the pause
     # included); the window is judged from 16 steps on (step 20), and the alert is
-    # raised after 3 judgements in a row
-    assert [(a["subject"], a["step"]) for a in alerts] == [("step_time", 22)]
+    # raised after slowdown_sustain (15) judgements in a row
+    assert [(a["subject"], a["step"]) for a in alerts] == [("step_time", 34)]
     ev = alerts[0]["evidence"]
     assert ev["explained_by"] == ["graph_nodes"]
     assert 0.0015 < ev["seconds_per_step"] < 0.0025  # the true slope is 0.002 s/step
@@ -108,7 +108,7 @@ def test_slowdown_is_silent_on_noisy_but_flat_step_times() -> None:
     rng = random.Random(2)
     records = [step(n, duration_s=0.02 * rng.uniform(0.7, 1.3), graph_nodes=900) for n in range(60)]
     records[0]["duration_s"] = 3.0  # the first step carries start-up work
-    assert run(DiagnosisEngine({"raise_after": 1}), records) == []
+    assert run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records) == []
 
 
 def test_slowdown_names_the_profiled_module_whose_time_grows() -> None:
@@ -121,7 +121,7 @@ def test_slowdown_names_the_profiled_module_whose_time_grows() -> None:
             "out": {"forward_s": 0.001, "backward_s": 0.001, "calls": 1},
         }
         records.append(step(n, duration_s=0.01 + cell, profile=profile))
-    (alert,) = [a for a in run(DiagnosisEngine({"raise_after": 1}), records) if a["code"] == "slowdown"]
+    (alert,) = [a for a in run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records) if a["code"] == "slowdown"]
     assert alert["evidence"]["module"] == "cell" and alert["evidence"]["explained_by"] == []
     assert "most of the added time is in cell" in alert["message"]
     assert "neither the graph size nor memory" in alert["message"]
@@ -129,7 +129,8 @@ def test_slowdown_names_the_profiled_module_whose_time_grows() -> None:
 
 def test_slowdown_clears_when_step_time_levels_off() -> None:
     engine = DiagnosisEngine(
-        {"raise_after": 1, "slowdown_window": 16, "clear_after": 3, "slowdown_skip_first": 1}
+        {"raise_after": 1, "slowdown_sustain": 1, "slowdown_window": 16, "clear_after": 3,
+         "slowdown_skip_first": 1}
     )
     rising = [step(n, duration_s=0.01 * (n + 1)) for n in range(20)]
     flat = [step(n, duration_s=0.2) for n in range(20, 50)]
@@ -141,7 +142,7 @@ def test_graph_growth_stays_raised_while_a_large_graph_keeps_growing_linearly() 
     # +18 nodes per step from 28: after 300 steps the window grows by only 2%, but the
     # graph is 190x its starting size and still growing, so the alert must hold.
     records = [step(n, graph_nodes=28 + 18 * n) for n in range(300)]
-    alerts = run(DiagnosisEngine({"raise_after": 1}), records)
+    alerts = run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records)
     assert [a["state"] for a in alerts] == ["raised"] + ["updated"] * (len(alerts) - 1)
     assert alerts[-1]["evidence"]["start_nodes"] == 28
 
@@ -149,6 +150,6 @@ def test_graph_growth_stays_raised_while_a_large_graph_keeps_growing_linearly() 
 def test_slowdown_holds_through_noise_on_a_long_linear_slowdown() -> None:
     rng = random.Random(3)
     records = [step(n, duration_s=0.05 * (1 + 0.5 * n) * rng.uniform(0.7, 1.3)) for n in range(200)]
-    alerts = [a for a in run(DiagnosisEngine({"raise_after": 1}), records) if a["code"] == "slowdown"]
+    alerts = [a for a in run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records) if a["code"] == "slowdown"]
     assert [a["state"] for a in alerts].count("raised") == 1
     assert "cleared" not in [a["state"] for a in alerts]

@@ -165,7 +165,8 @@ class DiagnosisEngine:
         if finding is not None:
             if state is None:
                 held = self._pending.get(key, 0) + 1
-                if held < int(self.config["raise_after"]) and not finding.immediate:
+                needed = finding.sustain or int(self.config["raise_after"])
+                if held < needed and not finding.immediate:
                     self._pending[key] = held
                     return None
                 self._pending.pop(key, None)

@@ -15,7 +15,9 @@ Against the run's own noise: nothing is judged before ``slowdown_min_window`` (1
 steps are in the window, and the trend's rise over the window must be at least
 ``slowdown_noise`` (3) times the window's jitter (1.4826 x the median absolute
 deviation of the step times from the trend line), so a loaded machine's random
-step times (±50%) make no trend however the pairs happen to fall.
+step times (±50%) make no trend however the pairs happen to fall; and it must hold
+for ``slowdown_sustain`` (15) steps in a row before it is raised, longer than a burst
+of load from other processes (10 steps at 2-20x, seen on a shared 2-core machine).
 
 Then it says what grew alongside since the start of the run: the autograd graph
 (``graph_nodes``, 1.2x or more), process memory (``rss_bytes``, 1.1x or more), and
@@ -25,7 +27,7 @@ with ``profile=True`` the module whose time grew most. The subject is always
 Example:
     >>> from gradwatch.trainer_hooks.diagnoses.thresholds import resolve
     >>> d = SlowdownDetector(resolve(None))
-    >>> for s in range(22):
+    >>> for s in range(36):
     ...     v = d.observe({"kind": "step", "step": s, "duration_s": 0.01 * (1 + s),
     ...                    "graph_nodes": 50 * (1 + s)})
     >>> v["step_time"].evidence["explained_by"]
@@ -227,4 +229,6 @@ class SlowdownDetector(Detector):
             message += (
                 f"; most of the added time is in {module[0]} (+{fmt(module[1] * 1e3)} ms per step)"
             )
-        return Finding("warning", message, hint, evidence)
+        return Finding(
+            "warning", message, hint, evidence, sustain=int(self.config["slowdown_sustain"])
+        )

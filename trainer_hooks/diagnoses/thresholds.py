@@ -67,6 +67,10 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
         5,
         "leading steps ignored: warm-up (allocator, caches, lazy init) is no evidence",
     ),
+    "slowdown_sustain": (
+        15,
+        "judgements in a row before 'raised': longer than a burst of load on the machine",
+    ),
     "slowdown_min_window": (16, "steps in the window before the trend is judged at all"),
     "slowdown_noise": (
         3.0,

@@ -25,7 +25,7 @@ export class RunsView {
       el("div", { class: "toolbar" }, el("span", { class: "spacer" }), this.compareButton),
       el("table", { class: "runs" },
         el("thead", {}, el("tr", {}, el("th", {}, "compare"), el("th", {}, "name"), el("th", {}, "status"),
-          el("th", { class: "num" }, "ranks"), el("th", { class: "num" }, "last step"), el("th", { class: "num" }, "alerts"),
+          el("th", { class: "num" }, "ranks"), el("th", { class: "num" }, "last step"), el("th", { class: "num", title: "problems: alerts grouped by cause" }, "alerts"),
           el("th", {}, "updated"), el("th", {}, ""))),
         this.body));
     this.live = connect({}, (msg) => {

@@ -14,7 +14,9 @@ steady linear slowdown flagged however slow the steps have become.
 Against the run's own noise: nothing is judged before ``slowdown_min_window`` (16)
 steps are in the window, and the trend's rise over the window must be at least
 ``slowdown_noise`` (3) times the window's jitter (1.4826 x the median absolute
-deviation of the step times from the trend line), so a loaded machine's random
+deviation of the step times from the trend line), and each half of the window must
+rise on its own (a rising fraction of 0.6: a trend keeps going, a level shift when
+other processes load the machine is flat on one side), so a loaded machine's random
 step times (±50%) make no trend however the pairs happen to fall; and it must hold
 for ``slowdown_sustain`` (15) steps in a row before it is raised, longer than a burst
 of load from other processes (10 steps at 2-20x, seen on a shared 2-core machine).
@@ -51,6 +53,7 @@ from .base import (
     median,
     sig,
     theil_sen,
+    trend,
 )
 from .profiles import module_rows
 from .trend import SlidingTrend
@@ -62,6 +65,19 @@ _GREW = {"graph_nodes": 1.2, "rss_bytes": 1.1}
 def _jitter(xs: list[float], ys: list[float], slope: float, last: float) -> float:
     """The window's step-time noise: 1.4826 x the median absolute residual from the trend."""
     return 1.4826 * median([abs(y - (last + slope * (x - xs[-1]))) for x, y in zip(xs, ys)])
+
+
+def _both_halves_rise(xs: list[float], ys: list[float]) -> bool:
+    """Whether each half of the window rises on its own: a trend keeps going, while a
+    level shift (other processes start loading the machine) is flat on one side."""
+    half = len(xs) // 2
+    return all(
+        trend(xs[a:b], ys[a:b])[2] >= _HALF_RISING for a, b in ((0, half), (half, len(xs)))
+    )
+
+
+#: the rising fraction each half of the window needs (noise alone gives 0.5 ± 0.1)
+_HALF_RISING = 0.6
 
 
 class SlowdownDetector(Detector):
@@ -127,9 +143,10 @@ class SlowdownDetector(Detector):
         jitter = _jitter(xs, ys, slope, last)
         # raising needs a rise clear of the noise; once raised, the relaxed rising
         # fraction alone keeps it (a late linear slowdown rises little per window)
-        if not was_holding and slope * (xs[-1] - xs[0]) < float(
-            self.config["slowdown_noise"]
-        ) * jitter:
+        if not was_holding and (
+            slope * (xs[-1] - xs[0]) < float(self.config["slowdown_noise"]) * jitter
+            or not _both_halves_rise(xs, ys)
+        ):
             self._holding = False
             return {"step_time": None}
         return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline, jitter)}

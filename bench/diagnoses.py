@@ -109,14 +109,19 @@ def alarms(steps: int, seeds: int) -> None:
             alerts, durations = job(seed)
             allowed = runs.EXPECTED.get(label, set())
             bad = [
-                a for a in alerts
+                a
+                for a in alerts
                 if a["state"] == "raised" and (a["code"], a["subject"]) not in allowed
             ]
             healthy += len(durations)
             for a in bad:
                 false[a["code"]] += 1
             per_model.append(
-                (f"{label} (seed {seed})", len(durations), [f"{a['code']}@{a['step']}" for a in bad])
+                (
+                    f"{label} (seed {seed})",
+                    len(durations),
+                    [f"{a['code']}@{a['step']}" for a in bad],
+                )
             )
     print(f"False alarms under jitter: {healthy} healthy steps\n")
     print("| diagnosis | false alarms | per 1,000 healthy steps |")
@@ -132,7 +137,8 @@ def alarms(steps: int, seeds: int) -> None:
     for name, (code, subject) in sorted(runs.BUGS.items()):
         alerts, _ = runs.run_example(name, "--steps", "10", seed=3)
         raised = [
-            a["step"] for a in alerts
+            a["step"]
+            for a in alerts
             if (a["code"], a["subject"], a["state"]) == (code, subject, "raised")
         ]
         print(f"| {name} | `{code}` on `{subject}` | {raised[0] if raised else 'not in 10'} |")

@@ -86,7 +86,9 @@ def run_example(name: str, *argv: str, seed: int = 0) -> tuple[list[dict[str, An
     """Run examples/<name>.py in-process under jitter; (alerts, step durations)."""
     if str(EXAMPLES) not in sys.path:
         sys.path.insert(0, str(EXAMPLES))
-    spec = importlib.util.spec_from_file_location(f"gradwatch_bench_{name}", EXAMPLES / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"gradwatch_bench_{name}", EXAMPLES / f"{name}.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -264,7 +266,9 @@ MODELS: dict[str, tuple[Callable[[int, Callable[[nn.Module], Monitor]], None], d
 }
 
 
-def run_model(name: str, steps: int = 500, seed: int = 0) -> tuple[list[dict[str, Any]], list[float]]:
+def run_model(
+    name: str, steps: int = 500, seed: int = 0
+) -> tuple[list[dict[str, Any]], list[float]]:
     """Train one of :data:`MODELS` for ``steps`` under jitter; (alerts, step durations)."""
     train, options = MODELS[name]
     torch.manual_seed(seed)

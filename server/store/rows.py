@@ -221,6 +221,8 @@ def opens_problem(record: Any) -> int:
     if record.opens_problem is not None:
         return int(record.opens_problem)
     return int(record.problem is None and record.state == "raised")
+
+
 _INTEGERS = itemgetter(*INTEGER_FIELDS)
 _SCALARS = itemgetter(*SCALAR_FIELDS)
 _NONES = (None,) * len(SCALAR_FIELDS)

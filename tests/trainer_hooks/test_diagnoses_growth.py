@@ -56,14 +56,23 @@ def run(engine: DiagnosisEngine, records: list[dict[str, Any]]) -> list[dict[str
 def test_graph_growth_fires_on_state_carried_without_detach_and_not_with_it() -> None:
     growing = carried_state_graph_sizes(detach=False)
     assert growing[-1] > 4 * growing[0]  # the premise: the real graph grows
-    alerts = run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), [step(n, graph_nodes=g) for n, g in enumerate(growing)])
+    alerts = run(
+        DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}),
+        [step(n, graph_nodes=g) for n, g in enumerate(growing)],
+    )
     assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("graph_growth", "graph", 3)]
     assert alerts[0]["evidence"]["graph_nodes"] == growing[:4]
     assert "detach" in alerts[0]["hint"] and "loss.item()" in alerts[0]["hint"]
 
     flat = carried_state_graph_sizes(detach=True)
     assert len(set(flat)) == 1
-    assert run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), [step(n, graph_nodes=g) for n, g in enumerate(flat)]) == []
+    assert (
+        run(
+            DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}),
+            [step(n, graph_nodes=g) for n, g in enumerate(flat)],
+        )
+        == []
+    )
 
 
 def test_graph_growth_names_the_module_from_the_capture_stale_state_alert() -> None:
@@ -121,7 +130,11 @@ def test_slowdown_names_the_profiled_module_whose_time_grows() -> None:
             "out": {"forward_s": 0.001, "backward_s": 0.001, "calls": 1},
         }
         records.append(step(n, duration_s=0.01 + cell, profile=profile))
-    (alert,) = [a for a in run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records) if a["code"] == "slowdown"]
+    (alert,) = [
+        a
+        for a in run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records)
+        if a["code"] == "slowdown"
+    ]
     assert alert["evidence"]["module"] == "cell" and alert["evidence"]["explained_by"] == []
     assert "most of the added time is in cell" in alert["message"]
     assert "neither the graph size nor memory" in alert["message"]
@@ -129,8 +142,13 @@ def test_slowdown_names_the_profiled_module_whose_time_grows() -> None:
 
 def test_slowdown_clears_when_step_time_levels_off() -> None:
     engine = DiagnosisEngine(
-        {"raise_after": 1, "slowdown_sustain": 1, "slowdown_window": 16, "clear_after": 3,
-         "slowdown_skip_first": 1}
+        {
+            "raise_after": 1,
+            "slowdown_sustain": 1,
+            "slowdown_window": 16,
+            "clear_after": 3,
+            "slowdown_skip_first": 1,
+        }
     )
     rising = [step(n, duration_s=0.01 * (n + 1)) for n in range(20)]
     flat = [step(n, duration_s=0.2) for n in range(20, 50)]
@@ -150,6 +168,10 @@ def test_graph_growth_stays_raised_while_a_large_graph_keeps_growing_linearly() 
 def test_slowdown_holds_through_noise_on_a_long_linear_slowdown() -> None:
     rng = random.Random(3)
     records = [step(n, duration_s=0.05 * (1 + 0.5 * n) * rng.uniform(0.7, 1.3)) for n in range(200)]
-    alerts = [a for a in run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records) if a["code"] == "slowdown"]
+    alerts = [
+        a
+        for a in run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records)
+        if a["code"] == "slowdown"
+    ]
     assert [a["state"] for a in alerts].count("raised") == 1
     assert "cleared" not in [a["state"] for a in alerts]

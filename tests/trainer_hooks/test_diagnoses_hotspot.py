@@ -59,7 +59,10 @@ def test_hotspot_without_the_root_entry_uses_the_step_time() -> None:
 def test_hotspot_thresholds_are_configurable_and_it_clears() -> None:
     engine = DiagnosisEngine({"raise_after": 1, "hotspot_share": 0.8, "clear_after": 1})
     assert engine.observe(step(1, 0.1, LOOPED)) == []  # 75% < 80%
-    assert DiagnosisEngine({"raise_after": 1, "hotspot_min_calls": 21}).observe(step(1, 0.1, LOOPED)) == []
+    assert (
+        DiagnosisEngine({"raise_after": 1, "hotspot_min_calls": 21}).observe(step(1, 0.1, LOOPED))
+        == []
+    )
     engine = DiagnosisEngine({"raise_after": 1, "clear_after": 1})
     assert [a["state"] for a in engine.observe(step(1, 0.1, LOOPED))] == ["raised"]
     quiet = dict(LOOPED, decoder=entry(0.001, 0.001, 20))

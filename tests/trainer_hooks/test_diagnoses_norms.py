@@ -31,7 +31,9 @@ def rnn_input_grad_norms(scale: float, timesteps: int = 60) -> list[float]:
 
 def test_exploding_through_time_on_a_real_rnn_with_recurrent_gain_above_one() -> None:
     norms = rnn_input_grad_norms(1.2)
-    alerts = DiagnosisEngine({"raise_after": 1}).observe(step(0, timesteps={"rnn": {"input": norms}}))
+    alerts = DiagnosisEngine({"raise_after": 1}).observe(
+        step(0, timesteps={"rnn": {"input": norms}})
+    )
     (alert,) = [a for a in alerts if a["code"] == "exploding"]
     assert alert["subject"] == "rnn" and alert["evidence"]["early_over_late"] > 1e3
     assert alert["evidence"]["growth_per_timestep"] == pytest.approx(1.2, rel=0.05)
@@ -40,7 +42,10 @@ def test_exploding_through_time_on_a_real_rnn_with_recurrent_gain_above_one() ->
 
 def test_exploding_is_silent_with_recurrent_gain_one() -> None:
     norms = rnn_input_grad_norms(1.0)
-    assert DiagnosisEngine({"raise_after": 1}).observe(step(0, timesteps={"rnn": {"input": norms}})) == []
+    assert (
+        DiagnosisEngine({"raise_after": 1}).observe(step(0, timesteps={"rnn": {"input": norms}}))
+        == []
+    )
 
 
 def test_exploding_over_steps_suggests_a_clip_value_from_recent_norms() -> None:

@@ -72,9 +72,13 @@ def test_vanishing_clears_when_the_gradient_reaches_back_again() -> None:
 
 def test_vanishing_factor_is_configurable() -> None:
     norms = [0.5 ** (120 - t) for t in range(121)]  # halves per timestep back
-    loose = DiagnosisEngine({"raise_after": 1, "vanishing_factor": 1e-40}).observe(step(0, {"m": {"input": norms}}))
+    loose = DiagnosisEngine({"raise_after": 1, "vanishing_factor": 1e-40}).observe(
+        step(0, {"m": {"input": norms}})
+    )
     assert loose == []
-    (alert,) = DiagnosisEngine({"raise_after": 1, "vanishing_factor": 1e-6}).observe(step(0, {"m": {"input": norms}}))
+    (alert,) = DiagnosisEngine({"raise_after": 1, "vanishing_factor": 1e-6}).observe(
+        step(0, {"m": {"input": norms}})
+    )
     assert alert["evidence"]["reach"] == 20  # 0.5**19 >= 1e-6 > 0.5**20
     assert alert["evidence"]["decay_per_timestep"] == pytest.approx(0.5)
 
@@ -98,4 +102,3 @@ def test_through_time_diagnoses_apply_only_where_timestep_layout_says_chain(
         codes += [(a["code"], a["subject"]) for a in engine.observe(record)]
     expected = [("vanishing", "cell"), ("exploding", "rnn")] if judged else []
     assert sorted(codes) == sorted(expected)
-

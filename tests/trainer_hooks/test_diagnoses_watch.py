@@ -70,9 +70,7 @@ def test_exploding_alert_suggests_a_clip_value_from_the_run(tmp_path: Path) -> N
             monitor.step(loss)
     # only exploding's alerts: slowdown also judges this run's step times, and a busy
     # machine is no business of this test (test_false_alarms.py judges that)
-    (alert,) = [
-        a for a in alerts_in(spool) if a["state"] == "raised" and a["code"] == "exploding"
-    ]
+    (alert,) = [a for a in alerts_in(spool) if a["state"] == "raised" and a["code"] == "exploding"]
     assert (alert["code"], alert["subject"], alert["step"]) == ("exploding", "total_norm", 10)
     clip = alert["evidence"]["clip"]
     assert 0 < clip < alert["evidence"]["total_norm"] / 100

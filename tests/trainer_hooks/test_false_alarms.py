@@ -60,9 +60,7 @@ FAST = ["lstmcell_decoder", "seq2seq_bahdanau"]
 SLOW = ["gru_lm", "lbfgs_lstmcell"]
 
 
-@pytest.mark.parametrize(
-    "name", FAST + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
-)
+@pytest.mark.parametrize("name", FAST + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW])
 def test_tutorial_models_under_jitter_raise_nothing_false_over_500_steps(name: str) -> None:
     alerts, durations = runs.run_model(name, steps=500, seed=1)
     assert len(durations) == 500
@@ -84,7 +82,11 @@ def test_example_healthy_twins_under_jitter_raise_nothing_over_500_steps(name: s
 
 @pytest.mark.parametrize("name", sorted(runs.BUGS))
 def test_example_bug_variants_under_jitter_are_named_within_10_steps(name: str) -> None:
-    alerts, durations = runs.run_example(name, "--steps", "10", seed=3)
+    alerts, _ = runs.run_example(name, "--steps", "10", seed=3)
     code, subject = runs.BUGS[name]
-    raised = [a["step"] for a in alerts if (a["code"], a["subject"], a["state"]) == (code, subject, "raised")]
+    raised = [
+        a["step"]
+        for a in alerts
+        if (a["code"], a["subject"], a["state"]) == (code, subject, "raised")
+    ]
     assert raised and raised[0] < 10, [(a["code"], a["subject"], a["step"]) for a in alerts]

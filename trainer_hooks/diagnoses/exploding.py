@@ -7,7 +7,8 @@ Two conditions, two kinds of subject:
   latest quarter: the gradient grows as it flows back.
 - over steps (subject ``total_norm``): this step's total gradient norm is
   ``exploding_step_ratio`` (50) times the median of the last ``exploding_window``
-  (50) recorded steps.
+  (50) recorded steps, and larger than any total norm earlier in the run (a bump
+  no larger than the run's first steps took wrecks no update).
 
 Magnitude, not ratios: neither condition judges gradients at the noise floor
 (``timeseries.Floor``: 0, below ``gradient_floor_abs``, or below ``gradient_floor``
@@ -46,6 +47,7 @@ class ExplodingDetector(Detector):
         super().__init__(config)
         self._norms: deque[float] = deque(maxlen=int(config["exploding_window"]))
         self._floor = Floor(config)
+        self._peak = 0.0  # the largest total norm of the run so far
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         if record.get("kind") != "step":
@@ -68,6 +70,7 @@ class ExplodingDetector(Detector):
             else:
                 verdicts["total_norm"] = self._over_steps(total, step_of(record))
             self._norms.append(total)
+            self._peak = max(self._peak, total)
         return verdicts
 
     def clip(self) -> float | None:
@@ -124,6 +127,10 @@ class ExplodingDetector(Detector):
             return None
         base = median(list(self._norms))
         if base <= 0 or total < float(self.config["exploding_step_ratio"]) * base:
+            return None
+        if total <= self._peak:
+            # no larger than gradients this run already took (its first steps, say):
+            # an ordinary bump for this run, not one that wrecks an update
             return None
         evidence = {
             "total_norm": sig(total),

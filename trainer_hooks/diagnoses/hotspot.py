@@ -93,8 +93,7 @@ class HotspotDetector(Detector):
             if row.calls < calls_min and inner:
                 found.append((name.count("."), -share, name, max(inner)))
             elif row.calls >= calls_min and not any(
-                rows.get(a) is not None and rows[a].calls < calls_min
-                for a in _ancestors(name)
+                rows.get(a) is not None and rows[a].calls < calls_min for a in _ancestors(name)
             ):
                 found.append((name.count("."), -share, name, row.calls))
         if not found:
@@ -114,7 +113,9 @@ class HotspotDetector(Detector):
         row = rows[name]
         share = min(1.0, row.forward_s / whole)
         direct = {c: r for c, r in rows.items() if _parent(c) == name}
-        children = {c[len(name) + 1 :]: sig(min(1.0, r.forward_s / whole), 2) for c, r in direct.items()}
+        children = {
+            c[len(name) + 1 :]: sig(min(1.0, r.forward_s / whole), 2) for c, r in direct.items()
+        }
         child_calls = {c[len(name) + 1 :]: r.calls for c, r in direct.items()}
         evidence: dict[str, Any] = {
             "share": sig(share, 2),

@@ -77,9 +77,7 @@ class NoGradientDetector(Detector):
         numbers = f"{what} is {fmt(value)}"
         if peak > value:
             numbers += f", at step {self._peak_step[key]} it was {fmt(peak)}"
-        message = f"no gradient reaches {where}: " + (
-            f"{cause} ({numbers})" if cause else numbers
-        )
+        message = f"no gradient reaches {where}: " + (f"{cause} ({numbers})" if cause else numbers)
         hint = (
             "Nothing trains while the gradient is 0. If the loss is 0, check that it "
             "compares the model's output with the target (not the target with itself, "

@@ -64,16 +64,16 @@ _GREW = {"graph_nodes": 1.2, "rss_bytes": 1.1}
 
 def _jitter(xs: list[float], ys: list[float], slope: float, last: float) -> float:
     """The window's step-time noise: 1.4826 x the median absolute residual from the trend."""
-    return 1.4826 * median([abs(y - (last + slope * (x - xs[-1]))) for x, y in zip(xs, ys)])
+    return 1.4826 * median(
+        [abs(y - (last + slope * (x - xs[-1]))) for x, y in zip(xs, ys, strict=True)]
+    )
 
 
 def _both_halves_rise(xs: list[float], ys: list[float]) -> bool:
     """Whether each half of the window rises on its own: a trend keeps going, while a
     level shift (other processes start loading the machine) is flat on one side."""
     half = len(xs) // 2
-    return all(
-        trend(xs[a:b], ys[a:b])[2] >= _HALF_RISING for a, b in ((0, half), (half, len(xs)))
-    )
+    return all(trend(xs[a:b], ys[a:b])[2] >= _HALF_RISING for a, b in ((0, half), (half, len(xs))))
 
 
 #: the rising fraction each half of the window needs (noise alone gives 0.5 ± 0.1)
@@ -132,9 +132,7 @@ class SlowdownDetector(Detector):
         baseline = median(self._early)
         ratio = last / baseline if baseline > 0 else 1.0
         was_holding = self._holding
-        needed = float(self.config["slowdown_rising_fraction"]) - (
-            HYSTERESIS if was_holding else 0
-        )
+        needed = float(self.config["slowdown_rising_fraction"]) - (HYSTERESIS if was_holding else 0)
         self._holding = ratio >= float(self.config["slowdown_ratio"]) and rising >= needed
         if not self._holding:
             return {"step_time": None}

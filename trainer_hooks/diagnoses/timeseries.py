@@ -81,9 +81,7 @@ class Floor:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.relative = float(config.get("gradient_floor", THRESHOLDS["gradient_floor"][0]))
-        self.absolute = float(
-            config.get("gradient_floor_abs", THRESHOLDS["gradient_floor_abs"][0])
-        )
+        self.absolute = float(config.get("gradient_floor_abs", THRESHOLDS["gradient_floor_abs"][0]))
         self.peaks: dict[str, float] = {}
 
     def at_floor(self, key: str, value: float) -> bool:

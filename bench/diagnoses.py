@@ -91,13 +91,13 @@ def alarms(steps: int, seeds: int) -> None:
     torch.set_num_threads(1)
     healthy = 0
     false: dict[str, int] = {code: 0 for code in m.ALERT_CODES}
-    per_model: list[tuple[str, int, list[str]]] = []
+    per_model: list[tuple[str, int, list[str], list[str]]] = []
     jobs: list[tuple[str, Callable[[int], tuple[list[dict[str, Any]], list[float]]]]] = [
         (name, lambda seed, name=name: runs.run_model(name, steps, seed)) for name in runs.MODELS
     ]
     jobs += [
         (
-            f"{name} --fixed",
+            f"{name}-fixed",
             lambda seed, name=name: runs.run_example(
                 name, "--fixed", "--steps", str(steps), "--max-seconds", "100000", seed=seed
             ),
@@ -128,10 +128,10 @@ def alarms(steps: int, seeds: int) -> None:
     print("| --- | ---: | ---: |")
     for code, n in false.items():
         print(f"| `{code}` | {n} | {1000 * n / max(healthy, 1):.2f} |")
-    print("\n| healthy run | steps | raised (false) |")
-    print("| --- | ---: | --- |")
-    for label, n, bad in per_model:
-        print(f"| {label} | {n} | {', '.join(bad) or 'nothing'} |")
+    print("\n| healthy run | steps | raised, false | raised, true of the model |")
+    print("| --- | ---: | --- | --- |")
+    for label, n, bad, true in per_model:
+        print(f"| {label} | {n} | {', '.join(bad) or 'nothing'} | {', '.join(true) or '-'} |")
     print("\n| bug variant | diagnosis | raised at step |")
     print("| --- | --- | ---: |")
     for name, (code, subject) in sorted(runs.BUGS.items()):

@@ -95,6 +95,7 @@ class SlowdownDetector(Detector):
         self._early: list[float] = []
         self._early_fields: dict[str, list[int]] = {}
         self._holding = False
+        self._streak = 0  # judgements in a row that held
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         duration = as_float(record.get("duration_s"))
@@ -131,21 +132,23 @@ class SlowdownDetector(Detector):
         slope, last, rising = self._trend.trend()
         baseline = median(self._early)
         ratio = last / baseline if baseline > 0 else 1.0
-        was_holding = self._holding
-        needed = float(self.config["slowdown_rising_fraction"]) - (HYSTERESIS if was_holding else 0)
-        self._holding = ratio >= float(self.config["slowdown_ratio"]) and rising >= needed
-        if not self._holding:
-            return {"step_time": None}
+        # Strict until raised: the full rising fraction, a rise clear of the noise and
+        # both halves rising, for slowdown_sustain judgements in a row (the engine
+        # raises after as many). Once raised, the looser rising fraction alone keeps
+        # it (a late linear slowdown rises little per window).
+        raised = self._streak >= int(self.config["slowdown_sustain"])
+        needed = float(self.config["slowdown_rising_fraction"]) - (HYSTERESIS if raised else 0)
+        holds = ratio >= float(self.config["slowdown_ratio"]) and rising >= needed
         xs = [float(r["step"]) for r in self._rows]
         ys = [float(r["duration_s"]) for r in self._rows]
-        jitter = _jitter(xs, ys, slope, last)
-        # raising needs a rise clear of the noise; once raised, the relaxed rising
-        # fraction alone keeps it (a late linear slowdown rises little per window)
-        if not was_holding and (
-            slope * (xs[-1] - xs[0]) < float(self.config["slowdown_noise"]) * jitter
-            or not _both_halves_rise(xs, ys)
-        ):
-            self._holding = False
+        jitter = _jitter(xs, ys, slope, last) if holds else 0.0
+        if holds and not raised:
+            holds = slope * (xs[-1] - xs[0]) >= float(
+                self.config["slowdown_noise"]
+            ) * jitter and _both_halves_rise(xs, ys)
+        self._streak = self._streak + 1 if holds else 0
+        self._holding = holds
+        if not holds:
             return {"step_time": None}
         return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline, jitter)}
 

@@ -113,6 +113,9 @@ def alarms(steps: int, seeds: int) -> None:
                 for a in alerts
                 if a["state"] == "raised" and (a["code"], a["subject"]) not in allowed
             ]
+            true = [
+                a for a in alerts if a["state"] == "raised" and (a["code"], a["subject"]) in allowed
+            ]
             healthy += len(durations)
             for a in bad:
                 false[a["code"]] += 1
@@ -121,6 +124,7 @@ def alarms(steps: int, seeds: int) -> None:
                     f"{label} (seed {seed})",
                     len(durations),
                     [f"{a['code']}@{a['step']}" for a in bad],
+                    [f"{a['code']} on {a['subject']}@{a['step']}" for a in true],
                 )
             )
     print(f"False alarms under jitter: {healthy} healthy steps\n")

@@ -76,14 +76,8 @@ def workloads(device: str) -> dict[str, tuple[nn.Module, torch.Tensor, torch.Ten
     return {k: (m.to(device), x.to(device), y.to(device)) for k, (m, x, y) in cases.items()}
 
 
-def block(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    opt: torch.optim.Optimizer,
-    monitor: Monitor | None,
-    steps: int,
-) -> float:
+def block(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
+          monitor: Monitor | None, steps: int) -> float:
     started = time.thread_time()
     for _ in range(steps):
         loss = (model(x) - y).pow(2).mean()
@@ -106,11 +100,9 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     folder = Path(tempfile.mkdtemp())
-    print(
-        f"torch {torch.__version__}, {args.device}, 1 thread, "
-        f"{args.rounds} rounds x {args.steps} steps, "
-        "training-thread CPU time per step, medians over rounds\n"
-    )
+    print(f"torch {torch.__version__}, {args.device}, 1 thread, "
+          f"{args.rounds} rounds x {args.steps} steps, "
+          "training-thread CPU time per step, medians over rounds\n")
     for name, (model, x, y) in workloads(args.device).items():
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
@@ -119,14 +111,9 @@ def main() -> None:
         ) -> Monitor | None:
             if variant == "plain":
                 return None
-            return watch(
-                model,
-                run=variant,
-                spool=folder / f"{name}-{variant[0]}{r}.jsonl",
-                every=10**9 if variant == "light" else 1,
-                diagnose=False,
-                overhead=0.02 if variant == "budget" else None,
-            )
+            return watch(model, run=variant, spool=folder / f"{name}-{variant[0]}{r}.jsonl",
+                         every=10**9 if variant == "light" else 1, diagnose=False,
+                         overhead=0.02 if variant == "budget" else None)
 
         monitors = ("plain", "light", "heavy", "budget")
         times: dict[str, list[float]] = {k: [] for k in monitors}
@@ -140,10 +127,8 @@ def main() -> None:
                     monitor.close()
         plain = statistics.median(times["plain"])
         print(f"{name}")
-        print(
-            "| variant | CPU per step (ms) | gradwatch (us) | overhead field: median, mean "
-            "| heavy steps |"
-        )
+        print("| variant | CPU per step (ms) | gradwatch (us) | overhead field: median, mean "
+              "| heavy steps |")
         print("|---|---|---|---|---|")
         for variant, values in times.items():
             med = statistics.median(values)
@@ -152,17 +137,14 @@ def main() -> None:
                 steps = [
                     rec
                     for spool in sorted(folder.glob(f"{name}-{variant[0]}*.jsonl"))
-                    for msg in read_spool(spool)
-                    if msg["type"] == "batch"
-                    for rec in msg["records"]
-                    if rec["kind"] == "step"
+                    for msg in read_spool(spool) if msg["type"] == "batch"
+                    for rec in msg["records"] if rec["kind"] == "step"
                 ]
                 fractions = [rec["overhead"] for rec in steps]
                 field = f"{statistics.median(fractions):.2%}, {statistics.fmean(fractions):.2%}"
                 heavy = f"{sum('param_norms' in rec for rec in steps) / len(steps):.0%}"
-            print(
-                f"| {variant} | {med * 1e3:.3f} | {(med - plain) * 1e6:+.0f} | {field} | {heavy} |"
-            )
+            print(f"| {variant} | {med * 1e3:.3f} | {(med - plain) * 1e6:+.0f} | {field} "
+                  f"| {heavy} |")
         print()
 
 

@@ -96,10 +96,8 @@ def whole_steps(rounds: int, steps: int) -> None:
     print("| variant | median ms | vs plain | min ms | vs plain |\n| --- | --- | --- | --- | --- |")
     for name, t in times.items():
         med, low = statistics.median(t), min(t)
-        print(
-            f"| {name} | {med * 1e3:.3f} | {med / med0:.3f}x | {low * 1e3:.3f} | "
-            f"{low / min0:.3f}x |"
-        )
+        print(f"| {name} | {med * 1e3:.3f} | {med / med0:.3f}x | {low * 1e3:.3f} | "
+              f"{low / min0:.3f}x |")
     for _, monitor in variants.values():
         if monitor is not None:
             monitor.close()
@@ -107,7 +105,8 @@ def whole_steps(rounds: int, steps: int) -> None:
 
 def pieces() -> None:
     model, x, y = workload("cells", torch.device("cpu"))
-    monitor = watch(model, run="pieces", server=None, spool=os.devnull, every=1, diagnose=False)
+    monitor = watch(model, run="pieces", server=None, spool=os.devnull, every=1,
+                    diagnose=False)
     step = make_step(model, x, y)
     for _ in range(3):
         monitor.step(step())
@@ -156,10 +155,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(
-        f"torch {torch.__version__}, cpu, 1 thread, load average "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-    )
+    print(f"torch {torch.__version__}, cpu, 1 thread, load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     whole_steps(args.rounds, args.steps)
     pieces()
     return 0

@@ -79,10 +79,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for r in range(args.repeat):
             for label, env, encoding in variants:
-                db = (
-                    _fresh_schema(args.postgres)
-                    if args.postgres
-                    else str(Path(folder) / f"{label[:3]}-{r}.db")
+                db = _fresh_schema(args.postgres) if args.postgres else str(
+                    Path(folder) / f"{label[:3]}-{r}.db"
                 )
                 server = ingest.Server(db, env)
                 url = server.http.replace("http://", "ws://")

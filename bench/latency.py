@@ -77,20 +77,14 @@ def percentile(values: list[float], q: float) -> float:
 
 def step_record(step: int, rng: random.Random) -> dict[str, Any]:
     return {
-        "kind": "step",
-        "step": step,
-        "epoch": 0,
-        "t": time.time(),
-        "duration_s": 0.02,
+        "kind": "step", "step": step, "epoch": 0, "t": time.time(), "duration_s": 0.02,
         "loss": rng.random(),
         "timesteps": {
             "lstm1": {"input": [rng.random() * 10.0 ** -(k % 30) for k in range(128)]},
             "lstm2": {"input": [rng.random() for _ in range(128)]},
         },
         "param_norms": {f"lstm{1 + j % 2}.weight_{j}": rng.random() for j in range(20)},
-        "total_norm": rng.random(),
-        "graph_nodes": 1000,
-        "rss_bytes": 10_000_000,
+        "total_norm": rng.random(), "graph_nodes": 1000, "rss_bytes": 10_000_000,
         "overhead": 0.01,
     }
 
@@ -117,18 +111,10 @@ def trainer_sink(
 ) -> None:
     from gradwatch.protocol.sender import WebSocketSink
 
-    hello = {
-        "type": "hello",
-        "protocol": 1,
-        "run_id": run_id,
-        "run": "latency-sink",
-        "rank": rank,
-        "world_size": world,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "model": {"modules": [], "parameters": 0, "recurrent": ["lstm1", "lstm2"]},
-        "config": {},
-    }
+    hello = {"type": "hello", "protocol": 1, "run_id": run_id, "run": "latency-sink",
+             "rank": rank, "world_size": world, "host": socket.gethostname(), "pid": os.getpid(),
+             "model": {"modules": [], "parameters": 0, "recurrent": ["lstm1", "lstm2"]},
+             "config": {}}
     spool = Path(tempfile.mkdtemp()) / "spool.jsonl"
     sink = WebSocketSink(url, hello, spool=spool)
     rng = random.Random(rank)
@@ -156,9 +142,8 @@ def trainer_monitor(
     params = [*model.parameters(), *head.parameters()]
     optimizer = torch.optim.SGD(params, lr=0.01)
     spool = Path(tempfile.mkdtemp()) / "spool.jsonl"
-    monitor = watch(
-        model, run="latency-monitor", server=url, spool=spool, run_id=run_id, diagnose=False
-    )
+    monitor = watch(model, run="latency-monitor", server=url, spool=spool, run_id=run_id,
+                    diagnose=False)
     x, y = torch.randn(2, timesteps, 1), torch.randn(2, 1)
     for _ in paced(rate, seconds):
         out, _ = model(x)
@@ -173,26 +158,14 @@ def trainer_monitor(
 # -- the measuring side ------------------------------------------------------------------
 
 
-async def viewer(
-    http_port: int,
-    run_id: str,
-    ready: asyncio.Event,
-    counts: list[int],
-    latencies: list[float],
-    ends: dict[int, int],
-    warmup: list[float],
-    done: asyncio.Event,
-    ranks: int,
-) -> None:
+async def viewer(http_port: int, run_id: str, ready: asyncio.Event, counts: list[int],
+                 latencies: list[float], ends: dict[int, int], warmup: list[float],
+                 done: asyncio.Event, ranks: int) -> None:
     from websockets.asyncio.client import connect
 
     lagged = 0
-    async with connect(
-        f"ws://127.0.0.1:{http_port}/ws/live?run={run_id}",
-        compression=None,
-        max_size=None,
-        proxy=None,
-    ) as ws:
+    async with connect(f"ws://127.0.0.1:{http_port}/ws/live?run={run_id}", compression=None,
+                       max_size=None, proxy=None) as ws:
         first = json.loads(await ws.recv())
         assert first.get("type") == "subscribed", first
         counts[0] += 1
@@ -220,16 +193,8 @@ async def viewer(
     done.set()
 
 
-async def measure(
-    server_pid: int,
-    port: int,
-    mode: str,
-    trainers: int,
-    viewers: int,
-    rate: float,
-    seconds: float,
-    timesteps: int,
-) -> dict[str, Any]:
+async def measure(server_pid: int, port: int, mode: str, trainers: int, viewers: int, rate: float,
+                  seconds: float, timesteps: int) -> dict[str, Any]:
     run_id = str(uuid.uuid4())
     ready = asyncio.Event()
     done = asyncio.Event()
@@ -237,40 +202,16 @@ async def measure(
     warmup = [float("inf")]  # set at "go"
     latencies: list[float] = []
     lagged: dict[int, int] = {}
-    tasks = [
-        asyncio.create_task(
-            viewer(port, run_id, ready, counts, latencies, lagged, warmup, done, trainers)
-        )
-        for _ in range(viewers)
-    ]
+    tasks = [asyncio.create_task(viewer(port, run_id, ready, counts, latencies, lagged, warmup,
+                                        done, trainers)) for _ in range(viewers)]
     await asyncio.wait_for(ready.wait(), 60)
     children_before = own_cpu(resource.RUSAGE_CHILDREN)
     procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--_trainer",
-                mode,
-                "--_url",
-                f"ws://127.0.0.1:{port}",
-                "--_run-id",
-                run_id,
-                "--_rank",
-                str(r),
-                "--trainers",
-                str(trainers),
-                "--rate",
-                str(rate),
-                "--seconds",
-                str(seconds),
-                "--timesteps",
-                str(timesteps),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        subprocess.Popen([sys.executable, __file__, "--_trainer", mode, "--_url",
+                          f"ws://127.0.0.1:{port}", "--_run-id", run_id, "--_rank", str(r),
+                          "--trainers", str(trainers), "--rate", str(rate),
+                          "--seconds", str(seconds), "--timesteps", str(timesteps)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for r in range(trainers)
     ]
     for p in procs:  # wait until each has set up (imports, model, connection)
@@ -287,43 +228,22 @@ async def measure(
     await asyncio.wait_for(asyncio.gather(*tasks), max(1.0, deadline - time.monotonic()))
     for p in procs:
         p.wait(timeout=60)
-    cpu = (
-        proc_cpu(server_pid) - cpu_before[0],
-        own_cpu(resource.RUSAGE_SELF) - cpu_before[1],
-        own_cpu(resource.RUSAGE_CHILDREN) - children_before,
-    )
+    cpu = (proc_cpu(server_pid) - cpu_before[0], own_cpu(resource.RUSAGE_SELF) - cpu_before[1],
+           own_cpu(resource.RUSAGE_CHILDREN) - children_before)
     expected = trainers * viewers * int(rate * seconds)
     return {
-        "mode": mode,
-        "samples": len(latencies),
-        "received": counts[2],
-        "expected": expected,
-        "p50": percentile(latencies, 50) * 1000,
-        "p99": percentile(latencies, 99) * 1000,
-        "max": max(latencies) * 1000,
-        "mean": statistics.fmean(latencies) * 1000,
+        "mode": mode, "samples": len(latencies), "received": counts[2], "expected": expected,
+        "p50": percentile(latencies, 50) * 1000, "p99": percentile(latencies, 99) * 1000,
+        "max": max(latencies) * 1000, "mean": statistics.fmean(latencies) * 1000,
         "lagged": sum(lagged.values()),
-        "cpu_server": cpu[0],
-        "cpu_viewers": cpu[1],
-        "cpu_trainers": cpu[2],
+        "cpu_server": cpu[0], "cpu_viewers": cpu[1], "cpu_trainers": cpu[2],
     }
 
 
 def start_server(port: int, db: str) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gradwatch.server.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--db",
-            db,
-            "--log-level",
-            "warning",
-        ]
-    )
+        [sys.executable, "-m", "gradwatch.server.cli", "serve", "--port", str(port), "--db", db,
+         "--log-level", "warning"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -342,12 +262,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0, help="steps/s per trainer")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--modes", default="sink,monitor")
-    parser.add_argument(
-        "--timesteps",
-        type=int,
-        default=32,
-        help="sequence length of the monitor mode's LSTM (default 32)",
-    )
+    parser.add_argument("--timesteps", type=int, default=32,
+                        help="sequence length of the monitor mode's LSTM (default 32)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; medians are printed")
     parser.add_argument("--db", default=None, help="SQLite path or postgresql:// URL")
     parser.add_argument("--_trainer", default=None, help=argparse.SUPPRESS)
@@ -357,57 +273,31 @@ def main() -> None:
     args = parser.parse_args()
     if args._trainer:
         run = trainer_sink if args._trainer == "sink" else trainer_monitor
-        run(
-            args._url,
-            args._run_id,
-            args._rank,
-            args.trainers,
-            args.rate,
-            args.seconds,
-            args.timesteps,
-        )
+        run(args._url, args._run_id, args._rank, args.trainers, args.rate, args.seconds,
+            args.timesteps)
         return
     port = free_port()
     db = args.db or str(Path(tempfile.mkdtemp()) / "latency.db")
     server = start_server(port, db)
     try:
         kind = "postgresql" if db.startswith("postgres") else "sqlite"
-        print(
-            f"{args.trainers} trainers x {args.rate:g} steps/s for {args.seconds:g} s, "
-            f"{args.viewers} viewers on one run, db={kind}, "
-            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-        )
-        print(
-            f"{'mode':<8} {'samples':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
-            f"{'lagged':>6}   CPU s: {'server':>6} {'viewers':>7} {'trainers':>8} (+start)"
-        )
+        print(f"{args.trainers} trainers x {args.rate:g} steps/s for {args.seconds:g} s, "
+              f"{args.viewers} viewers on one run, db={kind}, "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(f"{'mode':<8} {'samples':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+              f"{'lagged':>6}   CPU s: {'server':>6} {'viewers':>7} {'trainers':>8} (+start)")
         results: dict[str, list[dict[str, Any]]] = {}
         for _ in range(args.repeat):  # modes interleaved, so both see the same load
             for mode in args.modes.split(","):
-                r = asyncio.run(
-                    measure(
-                        server.pid,
-                        port,
-                        mode,
-                        args.trainers,
-                        args.viewers,
-                        args.rate,
-                        args.seconds,
-                        args.timesteps,
-                    )
-                )
+                r = asyncio.run(measure(server.pid, port, mode, args.trainers, args.viewers,
+                                        args.rate, args.seconds, args.timesteps))
                 results.setdefault(mode, []).append(r)
-                print(
-                    f"{r['mode']:<8} {r['samples']:>8} {r['p50']:>7.1f} {r['p99']:>7.1f} "
-                    f"{r['max']:>7.1f} {r['lagged']:>6}          {r['cpu_server']:>6.1f} "
-                    f"{r['cpu_viewers']:>7.1f} {r['cpu_trainers']:>8.1f}"
-                    + (
-                        ""
-                        if r["received"] == r["expected"]
-                        else f"  (MISSING: {r['received']} of {r['expected']} records arrived)"
-                    ),
-                    flush=True,
-                )
+                print(f"{r['mode']:<8} {r['samples']:>8} {r['p50']:>7.1f} {r['p99']:>7.1f} "
+                      f"{r['max']:>7.1f} {r['lagged']:>6}          {r['cpu_server']:>6.1f} "
+                      f"{r['cpu_viewers']:>7.1f} {r['cpu_trainers']:>8.1f}"
+                      + ("" if r["received"] == r["expected"] else
+                         f"  (MISSING: {r['received']} of {r['expected']} records arrived)"),
+                      flush=True)
         if args.repeat > 1:
             for mode, rounds in results.items():
                 p50 = statistics.median(r["p50"] for r in rounds)

@@ -160,13 +160,8 @@ class Variant:
 
 
 def variants(
-    name: str,
-    device: torch.device,
-    stack: ExitStack,
-    tmp: Path,
-    notes: list[str],
-    others: bool = True,
-    baseline: Callable[..., Any] | None = None,
+    name: str, device: torch.device, stack: ExitStack, tmp: Path, notes: list[str],
+    others: bool = True, baseline: Callable[..., Any] | None = None,
     budgets: tuple[float, ...] = (),
 ) -> list[Variant]:
     base, x, y = workload(name, device)
@@ -189,20 +184,13 @@ def variants(
             model = copy_model()
             tag = f"{label[1:5]}{key}-{value}"
             monitor = make(
-                model,
-                run=f"bench-{name}-{tag}",
-                server=None,
-                spool=tmp / f"{name}-{tag}.jsonl",
-                **{key: value},
+                model, run=f"bench-{name}-{tag}", server=None,
+                spool=tmp / f"{name}-{tag}.jsonl", **{key: value},
             )
             stack.callback(monitor.close)
             found.append(
-                Variant(
-                    f"gradwatch {label}{key}={value:g}",
-                    make_step(model, x, y),
-                    lambda loss, i, m=monitor: m.step(loss),
-                    drain=monitor.flush,
-                )
+                Variant(f"gradwatch {label}{key}={value:g}", make_step(model, x, y),
+                        lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
             )
             if key == "overhead" and not label:  # an older schedule may lack estimate()
                 stack.callback(_heavy_note, notes, name, value, monitor)
@@ -220,11 +208,8 @@ def variants(
         stack.callback(run.finish)
         run.watch(model, log="all", log_freq=1)
         found.append(
-            Variant(
-                "wandb.watch log=all",
-                make_step(model, x, y),
-                lambda loss, i, r=run: r.log({"loss": loss.item()}),
-            )
+            Variant("wandb.watch log=all", make_step(model, x, y),
+                    lambda loss, i, r=run: r.log({"loss": loss.item()}))
         )
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -241,11 +226,8 @@ def variants(
                     writer.add_histogram(pname, p.grad, i)
             writer.add_scalar("loss", loss.item(), i)
 
-        found.append(
-            Variant(
-                "tensorboard histograms", make_step(model, x, y), histograms, drain=writer.flush
-            )
-        )
+        found.append(Variant("tensorboard histograms", make_step(model, x, y), histograms,
+                             drain=writer.flush))
     return found
 
 
@@ -259,22 +241,18 @@ def _heavy_note(notes: list[str], name: str, budget: float, monitor: Any) -> Non
 
 
 def measure(
-    name: str,
-    device: torch.device,
-    rounds: int,
-    steps: int,
-    notes: list[str],
-    clock: Callable[[], float],
-    others: bool = True,
-    baseline: Callable[..., Any] | None = None,
-    budgets: tuple[float, ...] = (),
+    name: str, device: torch.device, rounds: int, steps: int, notes: list[str],
+    clock: Callable[[], float], others: bool = True,
+    baseline: Callable[..., Any] | None = None, budgets: tuple[float, ...] = (),
 ) -> list[tuple[str, float, float, float]]:
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
     with tempfile.TemporaryDirectory() as tmpdir, ExitStack() as stack:
-        found = variants(name, device, stack, Path(tmpdir), notes, others, baseline, budgets)
+        found = variants(
+            name, device, stack, Path(tmpdir), notes, others, baseline, budgets
+        )
         for v in found:  # warm-up: allocator, first-call paths, wandb/tb lazy set-up
             v.run(3, sync, clock)
         shuffle = random.Random(0)
@@ -285,15 +263,8 @@ def measure(
                 v.times.append(v.run(steps, sync, clock))
         plain = statistics.median(found[0].times)
         low = min(found[0].times)
-        return [
-            (
-                v.name,
-                statistics.median(v.times),
-                statistics.median(v.times) / plain,
-                min(v.times) / low,
-            )
-            for v in found
-        ]
+        return [(v.name, statistics.median(v.times), statistics.median(v.times) / plain,
+                 min(v.times) / low) for v in found]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,27 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", choices=["lstm121", "cells"])
     parser.add_argument(
-        "--clock",
-        choices=["wall", "cpu"],
-        default="wall",
+        "--clock", choices=["wall", "cpu"], default="wall",
         help="wall: perf_counter (what a user waits); cpu: this process's CPU time, all "
         "threads (steadier on a loaded box; misses wandb's separate service process)",
     )
-    parser.add_argument("--no-others", action="store_true", help="leave wandb and TensorBoard out")
-    parser.add_argument(
-        "--baseline",
-        metavar="DIR",
-        help="a folder holding an older gradwatch as package gwbase "
-        "(see the module docstring): adds its variants beside the current",
-    )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        nargs="*",
-        default=[],
-        metavar="F",
-        help="also gradwatch with watch(..., overhead=F) for each F",
-    )
+    parser.add_argument("--no-others", action="store_true",
+                        help="leave wandb and TensorBoard out")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="a folder holding an older gradwatch as package gwbase "
+                        "(see the module docstring): adds its variants beside the current")
+    parser.add_argument("--budget", type=float, nargs="*", default=[], metavar="F",
+                        help="also gradwatch with watch(..., overhead=F) for each F")
     args = parser.parse_args(argv)
     baseline = None
     if args.baseline:
@@ -335,23 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     notes: list[str] = []
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    print(
-        f"torch {torch.__version__}, device {device}, threads {args.threads}, "
-        f"clock {args.clock}, {args.rounds} rounds x {args.steps} steps per variant, "
-        "medians of block means"
-    )
-    for name in [args.only] if args.only else ["lstm121", "cells"]:
-        rows = measure(
-            name,
-            device,
-            args.rounds,
-            args.steps,
-            notes,
-            clock,
-            not args.no_others,
-            baseline,
-            tuple(args.budget),
-        )
+    print(f"torch {torch.__version__}, device {device}, threads {args.threads}, "
+          f"clock {args.clock}, {args.rounds} rounds x {args.steps} steps per variant, "
+          "medians of block means")
+    for name in ([args.only] if args.only else ["lstm121", "cells"]):
+        rows = measure(name, device, args.rounds, args.steps, notes, clock,
+                       not args.no_others, baseline, tuple(args.budget))
         print(f"\n{name}")
         print(f"| {'variant':<30} | {'step (ms)':>9} | {'vs plain':>8} | {'min vs min':>10} |")
         print(f"|{'-' * 32}|{'-' * 11}|{'-' * 10}|{'-' * 12}|")

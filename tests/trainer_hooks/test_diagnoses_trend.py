@@ -45,17 +45,8 @@ def test_sliding_trend_equals_brute_force_trend_on_random_windows(window: int, k
 
 def test_sliding_trend_falls_back_while_a_non_finite_point_is_in_the_window() -> None:
     sliding = SlidingTrend(4)
-    points = [
-        (0.0, 1.0),
-        (1.0, math.nan),
-        (2.0, 3.0),
-        (3.0, math.inf),
-        (4.0, 5.0),
-        (5.0, 6.0),
-        (6.0, 7.0),
-        (7.0, 9.0),
-        (8.0, 8.0),
-    ]
+    points = [(0.0, 1.0), (1.0, math.nan), (2.0, 3.0), (3.0, math.inf), (4.0, 5.0),
+              (5.0, 6.0), (6.0, 7.0), (7.0, 9.0), (8.0, 8.0)]
     for i, (x, y) in enumerate(points):
         sliding.push(x, y)
         window = points[max(0, i - 3) : i + 1]
@@ -74,12 +65,8 @@ def test_detectors_feed_their_trend_the_window_they_judge() -> None:
     codes = []
     for n in range(400):
         base = 0.02 if n < 200 else 0.02 + 0.0004 * (n - 200)
-        record = {
-            "kind": "step",
-            "step": n,
-            "t": float(n),
-            "duration_s": base * rng.uniform(0.8, 1.25),
-        }
+        record = {"kind": "step", "step": n, "t": float(n),
+                  "duration_s": base * rng.uniform(0.8, 1.25)}
         if n % 3 == 0:  # heavy steps only, as with every=3
             record["graph_nodes"] = 400 + (4 * (n - 300) if n > 300 else rng.choice([0, 0, 4]))
         codes += [a["code"] for a in engine.observe(record)]

@@ -102,3 +102,19 @@ def test_through_time_diagnoses_apply_only_where_timestep_layout_says_chain(
         codes += [(a["code"], a["subject"]) for a in engine.observe(record)]
     expected = [("vanishing", "cell"), ("exploding", "rnn")] if judged else []
     assert sorted(codes) == sorted(expected)
+
+
+def test_a_horizon_hovering_at_the_threshold_does_not_flap() -> None:
+    # 121 timesteps; the horizon spends 3 steps at 28% of the sequence, then 4 at 22%
+    def series(horizon: int) -> list[float]:
+        return [1e-9] * horizon + [1.0] * (121 - horizon)
+
+    engine = DiagnosisEngine({"clear_after": 3})
+    states = []
+    for n in range(60):
+        horizon = 34 if n % 7 < 3 else 27  # 0.28 raises; 0.22 < 0.25 but >= 0.1875
+        states += [a["state"] for a in engine.observe(step(n, {"lstm": {"input": series(horizon)}}))]
+    assert states == ["raised"] + ["updated"] * (len(states) - 1)
+    for n in range(60, 64):  # the gradient reaches back again: cleared after 3
+        states += [a["state"] for a in engine.observe(step(n, {"lstm": {"input": series(5)}}))]
+    assert states[-1] == "cleared"

@@ -4,7 +4,8 @@ The *horizon* is the earliest timestep whose gradient norm is at least
 ``vanishing_factor`` (1e-3) of the largest in the sequence; the timesteps before it
 get, in practice, no gradient. The alert fires when at least
 ``vanishing_min_fraction`` (a quarter) of a sequence of at least
-``vanishing_min_timesteps`` (16) lies before the horizon. Only chains are judged
+``vanishing_min_timesteps`` (16) lies before the horizon; once raised it holds down
+to three quarters of that fraction. Only chains are judged
 (``timestep_layout``), and never a series at the noise floor (``no_gradient``'s).
 
 The fix gives the remedies in order, each with when it applies: a loss at every
@@ -31,6 +32,10 @@ from .base import Detector, Finding, Verdicts, fmt, sig
 from .timeseries import Floor, decay_per_timestep, finite_positive, is_chain, pick_series
 
 
+#: once raised, the alert holds down to this fraction of ``vanishing_min_fraction``
+_HOLD = 0.75
+
+
 def suggest_truncation(reach: int) -> int:
     """A chunk length for truncated BPTT: the reach, rounded up to a multiple of 5."""
     return max(5, 5 * math.ceil(reach / 5))
@@ -42,6 +47,10 @@ class VanishingDetector(Detector):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
         self._floor = Floor(config)
+        # judgements in a row that held, per module: once there are as many as the
+        # engine needs to raise, a looser fraction keeps the alert (hysteresis), so a
+        # horizon hovering at the threshold does not flap
+        self._streak: dict[str, int] = {}
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         timesteps = record.get("timesteps")
@@ -55,7 +64,8 @@ class VanishingDetector(Detector):
             if self._floor.at_floor(module, max(picked[1])) or not is_chain(record, module):
                 verdicts[module] = None  # no gradient at all, or no chain through time
                 continue
-            verdicts[module] = self._judge(module, *picked)
+            verdicts[module] = found = self._judge(module, *picked)
+            self._streak[module] = self._streak.get(module, 0) + 1 if found else 0
         return verdicts
 
     def _judge(self, module: str, name: str, norms: list[float]) -> Finding | None:
@@ -66,7 +76,10 @@ class VanishingDetector(Detector):
         peak = max(norms)
         peak_t = norms.index(peak)
         horizon = next(t for t, v in enumerate(norms) if v >= factor * peak)
-        if horizon / n < float(self.config["vanishing_min_fraction"]):
+        needed = float(self.config["vanishing_min_fraction"])
+        if self._streak.get(module, 0) >= int(self.config.get("raise_after", 3)):
+            needed *= _HOLD
+        if horizon / n < needed:
             return None
         reach = n - horizon
         chunk = suggest_truncation(reach)

@@ -113,7 +113,9 @@ def test_a_horizon_hovering_at_the_threshold_does_not_flap() -> None:
     states = []
     for n in range(60):
         horizon = 34 if n % 7 < 3 else 27  # 0.28 raises; 0.22 < 0.25 but >= 0.1875
-        states += [a["state"] for a in engine.observe(step(n, {"lstm": {"input": series(horizon)}}))]
+        states += [
+            a["state"] for a in engine.observe(step(n, {"lstm": {"input": series(horizon)}}))
+        ]
     assert states == ["raised"] + ["updated"] * (len(states) - 1)
     for n in range(60, 64):  # the gradient reaches back again: cleared after 3
         states += [a["state"] for a in engine.observe(step(n, {"lstm": {"input": series(5)}}))]

@@ -31,7 +31,6 @@ from typing import Any
 from .base import Detector, Finding, Verdicts, fmt, sig
 from .timeseries import Floor, decay_per_timestep, finite_positive, is_chain, pick_series
 
-
 #: once raised, the alert holds down to this fraction of ``vanishing_min_fraction``
 _HOLD = 0.75
 

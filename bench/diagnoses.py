@@ -7,8 +7,15 @@ on a recorded step (3 recurrent modules x 121 timesteps, 24 parameter norms, 12
 profiled modules, graph size, memory) and on a light step (timing only), and
 ``gradwatch.protocol.dumps`` of the same recorded step. Medians over rounds.
 
+With ``--alarms`` it measures what the diagnoses say instead (bench/diagnosis_runs.py):
+per diagnosis, false alarms (alerts raised that are not true of the model) per 1,000
+healthy steps, over the fixed twin of every example and four tutorial-style models,
+each trained ``--steps`` (500) steps under seeded step-time jitter (±50%); and, per
+bug variant, the step at which its diagnosis is raised (also under jitter).
+
 Run:
     .venv/bin/python bench/diagnoses.py [--rounds 7] [--records 2000]
+    .venv/bin/python bench/diagnoses.py --alarms [--steps 500] [--seeds 1]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gradwatch.protocol import dumps
+from gradwatch.protocol import messages as m
 from gradwatch.trainer_hooks.diagnoses import DiagnosisEngine
 
 
@@ -70,11 +78,87 @@ def per_record(fn: Callable[[dict[str, Any]], Any], records: list[dict[str, Any]
     return (time.perf_counter() - start) / len(records)
 
 
+def alarms(steps: int, seeds: int) -> None:
+    """Print the false-alarm and detection tables (markdown)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import diagnosis_runs as runs
+
+    torch.set_num_threads(1)
+    healthy = 0
+    false: dict[str, int] = {code: 0 for code in m.ALERT_CODES}
+    per_model: list[tuple[str, int, list[str], list[str]]] = []
+    jobs: list[tuple[str, Callable[[int], tuple[list[dict[str, Any]], list[float]]]]] = [
+        (name, lambda seed, name=name: runs.run_model(name, steps, seed)) for name in runs.MODELS
+    ]
+    jobs += [
+        (
+            f"{name}-fixed",
+            lambda seed, name=name: runs.run_example(
+                name, "--fixed", "--steps", str(steps), "--max-seconds", "100000", seed=seed
+            ),
+        )
+        for name in sorted(runs.BUGS)
+    ]
+    for label, job in jobs:
+        for seed in range(1, seeds + 1):
+            alerts, durations = job(seed)
+            allowed = runs.EXPECTED.get(label, set())
+            bad = [
+                a
+                for a in alerts
+                if a["state"] == "raised" and (a["code"], a["subject"]) not in allowed
+            ]
+            true = [
+                a for a in alerts if a["state"] == "raised" and (a["code"], a["subject"]) in allowed
+            ]
+            healthy += len(durations)
+            for a in bad:
+                false[a["code"]] += 1
+            per_model.append(
+                (
+                    f"{label} (seed {seed})",
+                    len(durations),
+                    [f"{a['code']}@{a['step']}" for a in bad],
+                    [f"{a['code']} on {a['subject']}@{a['step']}" for a in true],
+                )
+            )
+    print(f"False alarms under jitter: {healthy} healthy steps\n")
+    print("| diagnosis | false alarms | per 1,000 healthy steps |")
+    print("| --- | ---: | ---: |")
+    for code, n in false.items():
+        print(f"| `{code}` | {n} | {1000 * n / max(healthy, 1):.2f} |")
+    print("\n| healthy run | steps | raised, false | raised, true of the model |")
+    print("| --- | ---: | --- | --- |")
+    for label, n, bad, true in per_model:
+        print(f"| {label} | {n} | {', '.join(bad) or 'nothing'} | {', '.join(true) or '-'} |")
+    print("\n| bug variant | diagnosis | raised at step |")
+    print("| --- | --- | ---: |")
+    for name, (code, subject) in sorted(runs.BUGS.items()):
+        alerts, _ = runs.run_example(name, "--steps", "10", seed=3)
+        raised = [
+            a["step"]
+            for a in alerts
+            if (a["code"], a["subject"], a["state"]) == (code, subject, "raised")
+        ]
+        print(f"| {name} | `{code}` on `{subject}` | {raised[0] if raised else 'not in 10'} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--records", type=int, default=2000)
+    p.add_argument("--alarms", action="store_true", help="false alarms and detection steps")
+    p.add_argument("--steps", type=int, default=500, help="with --alarms: steps per healthy run")
+    p.add_argument("--seeds", type=int, default=1, help="with --alarms: jitter seeds per run")
     args = p.parse_args()
+    if args.alarms:
+        alarms(args.steps, args.seeds)
+        return
     rng = random.Random(0)
     heavies = [heavy(s, rng) for s in range(args.records)]
     lights = [light(s, rng) for s in range(args.records)]

@@ -36,7 +36,15 @@ END: Final = "end"
 RECORD_KINDS: Final = (STEP, EPOCH, ALERT, END)
 
 # Alert codes, severities and life cycle.
-ALERT_CODES: Final = ("vanishing", "exploding", "nonfinite", "graph_growth", "slowdown", "hotspot")
+ALERT_CODES: Final = (
+    "vanishing",
+    "exploding",
+    "nonfinite",
+    "graph_growth",
+    "slowdown",
+    "hotspot",
+    "no_gradient",
+)
 SEVERITIES: Final = ("info", "warning", "error")
 ALERT_STATES: Final = ("raised", "updated", "cleared")
 END_STATUSES: Final = ("finished", "crashed")
@@ -162,6 +170,8 @@ class AlertRecord(TypedDict, total=False):
     hint: str
     evidence: dict[str, Any]
     t: float
+    problem: str
+    opens_problem: bool
 
 
 class EndRecord(TypedDict, total=False):

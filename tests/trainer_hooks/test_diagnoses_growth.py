@@ -56,18 +56,27 @@ def run(engine: DiagnosisEngine, records: list[dict[str, Any]]) -> list[dict[str
 def test_graph_growth_fires_on_state_carried_without_detach_and_not_with_it() -> None:
     growing = carried_state_graph_sizes(detach=False)
     assert growing[-1] > 4 * growing[0]  # the premise: the real graph grows
-    alerts = run(DiagnosisEngine(), [step(n, graph_nodes=g) for n, g in enumerate(growing)])
+    alerts = run(
+        DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}),
+        [step(n, graph_nodes=g) for n, g in enumerate(growing)],
+    )
     assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("graph_growth", "graph", 3)]
     assert alerts[0]["evidence"]["graph_nodes"] == growing[:4]
     assert "detach" in alerts[0]["hint"] and "loss.item()" in alerts[0]["hint"]
 
     flat = carried_state_graph_sizes(detach=True)
     assert len(set(flat)) == 1
-    assert run(DiagnosisEngine(), [step(n, graph_nodes=g) for n, g in enumerate(flat)]) == []
+    assert (
+        run(
+            DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}),
+            [step(n, graph_nodes=g) for n, g in enumerate(flat)],
+        )
+        == []
+    )
 
 
 def test_graph_growth_names_the_module_from_the_capture_stale_state_alert() -> None:
-    engine = DiagnosisEngine()
+    engine = DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1})
     stale = {"kind": "alert", "code": "graph_growth", "subject": "lstm1", "state": "raised"}
     assert engine.observe(stale) == []  # the capture's own alert is not repeated
     alerts = run(
@@ -81,7 +90,7 @@ def test_graph_growth_names_the_module_from_the_capture_stale_state_alert() -> N
 
 def test_graph_growth_says_at_least_when_the_walk_was_cut_short() -> None:
     records = [step(n, graph_nodes=1000 * (n + 1), graph_truncated=n >= 2) for n in range(4)]
-    (alert,) = run(DiagnosisEngine(), records)
+    (alert,) = run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records)
     assert alert["evidence"]["truncated"] is True and "at least 4,000" in alert["message"]
 
 
@@ -89,17 +98,18 @@ def test_slowdown_fires_on_a_rising_step_time_explained_by_the_graph() -> None:
     rng = random.Random(1)
     records = [
         step(n, duration_s=0.010 * (1 + 0.2 * n) * rng.uniform(0.9, 1.1), graph_nodes=500 * (n + 1))
-        for n in range(12)
+        for n in range(40)
     ]
-    records[5]["duration_s"] = 5.0  # one pause (GC, checkpoint) does not bend Theil–Sen
+    records[8]["duration_s"] = 5.0  # one pause (GC, checkpoint) does not bend Theil–Sen
     alerts = [a for a in run(DiagnosisEngine(), records) if a["code"] == "slowdown"]
-    # steps 1-8 set the starting speed (median 20 ms, the pause included); the trend
-    # passes 1.5x that (30 ms) at step 10-11, here with ±10% noise at step 11
-    assert [(a["subject"], a["step"]) for a in alerts] == [("step_time", 11)]
+    # steps 0-4 are warm-up; steps 5-12 set the starting speed (median 29 ms, the pause
+    # included); the window is judged from 16 steps on (step 20), and the alert is
+    # raised after slowdown_sustain (15) judgements in a row
+    assert [(a["subject"], a["step"]) for a in alerts] == [("step_time", 34)]
     ev = alerts[0]["evidence"]
     assert ev["explained_by"] == ["graph_nodes"]
     assert 0.0015 < ev["seconds_per_step"] < 0.0025  # the true slope is 0.002 s/step
-    assert ev["first_s"] == pytest.approx(0.02, rel=0.05)
+    assert ev["first_s"] == pytest.approx(0.029, rel=0.05)
     assert "graph grew" in alerts[0]["message"] and "detach" in alerts[0]["hint"]
 
 
@@ -107,12 +117,12 @@ def test_slowdown_is_silent_on_noisy_but_flat_step_times() -> None:
     rng = random.Random(2)
     records = [step(n, duration_s=0.02 * rng.uniform(0.7, 1.3), graph_nodes=900) for n in range(60)]
     records[0]["duration_s"] = 3.0  # the first step carries start-up work
-    assert run(DiagnosisEngine(), records) == []
+    assert run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records) == []
 
 
 def test_slowdown_names_the_profiled_module_whose_time_grows() -> None:
     records = []
-    for n in range(10):
+    for n in range(25):
         cell = 0.004 * n
         profile = {
             "": {"forward_s": 0.01 + cell, "backward_s": 0.0, "calls": 1},
@@ -120,16 +130,28 @@ def test_slowdown_names_the_profiled_module_whose_time_grows() -> None:
             "out": {"forward_s": 0.001, "backward_s": 0.001, "calls": 1},
         }
         records.append(step(n, duration_s=0.01 + cell, profile=profile))
-    (alert,) = [a for a in run(DiagnosisEngine(), records) if a["code"] == "slowdown"]
+    (alert,) = [
+        a
+        for a in run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records)
+        if a["code"] == "slowdown"
+    ]
     assert alert["evidence"]["module"] == "cell" and alert["evidence"]["explained_by"] == []
     assert "most of the added time is in cell" in alert["message"]
     assert "neither the graph size nor memory" in alert["message"]
 
 
 def test_slowdown_clears_when_step_time_levels_off() -> None:
-    engine = DiagnosisEngine({"slowdown_window": 10, "clear_after": 3})
-    rising = [step(n, duration_s=0.01 * (n + 1)) for n in range(10)]
-    flat = [step(n, duration_s=0.1) for n in range(10, 30)]
+    engine = DiagnosisEngine(
+        {
+            "raise_after": 1,
+            "slowdown_sustain": 1,
+            "slowdown_window": 16,
+            "clear_after": 3,
+            "slowdown_skip_first": 1,
+        }
+    )
+    rising = [step(n, duration_s=0.01 * (n + 1)) for n in range(20)]
+    flat = [step(n, duration_s=0.2) for n in range(20, 50)]
     states = [a["state"] for a in run(engine, rising + flat)]
     assert states == ["raised", "cleared"]
 
@@ -138,7 +160,7 @@ def test_graph_growth_stays_raised_while_a_large_graph_keeps_growing_linearly() 
     # +18 nodes per step from 28: after 300 steps the window grows by only 2%, but the
     # graph is 190x its starting size and still growing, so the alert must hold.
     records = [step(n, graph_nodes=28 + 18 * n) for n in range(300)]
-    alerts = run(DiagnosisEngine(), records)
+    alerts = run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records)
     assert [a["state"] for a in alerts] == ["raised"] + ["updated"] * (len(alerts) - 1)
     assert alerts[-1]["evidence"]["start_nodes"] == 28
 
@@ -146,6 +168,47 @@ def test_graph_growth_stays_raised_while_a_large_graph_keeps_growing_linearly() 
 def test_slowdown_holds_through_noise_on_a_long_linear_slowdown() -> None:
     rng = random.Random(3)
     records = [step(n, duration_s=0.05 * (1 + 0.5 * n) * rng.uniform(0.7, 1.3)) for n in range(200)]
-    alerts = [a for a in run(DiagnosisEngine(), records) if a["code"] == "slowdown"]
+    alerts = [
+        a
+        for a in run(DiagnosisEngine({"raise_after": 1, "slowdown_sustain": 1}), records)
+        if a["code"] == "slowdown"
+    ]
     assert [a["state"] for a in alerts].count("raised") == 1
     assert "cleared" not in [a["state"] for a in alerts]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_slowdown_is_silent_on_machine_load_bursts_and_level_shifts(seed: int) -> None:
+    # a loaded shared machine: ±50% jitter, a burst of 10 steps at 2-20x, and from
+    # step 200 on every step 1.8x slower (another process started): no slowdown
+    rng = random.Random(seed)
+    records = []
+    for n in range(400):
+        base = 0.01 * (1.8 if n >= 200 else 1.0) * rng.uniform(1.0, 2.0)
+        if 120 <= n < 130:
+            base *= rng.uniform(2, 20)
+        records.append(step(n, duration_s=base, graph_nodes=900))
+    assert [a for a in run(DiagnosisEngine(), records) if a["code"] == "slowdown"] == []
+
+
+@pytest.mark.parametrize(
+    ("field", "said", "fix"),
+    [
+        ("graph_nodes", "the autograd graph grew", "Detach carried state"),
+        ("rss_bytes", "process memory grew", "tensors kept across steps"),
+        (None, "neither the graph size nor memory grew", "work that grows with time"),
+    ],
+)
+def test_slowdown_message_and_fix_always_tell_the_same_story(
+    field: str | None, said: str, fix: str
+) -> None:
+    records = []
+    for n in range(60):
+        fields: dict[str, Any] = {"graph_nodes": 500, "rss_bytes": 10**9}
+        if field is not None:
+            fields[field] = int(fields[field] * (1 + 0.05 * n))
+        records.append(step(n, duration_s=0.01 * (1 + 0.1 * n), **fields))
+    alerts = [a for a in run(DiagnosisEngine(), records) if a["code"] == "slowdown"]
+    assert alerts and all(a["state"] != "cleared" for a in alerts)
+    for a in alerts:
+        assert said in a["message"] and fix in a["hint"]

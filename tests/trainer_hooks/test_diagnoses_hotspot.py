@@ -30,7 +30,7 @@ LOOPED = {
 
 
 def test_hotspot_names_the_looped_module_its_calls_and_where_inside() -> None:
-    (alert,) = DiagnosisEngine().observe(step(1, 0.1, LOOPED))
+    (alert,) = DiagnosisEngine({"raise_after": 1}).observe(step(1, 0.1, LOOPED))
     ev = alert["evidence"]
     assert (alert["code"], alert["subject"]) == ("hotspot", "decoder")
     assert ev["calls"] == 20 and ev["share"] == 0.75 and ev["of"] == "the forward pass"
@@ -47,20 +47,23 @@ def test_hotspot_ignores_a_module_that_dominates_in_one_call() -> None:
         "decoder": entry(0.012, 0.02, 1),
         "encoder": entry(0.007, 0.01, 1),
     }
-    assert DiagnosisEngine().observe(step(1, 0.06, batched)) == []
+    assert DiagnosisEngine({"raise_after": 1}).observe(step(1, 0.06, batched)) == []
 
 
 def test_hotspot_without_the_root_entry_uses_the_step_time() -> None:
     profile = {k: v for k, v in LOOPED.items() if k != "Seq2Seq"}
-    (alert,) = DiagnosisEngine().observe(step(1, 0.05, profile))
+    (alert,) = DiagnosisEngine({"raise_after": 1}).observe(step(1, 0.05, profile))
     assert alert["evidence"]["of"] == "the step" and alert["evidence"]["share"] == 0.6
 
 
 def test_hotspot_thresholds_are_configurable_and_it_clears() -> None:
-    engine = DiagnosisEngine({"hotspot_share": 0.8, "clear_after": 1})
+    engine = DiagnosisEngine({"raise_after": 1, "hotspot_share": 0.8, "clear_after": 1})
     assert engine.observe(step(1, 0.1, LOOPED)) == []  # 75% < 80%
-    assert DiagnosisEngine({"hotspot_min_calls": 21}).observe(step(1, 0.1, LOOPED)) == []
-    engine = DiagnosisEngine({"clear_after": 1})
+    assert (
+        DiagnosisEngine({"raise_after": 1, "hotspot_min_calls": 21}).observe(step(1, 0.1, LOOPED))
+        == []
+    )
+    engine = DiagnosisEngine({"raise_after": 1, "clear_after": 1})
     assert [a["state"] for a in engine.observe(step(1, 0.1, LOOPED))] == ["raised"]
     quiet = dict(LOOPED, decoder=entry(0.001, 0.001, 20))
     assert [a["state"] for a in engine.observe(step(2, 0.1, quiet))] == ["cleared"]
@@ -68,4 +71,56 @@ def test_hotspot_thresholds_are_configurable_and_it_clears() -> None:
 
 def test_hotspot_needs_a_profile() -> None:
     record = {"kind": "step", "step": 0, "t": 0.0, "duration_s": 0.1}
-    assert DiagnosisEngine().observe(record) == []
+    assert DiagnosisEngine({"raise_after": 1}).observe(record) == []
+
+
+def tutorial(rng: Any) -> dict[str, Any]:
+    """Shaped like the PyTorch seq2seq tutorial: the decoder runs once per step and
+    loops over 10 target tokens, calling Bahdanau attention and a fused GRU each time;
+    which of the two takes longer changes from step to step."""
+    att, gru = rng.uniform(0.008, 0.02), rng.uniform(0.008, 0.02)
+    return {
+        "Seq2Seq": entry(0.05, 0.06, 1),
+        "encoder": entry(0.008, 0.01, 1),
+        "encoder.gru": entry(0.007, 0.009, 1),
+        "decoder": entry(0.04, 0.05, 1),
+        "decoder.embedding": entry(0.001, 0.0, 10),
+        "decoder.attention": entry(att, 0.01, 10),
+        "decoder.attention.Ua": entry(att / 3, 0.003, 10),
+        "decoder.attention.Wa": entry(att / 4, 0.003, 10),
+        "decoder.gru": entry(gru, 0.02, 10),
+        "decoder.out": entry(0.002, 0.002, 10),
+    }
+
+
+def test_hotspot_names_the_module_that_holds_the_loop_and_never_flaps_between_children() -> None:
+    import random
+
+    rng = random.Random(5)
+    engine = DiagnosisEngine()
+    alerts = []
+    for n in range(40):
+        alerts += engine.observe(step(n, 0.12 * rng.uniform(0.5, 1.5), tutorial(rng)))
+    assert [(a["state"], a["subject"]) for a in alerts if a["state"] != "updated"] == [
+        ("raised", "decoder")
+    ]
+    alert = alerts[0]
+    ev = alert["evidence"]
+    assert ev["calls"] == 1 and ev["loop_calls"] == 10 and ev["holds_loop"] is True
+    assert ev["child_calls"] == {"embedding": 10, "attention": 10, "gru": 10, "out": 10}
+    assert set(ev["children"]) == {"embedding", "attention", "gru", "out"}
+    assert "loops 10 times per step inside" in alert["message"]
+    # the fix moves the key projection out first and keeps the loop when it must stay
+    hint = alert["hint"]
+    assert "Ua(keys)" in hint and "decoder.attention" in hint
+    assert hint.index("Ua(keys)") < hint.index("the loop itself must stay")
+    assert "only when no step depends on the previous one" in hint
+
+
+def test_hotspot_is_not_raised_by_one_step_and_clears_only_after_sustained_absence() -> None:
+    engine = DiagnosisEngine({"raise_after": 3, "clear_after": 4})
+    quiet = dict(LOOPED, decoder=entry(0.001, 0.001, 20))
+    states = []
+    for n, prof in enumerate([LOOPED, quiet, LOOPED, LOOPED, LOOPED, quiet, LOOPED] + [quiet] * 4):
+        states += [(a["state"], a["step"]) for a in engine.observe(step(n, 0.1, prof))]
+    assert states == [("raised", 4), ("cleared", 10)]

@@ -31,7 +31,9 @@ def rnn_input_grad_norms(scale: float, timesteps: int = 60) -> list[float]:
 
 def test_exploding_through_time_on_a_real_rnn_with_recurrent_gain_above_one() -> None:
     norms = rnn_input_grad_norms(1.2)
-    alerts = DiagnosisEngine().observe(step(0, timesteps={"rnn": {"input": norms}}))
+    alerts = DiagnosisEngine({"raise_after": 1}).observe(
+        step(0, timesteps={"rnn": {"input": norms}})
+    )
     (alert,) = [a for a in alerts if a["code"] == "exploding"]
     assert alert["subject"] == "rnn" and alert["evidence"]["early_over_late"] > 1e3
     assert alert["evidence"]["growth_per_timestep"] == pytest.approx(1.2, rel=0.05)
@@ -40,11 +42,14 @@ def test_exploding_through_time_on_a_real_rnn_with_recurrent_gain_above_one() ->
 
 def test_exploding_is_silent_with_recurrent_gain_one() -> None:
     norms = rnn_input_grad_norms(1.0)
-    assert DiagnosisEngine().observe(step(0, timesteps={"rnn": {"input": norms}})) == []
+    assert (
+        DiagnosisEngine({"raise_after": 1}).observe(step(0, timesteps={"rnn": {"input": norms}}))
+        == []
+    )
 
 
 def test_exploding_over_steps_suggests_a_clip_value_from_recent_norms() -> None:
-    engine = DiagnosisEngine()
+    engine = DiagnosisEngine({"raise_after": 1})
     norms = [1.0, 1.2, 0.9, 1.1, 1.3, 1.0, 0.8, 1.4, 1.2, 1.1]
     for n, v in enumerate(norms):
         assert engine.observe(step(n, total_norm=v)) == []
@@ -57,7 +62,7 @@ def test_exploding_over_steps_suggests_a_clip_value_from_recent_norms() -> None:
 
 
 def test_exploding_waits_for_history_before_judging_steps() -> None:
-    engine = DiagnosisEngine()
+    engine = DiagnosisEngine({"raise_after": 1})
     assert engine.observe(step(0, total_norm=1.0)) == []
     assert engine.observe(step(1, total_norm=1e6)) == []  # one earlier value is no baseline
 
@@ -78,7 +83,7 @@ def test_nonfinite_names_the_first_parameter_module_and_timestep() -> None:
         loss="Infinity",
         nonfinite={"parameters": bad, "timesteps": {"lstm": {"input": 37, "layer1": 12}}},
     )
-    (alert,) = DiagnosisEngine().observe(record)
+    (alert,) = DiagnosisEngine({"raise_after": 1}).observe(record)
     ev = alert["evidence"]
     assert (alert["code"], alert["subject"], alert["severity"]) == ("nonfinite", "0", "error")
     assert ev["first_parameter"] == "0.weight" and ev["first_step"] == 5
@@ -88,7 +93,7 @@ def test_nonfinite_names_the_first_parameter_module_and_timestep() -> None:
 
 
 def test_nonfinite_remembers_the_first_step_while_it_holds() -> None:
-    engine = DiagnosisEngine({"update_every": 1})
+    engine = DiagnosisEngine({"raise_after": 1, "update_every": 1})
     engine.observe(step(3, nonfinite={"parameters": ["enc.lstm.weight_hh_l0"]}))
     (update,) = engine.observe(step(4, nonfinite={"parameters": ["enc.lstm.weight_hh_l0"]}))
     assert update["subject"] == "enc.lstm" and update["state"] == "updated"

@@ -68,7 +68,9 @@ def test_exploding_alert_suggests_a_clip_value_from_the_run(tmp_path: Path) -> N
             model.zero_grad()
             loss.backward()
             monitor.step(loss)
-    (alert,) = [a for a in alerts_in(spool) if a["state"] == "raised"]
+    # only exploding's alerts: slowdown also judges this run's step times, and a busy
+    # machine is no business of this test (test_false_alarms.py judges that)
+    (alert,) = [a for a in alerts_in(spool) if a["state"] == "raised" and a["code"] == "exploding"]
     assert (alert["code"], alert["subject"], alert["step"]) == ("exploding", "total_norm", 10)
     clip = alert["evidence"]["clip"]
     assert 0 < clip < alert["evidence"]["total_norm"] / 100
@@ -83,10 +85,12 @@ def test_diagnose_switch_turns_the_vanishing_alert_on_and_off(
     model = torch.nn.LSTM(1, 8, batch_first=True)
     spool = tmp_path / "switch.jsonl"
     with watch(model, run="switch", spool=spool, diagnose=diagnose) as monitor:
-        out, _ = model(torch.randn(4, 121, 1))
-        loss = out[:, -1].sum()  # the loss on the last of 121 timesteps
-        loss.backward()
-        monitor.step(loss)
+        for _ in range(3):  # raised once it held three steps in a row (raise_after)
+            out, _ = model(torch.randn(4, 121, 1))
+            loss = out[:, -1].sum()  # the loss on the last of 121 timesteps
+            model.zero_grad()
+            loss.backward()
+            monitor.step(loss)
     codes = [(a["code"], a["subject"]) for a in alerts_in(spool)]
     # the watched model itself has the empty name; the capture calls it by its class
     assert codes == ([("vanishing", "LSTM")] if diagnose else [])

@@ -35,6 +35,15 @@ class Finding:
     message: str
     hint: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: raise on the first judgement that holds (a NaN, a spike) instead of waiting for
+    #: ``raise_after`` judgements in a row: for events that are no matter of noise
+    immediate: bool = False
+    #: judgements in a row needed before raising, instead of ``raise_after`` (a
+    #: slowdown must outlast a burst of load on the machine)
+    sustain: int | None = None
+    #: the cause this finding belongs to; findings that share it are one problem (one
+    #: card, one count). None: the problem is ``code:subject``
+    problem: str | None = None
 
 
 class Detector:

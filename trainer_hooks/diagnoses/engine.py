@@ -2,9 +2,15 @@
 
 Runs on the Monitor's background thread, never on the training thread. It turns
 each detector's per-record verdicts into alert records with a life cycle: an alert,
-identified by ``(code, subject)``, is ``raised`` once, ``updated`` at most every
-``update_every`` steps while it holds and its evidence changed, and ``cleared``
-after ``clear_after`` judgements in a row without the condition.
+identified by ``(code, subject)``, is ``raised`` once its condition held for
+``raise_after`` judgements in a row (at once for events such as a NaN), ``updated``
+at most every ``update_every`` steps while it holds and its evidence changed, and
+``cleared`` after ``clear_after`` judgements in a row without the condition.
+
+Alerts are grouped by cause: each carries ``problem`` (alerts that share it are one
+problem: the capture's stale-state alerts on ``lstm1``, ``lstm2``, ``lstm3`` and the
+graph's own growth are one), and the first record of each problem in the run has
+``opens_problem: true``, which is what the server and the dashboard count.
 
 Example:
     >>> engine = DiagnosisEngine({"clear_after": 2})
@@ -26,6 +32,7 @@ from .base import Detector, Finding
 from .exploding import ExplodingDetector
 from .graph_growth import GraphGrowthDetector
 from .hotspot import HotspotDetector
+from .nogradient import NoGradientDetector
 from .nonfinite import NonfiniteDetector
 from .slowdown import SlowdownDetector
 from .thresholds import resolve
@@ -33,6 +40,7 @@ from .vanishing import VanishingDetector
 
 DETECTORS: tuple[type[Detector], ...] = (
     NonfiniteDetector,
+    NoGradientDetector,
     VanishingDetector,
     ExplodingDetector,
     GraphGrowthDetector,
@@ -48,6 +56,23 @@ class _AlertState:
     emitted_evidence: dict[str, Any]
     misses: int = 0
     first_miss_step: int | None = None
+
+
+def problem_of(code: str, subject: str, finding: Finding | None = None) -> str:
+    """The cause an alert belongs to: alerts that share it are one problem.
+
+    Every ``graph_growth`` (the capture's per-module stale state and the graph's own
+    growth) is one cause, so is every ``no_gradient``; otherwise ``code:subject``.
+
+    Example:
+        >>> problem_of("graph_growth", "lstm2"), problem_of("vanishing", "lstm")
+        ('graph_growth', 'vanishing:lstm')
+    """
+    if finding is not None and finding.problem:
+        return finding.problem
+    if code in ("graph_growth", "no_gradient"):
+        return code
+    return f"{code}:{subject}"
 
 
 class DiagnosisEngine:
@@ -66,6 +91,9 @@ class DiagnosisEngine:
         self.config = resolve(config)
         self.detectors = [cls(self.config) for cls in DETECTORS]
         self._active: dict[tuple[str, str], _AlertState] = {}
+        # judgements in a row that held, for conditions not raised yet
+        self._pending: dict[tuple[str, str], int] = {}
+        self._problems: set[str] = set()
         self._failed: set[str] = set()
         self._once = WarnOnce()
         self._last_step = 0
@@ -76,7 +104,12 @@ class DiagnosisEngine:
         kind = record.get("kind")
         if kind == "alert":
             # The capture's own alerts (stale hidden state) name modules our detectors
-            # cannot see; let them mention it.
+            # cannot see; let them mention it, and group them with ours by cause.
+            if isinstance(record, dict) and isinstance(record.get("code"), str):
+                problem = problem_of(record["code"], str(record.get("subject", "")))
+                record["problem"] = problem
+                record["opens_problem"] = problem not in self._problems
+                self._problems.add(problem)
             for detector in self.detectors:
                 detector.note_alert(record)
             return []
@@ -131,6 +164,12 @@ class DiagnosisEngine:
         state = self._active.get(key)
         if finding is not None:
             if state is None:
+                held = self._pending.get(key, 0) + 1
+                needed = finding.sustain or int(self.config["raise_after"])
+                if held < needed and not finding.immediate:
+                    self._pending[key] = held
+                    return None
+                self._pending.pop(key, None)
                 self._active[key] = _AlertState(finding, step, finding.evidence)
                 return self._record(code, subject, "raised", finding, step, t)
             state.finding, state.misses, state.first_miss_step = finding, 0, None
@@ -142,6 +181,7 @@ class DiagnosisEngine:
                 return self._record(code, subject, "updated", finding, step, t)
             return None
         if state is None:
+            self._pending.pop(key, None)  # not sustained: start counting again
             return None
         state.misses += 1
         if state.first_miss_step is None:
@@ -154,13 +194,16 @@ class DiagnosisEngine:
             message=f"{code} on {subject} no longer holds (since step {state.first_miss_step})",
             hint=state.finding.hint,
             evidence={"since_step": state.first_miss_step, "checks": state.misses},
+            problem=state.finding.problem,
         )
         return self._record(code, subject, "cleared", cleared, step, t)
 
-    @staticmethod
     def _record(
-        code: str, subject: str, state: str, finding: Finding, step: int, t: float
+        self, code: str, subject: str, state: str, finding: Finding, step: int, t: float
     ) -> dict[str, Any]:
+        problem = problem_of(code, subject, finding)
+        opens = state == "raised" and problem not in self._problems
+        self._problems.add(problem)
         return {
             "kind": "alert",
             "step": step,
@@ -172,4 +215,6 @@ class DiagnosisEngine:
             "hint": finding.hint,
             "evidence": dict(finding.evidence),
             "t": t,
+            "problem": problem,
+            "opens_problem": opens,
         }

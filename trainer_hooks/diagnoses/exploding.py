@@ -7,7 +7,15 @@ Two conditions, two kinds of subject:
   latest quarter: the gradient grows as it flows back.
 - over steps (subject ``total_norm``): this step's total gradient norm is
   ``exploding_step_ratio`` (50) times the median of the last ``exploding_window``
-  (50) recorded steps.
+  (50) recorded steps, and larger than any total norm earlier in the run (a bump
+  no larger than the run's first steps took wrecks no update).
+
+Magnitude, not ratios: neither condition judges gradients at the noise floor
+(``timeseries.Floor``: 0, below ``gradient_floor_abs``, or below ``gradient_floor``
+of their own peak in the run), where 4e-26 over 4e-40 is a huge ratio of nothing;
+``no_gradient`` says that plainly instead. Through time is judged only where the
+module's calls form a chain (``timestep_layout``). A spike over steps is an event
+against the run's own history and is raised at once.
 
 The suggested clip value is the ``exploding_clip_quantile`` (0.9) quantile of the
 recent finite total norms: it leaves ordinary steps alone and caps the spikes.
@@ -29,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import Detector, Finding, Verdicts, as_float, fmt, median, quantile, sig, step_of
-from .timeseries import finite_positive, pick_series
+from .timeseries import Floor, finite_positive, is_chain, pick_series
 
 
 class ExplodingDetector(Detector):
@@ -38,6 +46,8 @@ class ExplodingDetector(Detector):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
         self._norms: deque[float] = deque(maxlen=int(config["exploding_window"]))
+        self._floor = Floor(config)
+        self._peak = 0.0  # the largest total norm of the run so far
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         if record.get("kind") != "step":
@@ -47,12 +57,20 @@ class ExplodingDetector(Detector):
         if isinstance(timesteps, Mapping):
             for module, series in timesteps.items():
                 picked = pick_series(series)
-                if picked is not None and finite_positive(picked[1]):
-                    verdicts[module] = self._through_time(module, *picked)
+                if picked is None or not finite_positive(picked[1]):
+                    continue
+                if self._floor.at_floor(module, max(picked[1])) or not is_chain(record, module):
+                    verdicts[module] = None  # judged: no growth through time to speak of
+                    continue
+                verdicts[module] = self._through_time(module, *picked)
         total = as_float(record.get("total_norm"))
         if total is not None and math.isfinite(total):
-            verdicts["total_norm"] = self._over_steps(total, step_of(record))
+            if self._floor.at_floor("", total):
+                verdicts["total_norm"] = None
+            else:
+                verdicts["total_norm"] = self._over_steps(total, step_of(record))
             self._norms.append(total)
+            self._peak = max(self._peak, total)
         return verdicts
 
     def clip(self) -> float | None:
@@ -110,6 +128,10 @@ class ExplodingDetector(Detector):
         base = median(list(self._norms))
         if base <= 0 or total < float(self.config["exploding_step_ratio"]) * base:
             return None
+        if total <= self._peak:
+            # no larger than gradients this run already took (its first steps, say):
+            # an ordinary bump for this run, not one that wrecks an update
+            return None
         evidence = {
             "total_norm": sig(total),
             "median_recent": sig(base),
@@ -121,4 +143,4 @@ class ExplodingDetector(Detector):
             f"total gradient norm {fmt(total)} at step {step} is {fmt(total / base)}x the "
             f"median of the last {len(self._norms)} recorded steps ({fmt(base)})"
         )
-        return Finding("warning", message, self._clip_hint(), evidence)
+        return Finding("warning", message, self._clip_hint(), evidence, immediate=True)

@@ -11,11 +11,19 @@ is complete; docs/CAPTURE.md), so their sum can exceed the step. The backward ti
 is still reported as evidence. Without the model's own entry, the share is of the
 step's ``duration_s``.
 
-Why the call count: a module that does most of the work in one call is doing its
-job; one called once per token in a Python loop (a decoder with attention) can be
-batched. Among several, the one with the largest share is named (the outermost; the
-root model is excluded, see ``profiles.py``), with its children's shares as evidence
-of where inside it the time goes.
+Hierarchical: the hotspot is the module that holds the loop. A module run once per
+step whose children run ``hotspot_min_calls`` times or more per call (a decoder
+looping over target tokens, calling attention and a GRU cell each time) is named
+itself, with its children as the parts (share of the forward pass and calls). A
+module itself called in a loop that no profiled module holds (the training code or
+the root model loops over it) is named as before. The outermost such module is
+named, so the alert does not wander between children from step to step; once
+raised it holds while the share stays above three quarters of ``hotspot_share``.
+
+The fix names what can move out of the loop first (work each call recomputes from
+the same tensor, such as attention's key projection of the encoder outputs,
+``Ua(keys)``), and says when the loop itself can go: only when no step feeds on the
+previous step's hidden state.
 
 Example:
     >>> d = HotspotDetector({"hotspot_share": 0.4, "hotspot_min_calls": 4})
@@ -33,7 +41,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import Detector, Finding, Verdicts, as_float, fmt, sig
-from .profiles import read_profile
+from .profiles import Row, read_profile
+
+
+def _parent(name: str) -> str:
+    return name.rpartition(".")[0]
 
 
 class HotspotDetector(Detector):
@@ -42,6 +54,7 @@ class HotspotDetector(Detector):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
         self._seen: set[str] = set()
+        self._holding: str | None = None
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         profile = record.get("profile")
@@ -52,46 +65,106 @@ class HotspotDetector(Detector):
         whole = root.forward_s if root is not None and root.forward_s > 0 else duration
         of_what = "the forward pass" if root is not None and root.forward_s > 0 else "the step"
         verdicts: Verdicts = {name: None for name in self._seen}
+        found = self._hotspot(rows, whole)
+        if found is None:
+            self._holding = None
+            return verdicts
+        name, loop = found
+        self._holding = name
+        self._seen.add(name)
+        verdicts[name] = self._finding(name, loop, rows, whole, of_what, duration)
+        return verdicts
+
+    def _hotspot(self, rows: Mapping[str, Row], whole: float) -> tuple[str, int] | None:
+        """(the module that holds the loop, calls per step of the loop), or None."""
         share_min = float(self.config["hotspot_share"])
         calls_min = int(self.config["hotspot_min_calls"])
-        hot = [
-            (min(1.0, row.forward_s / whole), name)
-            for name, row in rows.items()
-            if row.calls >= calls_min and row.forward_s / whole >= share_min
-        ]
-        if not hot:
-            return verdicts
-        share, name = max(hot)
+        found: list[tuple[int, float, str, int]] = []
+        for name, row in rows.items():
+            share = row.forward_s / whole
+            floor = share_min * 0.75 if name == self._holding else share_min
+            if share < floor or row.calls < 1:
+                continue
+            inner = [
+                r.calls
+                for child, r in rows.items()
+                if child.startswith(name + ".") and r.calls >= calls_min * row.calls
+            ]
+            if row.calls < calls_min and inner:
+                found.append((name.count("."), -share, name, max(inner)))
+            elif row.calls >= calls_min and not any(
+                rows.get(a) is not None and rows[a].calls < calls_min for a in _ancestors(name)
+            ):
+                found.append((name.count("."), -share, name, row.calls))
+        if not found:
+            return None
+        _, _, name, loop = min(found)
+        return name, loop
+
+    def _finding(
+        self,
+        name: str,
+        loop: int,
+        rows: Mapping[str, Row],
+        whole: float,
+        of_what: str,
+        duration: float,
+    ) -> Finding:
         row = rows[name]
+        share = min(1.0, row.forward_s / whole)
+        direct = {c: r for c, r in rows.items() if _parent(c) == name}
         children = {
-            child[len(name) + 1 :]: sig(min(1.0, r.forward_s / whole), 2)
-            for child, r in rows.items()
-            if child.startswith(name + ".") and "." not in child[len(name) + 1 :]
+            c[len(name) + 1 :]: sig(min(1.0, r.forward_s / whole), 2) for c, r in direct.items()
         }
+        child_calls = {c[len(name) + 1 :]: r.calls for c, r in direct.items()}
         evidence: dict[str, Any] = {
             "share": sig(share, 2),
             "of": of_what,
             "calls": row.calls,
+            "loop_calls": loop,
+            "holds_loop": row.calls < loop,
             "forward_s": sig(row.forward_s),
             "backward_s": sig(row.backward_s),
             "step_s": sig(duration),
             "forward_per_call_ms": sig(row.forward_s / max(row.calls, 1) * 1e3),
             "children": children,
+            "child_calls": child_calls,
         }
         message = (
             f"{name} takes {share:.0%} of {of_what} ({fmt(row.forward_s * 1e3)} of "
-            f"{fmt(whole * 1e3)} ms; step {fmt(duration * 1e3)} ms) in {row.calls} calls "
-            "per step"
+            f"{fmt(whole * 1e3)} ms; step {fmt(duration * 1e3)} ms) "
+            + (
+                f"and loops {loop} times per step inside"
+                if row.calls < loop
+                else f"in {row.calls} calls per step"
+            )
         )
         if children:
             top = sorted(children.items(), key=lambda kv: -kv[1])[:3]
-            message += "; inside it: " + ", ".join(f"{c} {s:.0%}" for c, s in top)
-        hint = (
-            f"{name} runs {row.calls} times per step in a Python loop: batch those calls, "
-            "for example run the recurrent part once over the whole sequence (teacher "
-            "forcing with a fused nn.LSTM/nn.GRU) and compute attention for all positions "
-            "at once with batched matrix products (torch.bmm)"
+            message += "; inside it: " + ", ".join(
+                f"{c} {s:.0%} ({child_calls[c]} calls)" for c, s in top
+            )
+        attention = next((c for c in children if "att" in c.lower()), None)
+        example = (
+            f" (in {name}.{attention}: the projection of the encoder outputs, the keys, "
+            "such as Ua(keys))"
+            if attention
+            else " (for attention: the key projection of the encoder outputs, Ua(keys))"
         )
-        self._seen.add(name)
-        verdicts[name] = Finding("info", message, hint, evidence)
-        return verdicts
+        hint = (
+            f"The loop {'in' if row.calls < loop else 'around'} {name} runs {loop} times per "
+            "step. First move out of it what every call recomputes from the same tensor: "
+            f"compute it once per batch before the loop{example}. Then batch what is left: "
+            "if each step feeds on the previous step's hidden state (Bahdanau attention on "
+            "the previous hidden state, feeding back the prediction), the loop itself must "
+            "stay; only when no step depends on the previous one (teacher forcing, Luong "
+            "attention after the RNN) can the recurrent part run once over the whole "
+            "target (a fused nn.GRU/nn.LSTM) with attention for all positions at once in "
+            "batched matrix products (torch.bmm)"
+        )
+        return Finding("info", message, hint, evidence)
+
+
+def _ancestors(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]

@@ -97,5 +97,5 @@ class NonfiniteDetector(Detector):
         message = f"NaN/Inf gradient at step {step}: " + "; ".join(where)
         if first != step:
             message += f" (first at step {first})"
-        verdicts[subject] = Finding("error", message, _HINT, evidence)
+        verdicts[subject] = Finding("error", message, _HINT, evidence, immediate=True)
         return verdicts

@@ -11,6 +11,16 @@ Theil–Sen is the median of pairwise slopes, so a garbage-collection pause or a
 checkpoint write does not make a trend; comparing with the start of the run keeps a
 steady linear slowdown flagged however slow the steps have become.
 
+Against the run's own noise: nothing is judged before ``slowdown_min_window`` (16)
+steps are in the window, and the trend's rise over the window must be at least
+``slowdown_noise`` (3) times the window's jitter (1.4826 x the median absolute
+deviation of the step times from the trend line), and each half of the window must
+rise on its own (a rising fraction of 0.6: a trend keeps going, a level shift when
+other processes load the machine is flat on one side), so a loaded machine's random
+step times (±50%) make no trend however the pairs happen to fall; and it must hold
+for ``slowdown_sustain`` (15) steps in a row before it is raised, longer than a burst
+of load from other processes (10 steps at 2-20x, seen on a shared 2-core machine).
+
 Then it says what grew alongside since the start of the run: the autograd graph
 (``graph_nodes``, 1.2x or more), process memory (``rss_bytes``, 1.1x or more), and
 with ``profile=True`` the module whose time grew most. The subject is always
@@ -19,7 +29,7 @@ with ``profile=True`` the module whose time grew most. The subject is always
 Example:
     >>> from gradwatch.trainer_hooks.diagnoses.thresholds import resolve
     >>> d = SlowdownDetector(resolve(None))
-    >>> for s in range(10):
+    >>> for s in range(36):
     ...     v = d.observe({"kind": "step", "step": s, "duration_s": 0.01 * (1 + s),
     ...                    "graph_nodes": 50 * (1 + s)})
     >>> v["step_time"].evidence["explained_by"]
@@ -43,12 +53,31 @@ from .base import (
     median,
     sig,
     theil_sen,
+    trend,
 )
 from .profiles import module_rows
 from .trend import SlidingTrend
 
 #: a correlate "explains" the slowdown when it grew at least this much over the window
 _GREW = {"graph_nodes": 1.2, "rss_bytes": 1.1}
+
+
+def _jitter(xs: list[float], ys: list[float], slope: float, last: float) -> float:
+    """The window's step-time noise: 1.4826 x the median absolute residual from the trend."""
+    return 1.4826 * median(
+        [abs(y - (last + slope * (x - xs[-1]))) for x, y in zip(xs, ys, strict=True)]
+    )
+
+
+def _both_halves_rise(xs: list[float], ys: list[float]) -> bool:
+    """Whether each half of the window rises on its own: a trend keeps going, while a
+    level shift (other processes start loading the machine) is flat on one side."""
+    half = len(xs) // 2
+    return all(trend(xs[a:b], ys[a:b])[2] >= _HALF_RISING for a, b in ((0, half), (half, len(xs))))
+
+
+#: the rising fraction each half of the window needs (noise alone gives 0.5 ± 0.1)
+_HALF_RISING = 0.6
 
 
 class SlowdownDetector(Detector):
@@ -66,6 +95,7 @@ class SlowdownDetector(Detector):
         self._early: list[float] = []
         self._early_fields: dict[str, list[int]] = {}
         self._holding = False
+        self._streak = 0  # judgements in a row that held
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         duration = as_float(record.get("duration_s"))
@@ -95,20 +125,32 @@ class SlowdownDetector(Detector):
                 value = record.get(field)
                 if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                     self._early_fields.setdefault(field, []).append(value)
-        if len(self._early) < int(self.config["slowdown_min_points"]):
+        if len(self._early) < int(self.config["slowdown_min_points"]) or len(self._rows) < int(
+            self.config["slowdown_min_window"]
+        ):
             return {}
         slope, last, rising = self._trend.trend()
         baseline = median(self._early)
         ratio = last / baseline if baseline > 0 else 1.0
-        needed = float(self.config["slowdown_rising_fraction"]) - (
-            HYSTERESIS if self._holding else 0
-        )
-        self._holding = ratio >= float(self.config["slowdown_ratio"]) and rising >= needed
-        if not self._holding:
-            return {"step_time": None}
+        # Strict until raised: the full rising fraction, a rise clear of the noise and
+        # both halves rising, for slowdown_sustain judgements in a row (the engine
+        # raises after as many). Once raised, the looser rising fraction alone keeps
+        # it (a late linear slowdown rises little per window).
+        raised = self._streak >= int(self.config["slowdown_sustain"])
+        needed = float(self.config["slowdown_rising_fraction"]) - (HYSTERESIS if raised else 0)
+        holds = ratio >= float(self.config["slowdown_ratio"]) and rising >= needed
         xs = [float(r["step"]) for r in self._rows]
         ys = [float(r["duration_s"]) for r in self._rows]
-        return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline)}
+        jitter = _jitter(xs, ys, slope, last) if holds else 0.0
+        if holds and not raised:
+            holds = slope * (xs[-1] - xs[0]) >= float(
+                self.config["slowdown_noise"]
+            ) * jitter and _both_halves_rise(xs, ys)
+        self._streak = self._streak + 1 if holds else 0
+        self._holding = holds
+        if not holds:
+            return {"step_time": None}
+        return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline, jitter)}
 
     def _correlates(self) -> dict[str, float]:
         """How much graph size and memory grew: trend now over their start-of-run size."""
@@ -155,6 +197,7 @@ class SlowdownDetector(Detector):
         ratio: float,
         rising: float,
         first: float,
+        jitter: float,
     ) -> Finding:
         last = ys[-1] if len(ys) < 3 else sorted(ys[-3:])[1]
         grown = self._correlates()
@@ -167,6 +210,7 @@ class SlowdownDetector(Detector):
             "first_s": sig(first),
             "last_s": sig(last),
             "explained_by": explained,
+            "jitter_s": sig(jitter),
         }
         for f, r in grown.items():
             evidence[f"{f}_growth"] = sig(r)
@@ -203,4 +247,6 @@ class SlowdownDetector(Detector):
             message += (
                 f"; most of the added time is in {module[0]} (+{fmt(module[1] * 1e3)} ms per step)"
             )
-        return Finding("warning", message, hint, evidence)
+        return Finding(
+            "warning", message, hint, evidence, sustain=int(self.config["slowdown_sustain"])
+        )

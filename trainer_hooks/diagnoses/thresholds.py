@@ -20,7 +20,14 @@ from typing import Any
 THRESHOLDS: dict[str, tuple[float | int, str]] = {
     # life cycle of every alert
     "update_every": (25, "steps between two 'updated' records of one alert while it holds"),
-    "clear_after": (5, "judgements in a row without the condition before 'cleared'"),
+    "raise_after": (3, "judgements in a row with the condition before 'raised' (sustained)"),
+    "clear_after": (10, "judgements in a row without the condition before 'cleared'"),
+    # the noise floor of gradients (no_gradient; exploding and vanishing skip it)
+    "gradient_floor": (
+        1e-7,
+        "a gradient is at the noise floor below this fraction of its own peak in the run",
+    ),
+    "gradient_floor_abs": (1e-20, "or below this absolute L2 norm (or exactly 0)"),
     # vanishing
     "vanishing_factor": (
         1e-3,
@@ -56,7 +63,19 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     "slowdown_min_points": (8, "steps that set the starting time (their median)"),
     "slowdown_ratio": (1.5, "fires when the trend reaches this multiple of the starting time"),
     "slowdown_rising_fraction": (0.7, "and at least this fraction of step pairs got slower"),
-    "slowdown_skip_first": (1, "leading steps ignored (the first one carries start-up work)"),
+    "slowdown_skip_first": (
+        5,
+        "leading steps ignored: warm-up (allocator, caches, lazy init) is no evidence",
+    ),
+    "slowdown_sustain": (
+        15,
+        "judgements in a row before 'raised': longer than a burst of load on the machine",
+    ),
+    "slowdown_min_window": (16, "steps in the window before the trend is judged at all"),
+    "slowdown_noise": (
+        3.0,
+        "and the trend's rise over the window is this many times the run's step-time jitter",
+    ),
     # hotspot
     "hotspot_share": (0.4, "a module is a hotspot when it takes this fraction of the forward pass"),
     "hotspot_min_calls": (4, "and runs at least this many times per step (a Python loop)"),

@@ -1,7 +1,8 @@
 """One alert through its life in the alerts panel: raised, updated with new evidence,
 cleared, both live and in a replay from history. The panel shows the latest state of
-each (rank, code, subject): a cleared alert is marked cleared and sorts after the
-active ones; going back in a replay shows the state it had then."""
+each (rank, code, subject): a cleared alert is marked cleared, keeps the message that
+last held and sorts after the active ones; going back in a replay shows the state it
+had then."""
 
 from __future__ import annotations
 
@@ -65,7 +66,9 @@ def test_an_alert_goes_raised_updated_cleared_live(gradwatch_server, open_page, 
     trainer.send([step_record(s, timesteps=40) for s in range(11, 15)] + [lifecycle(*CLEARED)])
     wait_badge(w.page, "cleared")
     cleared = shown(w.page)
-    assert cleared["cleared"] and "only 90 of 121" in cleared["message"]
+    # A cleared card keeps the message of the last record that held (the cleared record's
+    # own text describes the evidence that no longer holds).
+    assert cleared["cleared"] and "only 15 of 121" in cleared["message"]
     assert "raised at step 6, latest at step 14" in cleared["goto"]
     codes = w.page.eval_on_selector_all(
         "#alerts-list article.alert", "es => es.map(e => e.dataset.code)"
@@ -96,7 +99,7 @@ def test_a_replay_shows_the_alerts_state_at_each_position(gradwatch_server, open
     wait_js(w.page, "() => document.getElementById('replay-label').textContent"
                     ".startsWith('replayed all')")  # fmt: skip
     wait_badge(w.page, "cleared")
-    assert "only 90 of 121" in shown(w.page)["message"]
+    assert "only 15 of 121" in shown(w.page)["message"]
     # Back to just after the update (steps 0-10 and two alerts): updated, not cleared.
     seek(13)
     wait_js(w.page, f"""() => {{ const m = document.querySelector('{ITEM} .message');

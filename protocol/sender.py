@@ -121,6 +121,8 @@ class WebSocketSink:
         self.resent_batches = 0
         self.rejected_batches = 0
         self.dropped_records = 0
+        # Batches the server stored without some field (their acks carried a notice).
+        self.repaired_batches = 0
         # After close(): True when the server acknowledged everything, False when
         # batches were left in the spool. None before close().
         self.delivered: bool | None = None
@@ -213,6 +215,11 @@ class WebSocketSink:
     def connected(self) -> bool:
         return self._connected
 
+    @property
+    def refused(self) -> int:
+        """Batches the server refused, or stored only in part, so far."""
+        return self.rejected_batches + self.repaired_batches
+
     def stats(self) -> dict[str, int]:
         """Counters: batches acked/spooled/resent/rejected/pending, records dropped."""
         with self._cond:
@@ -224,6 +231,7 @@ class WebSocketSink:
                 "memory_batches": len(self._box.memory),
                 "resent_batches": self.resent_batches,
                 "rejected_batches": self.rejected_batches,
+                "repaired_batches": self.repaired_batches,
                 "dropped_records": self.dropped_records,
                 "connections": self.connections,
             }
@@ -371,9 +379,16 @@ class WebSocketSink:
                 except ValueError:
                     kind = None
                 if kind == "ack" and isinstance(message.get("seq"), int):
+                    notice = message.get("notice")
                     with self._cond:
-                        self._box.ack(message["seq"])
+                        if self._box.ack(message["seq"]) and notice:
+                            self.repaired_batches += 1
                         self._cond.notify_all()
+                    if notice:
+                        self._warn.warn("notice", f"gradwatch: the server stored batch seq "
+                                        f"{message['seq']} without what it could not accept "
+                                        f"({str(notice)[:300]}); later such batches are "
+                                        "counted in stats()['repaired_batches']")
                 elif kind == "error":
                     seq = message.get("seq")
                     with self._cond:

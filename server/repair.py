@@ -172,7 +172,7 @@ def _fix(error: ValidationError, records: list[Any], notices: list[str]) -> bool
             return False
     for problem in problems:
         loc = problem["loc"]
-        record = records[loc[2]]
+        record = records[int(loc[2])]
         if problem["type"] == "string_too_long" and _shorten(record, loc[4:]):
             continue
         path = _format_path(loc)

@@ -31,6 +31,7 @@ from .backoff import Backoff
 from .batching import encode_batches
 from .blame import blames_a_batch
 from .codec import loads
+from .leftovers import leftovers, resend_in_background
 from .messages import MAX_MESSAGE_BYTES
 from .outbox import ENVELOPE_BYTES, WINDOW_BATCHES, WINDOW_BYTES, Outbox, encode_records
 from .sink import with_session
@@ -91,6 +92,8 @@ class WebSocketSink:
         self.hello = hello
         chosen = Path(spool) if spool is not None else default_spool_path(hello)
         self.spool_path = fresh_path(chosen)
+        # An earlier process's undelivered spool(s) at this path: sent in the background.
+        self.leftovers = leftovers(chosen, self.spool_path)
         self.rejected_path = rejected_path(self.spool_path)
         self.max_batch_bytes = min(max_batch_bytes, MAX_MESSAGE_BYTES - ENVELOPE_BYTES)
         self.connect_timeout = connect_timeout
@@ -127,8 +130,10 @@ class WebSocketSink:
         # batches were left in the spool. None before close().
         self.delivered: bool | None = None
         self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
+        self._resender: threading.Thread | None = None
         if start:
             self._thread.start()
+            self._resender = resend_in_background(self.leftovers, self.url, token, self._warn)
 
     # -- the Sink interface ------------------------------------------------------------
 

@@ -149,7 +149,9 @@ def _report(args: argparse.Namespace) -> int:
 
 def _upload(args: argparse.Namespace) -> int:
     """Exit 0: all acknowledged; 1: some batches refused for good (set aside);
-    2: the file is missing or not a spool; 3: server unreachable or refused us."""
+    2: the file is missing or not a spool; 3: server unreachable or refused us (run it
+    again); 4: lines of the file skipped (unreadable or torn; each named); 5: batches
+    of another run than their hello's (skipped; running again cannot help)."""
     from gradwatch.protocol.spool import SpoolError
     from gradwatch.protocol.upload import UploadError, upload
 
@@ -165,12 +167,20 @@ def _upload(args: argparse.Namespace) -> int:
         f"gradwatch upload: {result.acked} of {result.batches} batches "
         f"({result.records} records, {result.parts} part(s)) acknowledged by {args.server}"
     )
+    for line in result.skipped_lines:
+        print(f"gradwatch upload: skipped {line}", file=sys.stderr)
     if result.rejected:
         for seq, code, message in result.rejected:
             print(f"gradwatch upload: batch seq {seq} refused (code {code}): {message}",
                   file=sys.stderr)
         print(f"gradwatch upload: refused batches are in {result.rejected_file}", file=sys.stderr)
         return 1
+    if result.foreign_lines:
+        return 5
+    if result.skipped_lines:
+        print(f"gradwatch upload: {len(result.skipped_lines)} line(s) skipped; every intact "
+              "batch was sent", file=sys.stderr)
+        return 4
     return 0
 
 

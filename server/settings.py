@@ -53,6 +53,11 @@ class Settings:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     # Live messages one viewer may have queued before the oldest are dropped.
     live_queue_size: int = 256
+    # Bytes of live messages one viewer may have queued: past this it has fallen
+    # behind for good and is dropped (a ``lagged`` notice, then the socket aborted).
+    live_queue_bytes: int = 16 << 20
+    # A viewer whose socket takes one message for longer than this is dropped too.
+    live_send_timeout_s: float = 30.0
     # Batches one ingest connection may have submitted but not yet acknowledged.
     ingest_window: int = 64
     # A run with no connected trainer and no write for this long is "stale".
@@ -85,7 +90,8 @@ class Settings:
         """Settings from ``GRADWATCH_*`` variables, then ``overrides`` (the CLI's flags).
 
         Variables: GRADWATCH_HOST, _PORT, _DB, _TOKEN, _VIEW_TOKEN, _ALLOWED_HOSTS
-        (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _SQLITE_SYNCHRONOUS,
+        (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _LIVE_QUEUE_BYTES,
+        _SQLITE_SYNCHRONOUS,
         _STALE_AFTER_S, _WRITER (process or thread).
         """
         env = os.environ if environ is None else environ
@@ -104,6 +110,7 @@ class Settings:
             "port": "GRADWATCH_PORT",
             "max_message_bytes": "GRADWATCH_MAX_MESSAGE_BYTES",
             "live_queue_size": "GRADWATCH_LIVE_QUEUE_SIZE",
+            "live_queue_bytes": "GRADWATCH_LIVE_QUEUE_BYTES",
         }
         for name, var in numbers.items():
             if env.get(var):
@@ -140,7 +147,8 @@ class Settings:
                 "sqlite_synchronous: expected NORMAL, FULL or EXTRA,"
                 f" got {self.sqlite_synchronous!r}"
             )
-        for name in ("max_message_bytes", "live_queue_size", "ingest_window", "group_commit"):
+        for name in ("max_message_bytes", "live_queue_size", "live_queue_bytes",
+                     "ingest_window", "group_commit"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(
                     f"{name}: expected a positive integer, got {getattr(self, name)!r}"

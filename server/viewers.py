@@ -22,9 +22,31 @@ from .live import RUNS_CHANNEL, Viewer
 from .state import AppState
 
 
-async def _send_loop(ws: WebSocket, viewer: Viewer) -> None:
+async def _send_loop(ws: WebSocket, viewer: Viewer, timeout: float) -> None:
+    """Send until the viewer is dropped for falling behind (or its socket fails)."""
     while True:
-        await ws.send_text(await viewer.next())
+        text = await viewer.next()
+        if text is None:
+            return
+        try:
+            # The last notice of a dropped viewer gets a second: it may never read it.
+            await asyncio.wait_for(ws.send_text(text), 1.0 if viewer.out else timeout)
+        except TimeoutError:
+            return  # its socket has taken nothing for `timeout` seconds: behind for good
+
+
+def abort(ws: WebSocket) -> None:
+    """Drop the TCP connection now, unsent data and all.
+
+    A graceful close would wait for the peer to read what is buffered, which a viewer
+    that never reads never does (the connection and its buffers would stay). The
+    server (uvicorn) hands the app its protocol's own ``send``, whose transport can
+    abort; anything else is closed the ordinary way by the caller.
+    """
+    protocol = getattr(getattr(ws, "_send", None), "__self__", None)
+    transport = getattr(protocol, "transport", None)
+    if transport is not None and hasattr(transport, "abort"):
+        transport.abort()
 
 
 async def _receive_loop(ws: WebSocket) -> None:
@@ -51,18 +73,24 @@ async def live_endpoint(ws: WebSocket) -> None:
     viewer = state.hub.subscribe(run_id if run_id is not None else RUNS_CHANNEL)
     try:
         await ws.send_text(dumps({"type": "subscribed", "run_id": run_id}))
+        timeout = state.settings.live_send_timeout_s
         tasks = [
-            asyncio.create_task(_send_loop(ws, viewer)),
+            asyncio.create_task(_send_loop(ws, viewer, timeout)),
             asyncio.create_task(_receive_loop(ws)),
         ]
+        fell_behind = False
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            fell_behind = tasks[1] not in done
         finally:
             for task in tasks:
                 task.cancel()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, Exception):
                     await task
+        if fell_behind:
+            # Not a graceful close: that would wait on a peer that does not read.
+            abort(ws)
     except WebSocketDisconnect:
         pass
     finally:

@@ -35,7 +35,7 @@ RUNS_CHANNEL = ""
 class Viewer:
     """One subscriber: a queue bounded in messages and in bytes, and what it missed."""
 
-    __slots__ = ("channel", "dropped", "max_bytes", "out", "queue", "queued_bytes")
+    __slots__ = ("channel", "dropped", "gone", "max_bytes", "out", "queue", "queued_bytes")
 
     def __init__(self, channel: str, size: int, max_bytes: int = 16 << 20) -> None:
         self.channel = channel
@@ -44,6 +44,7 @@ class Viewer:
         self.max_bytes = max_bytes
         self.queued_bytes = 0
         self.out = False  # dropped for falling behind; None in the queue ends it
+        self.gone = asyncio.Event()  # set with `out`: its connection ends now
 
     def offer(self, text: str) -> None:
         """Queue ``text`` without waiting; drop the oldest message when full, or the
@@ -63,20 +64,28 @@ class Viewer:
 
     def _fall_out(self) -> None:
         self.out = True
+        self.gone.set()
         while not self.queue.empty():
             self.queue.get_nowait()
             self.dropped += 1
         self.queued_bytes = 0
         self.queue.put_nowait(None)
 
+    def notice(self) -> str | None:
+        """The ``lagged`` notice due now, or None (taken by :meth:`next` too)."""
+        if not self.dropped:
+            return None
+        dropped, self.dropped = self.dropped, 0
+        if self.out:
+            return f'{{"type":"lagged","dropped":{dropped},"closed":true}}'
+        return f'{{"type":"lagged","dropped":{dropped}}}'
+
     async def next(self) -> str | None:
         """The next message to send, a ``lagged`` notice first when some were dropped;
         None once the viewer is dropped (after its last ``lagged`` notice)."""
-        if self.dropped:
-            dropped, self.dropped = self.dropped, 0
-            if self.out:
-                return f'{{"type":"lagged","dropped":{dropped},"closed":true}}'
-            return f'{{"type":"lagged","dropped":{dropped}}}'
+        notice = self.notice()
+        if notice is not None:
+            return notice
         text = await self.queue.get()
         if text is not None:
             self.queued_bytes -= len(text)

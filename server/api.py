@@ -21,6 +21,11 @@ from .store import RunNotFound
 T = TypeVar("T")
 
 
+# The most values (steps x timesteps, or points x fields) one answer may hold: about
+# 20 MB of JSON; larger requests are downsampled (timesteps) or refused with 422.
+MAX_CELLS = 1_000_000
+
+
 def _state(request: Request) -> AppState:
     state: AppState = request.app.state.gradwatch
     return state
@@ -105,6 +110,12 @@ async def steps(
     fields: Annotated[str | None, Query(description="comma separated; default all")] = None,
 ) -> Response:
     names = [f for f in fields.split(",") if f] if fields else None
+    if names is not None and len(names) * max_points > MAX_CELLS:
+        raise HTTPException(
+            422,
+            f"expected fields x max_points of at most {MAX_CELLS:,} values per answer, got "
+            f"{len(names)} x {max_points:,}; ask for fewer fields or points",
+        )
     return json_response(
         await _read(
             state.store.steps,
@@ -128,6 +139,7 @@ async def timesteps(
     max_steps: Annotated[int, Query(ge=1, le=100_000)] = 500,
     start: Annotated[int | None, Query(alias="from", ge=0)] = None,
     stop: Annotated[int | None, Query(alias="to", ge=0)] = None,
+    max_cells: Annotated[int, Query(ge=2, le=MAX_CELLS)] = MAX_CELLS,
 ) -> Response:
     return json_response(
         await _read(
@@ -139,6 +151,7 @@ async def timesteps(
             max_steps=max_steps,
             start=start,
             stop=stop,
+            max_cells=max_cells,
         )
     )
 

@@ -99,6 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gradwatch.server.app import create_app
+    from gradwatch.server.http_timeouts import protocol_with_timeout
 
     print(serving_banner(settings), flush=True)
     app: Any
@@ -121,6 +122,10 @@ def _serve(args: argparse.Namespace) -> int:
         # and gets an error message with close code 1009 instead of a bare close.
         ws_max_size=2 * settings.max_message_bytes,
         ws_per_message_deflate=False,
+        # h11 with a deadline on request headers (server/http_timeouts.py), and a cap
+        # on connections: half-sent requests cannot exhaust file descriptors.
+        http=protocol_with_timeout(settings.header_timeout_s),
+        limit_concurrency=settings.max_connections,
         proxy_headers=False,
         server_header=False,
     )

@@ -58,6 +58,11 @@ class Settings:
     live_queue_bytes: int = 16 << 20
     # A viewer whose socket takes one message for longer than this is dropped too.
     live_send_timeout_s: float = 30.0
+    # Seconds a connection has to send a request's headers (half-sent requests would
+    # otherwise hold a file descriptor for ever), and the most connections served at
+    # once (beyond it HTTP requests get 503 at once).
+    header_timeout_s: float = 10.0
+    max_connections: int = 4096
     # Batches one ingest connection may have submitted but not yet acknowledged.
     ingest_window: int = 64
     # A run with no connected trainer and no write for this long is "stale".
@@ -91,7 +96,7 @@ class Settings:
 
         Variables: GRADWATCH_HOST, _PORT, _DB, _TOKEN, _VIEW_TOKEN, _ALLOWED_HOSTS
         (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _LIVE_QUEUE_BYTES,
-        _SQLITE_SYNCHRONOUS,
+        _SQLITE_SYNCHRONOUS, _HEADER_TIMEOUT_S,
         _STALE_AFTER_S, _WRITER (process or thread).
         """
         env = os.environ if environ is None else environ
@@ -125,6 +130,14 @@ class Settings:
                 given = env["GRADWATCH_STALE_AFTER_S"]
                 raise ValueError(
                     f"GRADWATCH_STALE_AFTER_S: expected seconds, got {given!r}"
+                ) from None
+        if env.get("GRADWATCH_HEADER_TIMEOUT_S"):
+            try:
+                values["header_timeout_s"] = float(env["GRADWATCH_HEADER_TIMEOUT_S"])
+            except ValueError:
+                given = env["GRADWATCH_HEADER_TIMEOUT_S"]
+                raise ValueError(
+                    f"GRADWATCH_HEADER_TIMEOUT_S: expected seconds, got {given!r}"
                 ) from None
         writer = env.get("GRADWATCH_WRITER")
         if writer:

@@ -14,12 +14,15 @@ from fastapi.responses import Response
 from gradwatch.protocol import messages as m
 from gradwatch.protocol.codec import dumps
 
+from .schema import _describe
 from .security import can_read, token_from
 from .state import AppState
 from .store import RunNotFound
 
 T = TypeVar("T")
 
+
+INT64_MAX = 2**63 - 1  # steps and ranks are stored as 64-bit integers
 
 # The most values (steps x timesteps, or points x fields) one answer may hold: about
 # 20 MB of JSON; larger requests are downsampled (timesteps) or refused with 422.
@@ -56,7 +59,9 @@ async def _read(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return await asyncio.to_thread(call, *args, **kwargs)
     except RunNotFound as error:
-        raise HTTPException(404, f"expected a known run id, got {error.args[0]!r}") from None
+        # Not the whole id: a 100 KB id in must not be 100 KB out.
+        got = _describe(error.args[0])
+        raise HTTPException(404, f"expected a known run id, got {got}") from None
     except ValueError as error:
         raise HTTPException(422, str(error)) from None
 
@@ -96,16 +101,16 @@ async def run(run_id: str, state: Viewer) -> Response:
     return json_response(state.public(detail))
 
 
-Step = Annotated[int | None, Query(ge=0)]
+Step = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
 
 
 @router.get("/runs/{run_id}/steps", summary="Scalar series per step, min/max downsampled")
 async def steps(
     run_id: str,
     state: Viewer,
-    rank: Annotated[int, Query(ge=0)] = 0,
-    start: Annotated[int | None, Query(alias="from", ge=0)] = None,
-    stop: Annotated[int | None, Query(alias="to", ge=0)] = None,
+    rank: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
+    start: Annotated[int | None, Query(alias="from", ge=0, le=INT64_MAX)] = None,
+    stop: Annotated[int | None, Query(alias="to", ge=0, le=INT64_MAX)] = None,
     max_points: Annotated[int, Query(ge=2, le=1_000_000)] = 2000,
     fields: Annotated[str | None, Query(description="comma separated; default all")] = None,
 ) -> Response:
@@ -135,10 +140,10 @@ async def timesteps(
     state: Viewer,
     module: Annotated[str, Query(max_length=m.MAX_NAME_CHARS)],
     series: Annotated[str, Query(max_length=m.MAX_NAME_CHARS)] = "input",
-    rank: Annotated[int, Query(ge=0)] = 0,
+    rank: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     max_steps: Annotated[int, Query(ge=1, le=100_000)] = 500,
-    start: Annotated[int | None, Query(alias="from", ge=0)] = None,
-    stop: Annotated[int | None, Query(alias="to", ge=0)] = None,
+    start: Annotated[int | None, Query(alias="from", ge=0, le=INT64_MAX)] = None,
+    stop: Annotated[int | None, Query(alias="to", ge=0, le=INT64_MAX)] = None,
     max_cells: Annotated[int, Query(ge=2, le=MAX_CELLS)] = MAX_CELLS,
 ) -> Response:
     return json_response(
@@ -157,12 +162,14 @@ async def timesteps(
 
 
 @router.get("/runs/{run_id}/epochs", summary="Epoch records of one rank")
-async def epochs(run_id: str, state: Viewer, rank: Annotated[int, Query(ge=0)] = 0) -> Response:
+async def epochs(
+    run_id: str, state: Viewer, rank: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0
+) -> Response:
     return json_response(await _read(state.store.epochs, run_id, rank=rank))
 
 
 @router.get("/runs/{run_id}/alerts", summary="Alert records in arrival order, with rank")
 async def alerts(
-    run_id: str, state: Viewer, rank: Annotated[int | None, Query(ge=0)] = None
+    run_id: str, state: Viewer, rank: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None
 ) -> Response:
     return json_response(await _read(state.store.alerts, run_id, rank=rank))

@@ -16,6 +16,7 @@ import dataclasses
 import getpass
 import json
 import os
+import secrets
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -58,6 +59,24 @@ def serving_banner(settings: Any) -> str:
     return "\n".join(lines)
 
 
+MIN_TOKEN_CHARS = 16
+
+
+def token_problem(settings: Any, loopback: bool) -> str | None:
+    """Why the tokens are too weak for a server reachable from other machines."""
+    if loopback:
+        return None
+    for flag, token in (("--token", settings.token), ("--view-token", settings.view_token)):
+        if token is not None and len(token) < MIN_TOKEN_CHARS:
+            return (
+                f"{flag}: expected at least {MIN_TOKEN_CHARS} characters with --host "
+                f"{settings.host} (reachable from other machines), got {len(token)}; for "
+                f"example {secrets.token_urlsafe(24)} (python -c \"import secrets; "
+                "print(secrets.token_urlsafe(24))\"). Nothing was started."
+            )
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     """``gradwatch serve``: refuses a non-loopback bind without a token (exit 2)."""
     from gradwatch.server.settings import Settings, is_loopback
@@ -84,6 +103,17 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    problem = token_problem(settings, is_loopback(settings.host))
+    if problem is not None:
+        print(f"gradwatch serve: {problem}", file=sys.stderr)
+        return 2
+    if settings.view_token and not settings.token:
+        print(
+            "gradwatch serve: warning: --view-token without --token: viewers need the view "
+            "token, but any process on this machine may write (ingest is open on loopback). "
+            "Add --token TOKEN to require one for trainers too.",
+            file=sys.stderr,
+        )
     workers = int(args.workers or 1)
     if workers < 1:
         print(f"gradwatch serve: --workers: expected 1 or more, got {workers}", file=sys.stderr)
@@ -100,6 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gradwatch.server.app import create_app
     from gradwatch.server.http_timeouts import protocol_with_timeout
+    from gradwatch.server.logs import log_config
 
     print(serving_banner(settings), flush=True)
     app: Any
@@ -128,6 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
         limit_concurrency=settings.max_connections,
         proxy_headers=False,
         server_header=False,
+        log_config=log_config(),  # tokens in logged paths are redacted (server/logs.py)
     )
     return 0
 

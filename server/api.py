@@ -76,17 +76,31 @@ def version() -> str:
 router = APIRouter(prefix="/api")
 
 
-@router.get("/health", summary="Liveness and what this server speaks")
+HEALTH_TIMEOUT_S = 2.0
+
+
+@router.get("/health", summary="Liveness, the store's, and what this server speaks")
 async def health(request: Request) -> Response:
+    """200 when the store answers a query within 2 s, else 503 with the reason."""
     state = _state(request)
-    return json_response(
-        {
-            "status": "ok",
-            "version": version(),
-            "protocol": m.PROTOCOL_VERSION,
-            "db": state.store.kind,
-        }
-    )
+    answer: dict[str, Any] = {
+        "status": "ok",
+        "version": version(),
+        "protocol": m.PROTOCOL_VERSION,
+        "db": state.store.kind,
+    }
+    try:
+        await asyncio.wait_for(asyncio.to_thread(state.store.query, "SELECT 1 FROM runs LIMIT 1"),
+                               HEALTH_TIMEOUT_S)
+    except TimeoutError:
+        answer.update(status="unavailable",
+                      reason=f"the database did not answer within {HEALTH_TIMEOUT_S:.0f} s")
+    except Exception as error:  # the reason is the answer; the server itself is up
+        answer.update(status="unavailable",
+                      reason=f"the database refused a query: {type(error).__name__}: {error}"[:300])
+    if answer["status"] != "ok":
+        return Response(dumps(answer), status_code=503, media_type="application/json")
+    return json_response(answer)
 
 
 @router.get("/runs", summary="Every run's summary, newest first")

@@ -62,6 +62,26 @@ def serving_banner(settings: Any) -> str:
 MIN_TOKEN_CHARS = 16
 
 
+def database_problem(settings: Any) -> str | None:
+    """Why a SQLite ``--db`` cannot be written, with its path and the cause, or None.
+
+    Checked before anything says "serving": SQLite itself only says "unable to open
+    database file", with neither.
+    """
+    if settings.db_kind != "sqlite" or settings.db == ":memory:":
+        return None
+    path = os.path.abspath(settings.db)
+    try:
+        with open(path, "ab"):  # SQLite creates a missing file too
+            pass
+    except OSError as error:
+        return f"--db {path}: cannot open the database for writing: {error.strerror}"
+    folder = os.path.dirname(path)
+    if not os.access(folder, os.W_OK):
+        return f"--db {path}: its folder {folder} is not writable (SQLite keeps -wal beside it)"
+    return None
+
+
 def token_problem(settings: Any, loopback: bool) -> str | None:
     """Why the tokens are too weak for a server reachable from other machines."""
     if loopback:
@@ -103,7 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    problem = token_problem(settings, is_loopback(settings.host))
+    problem = token_problem(settings, is_loopback(settings.host)) or database_problem(settings)
     if problem is not None:
         print(f"gradwatch serve: {problem}", file=sys.stderr)
         return 2

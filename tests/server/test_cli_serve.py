@@ -66,3 +66,18 @@ def test_tokens_never_reach_the_log_and_a_lone_view_token_is_warned_about(
     assert "/api/runs?token=<redacted>" in log
     assert token not in log
     assert "--view-token without --token" in log
+
+
+def test_a_database_that_cannot_be_written_is_one_line_with_path_and_cause() -> None:
+    for path, cause in (("/proc/gradwatch-never.db", "No such file or directory"),
+                        ("/sys/gradwatch-never.db", "Permission denied")):
+        done = subprocess.run(
+            [sys.executable, "-m", "gradwatch.server.cli", "serve", "--port", "9",
+             "--db", path],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "serving" not in done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and path in lines[0] and cause in lines[0], lines

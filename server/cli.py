@@ -71,9 +71,12 @@ def database_problem(settings: Any) -> str | None:
     if settings.db_kind != "sqlite" or settings.db == ":memory:":
         return None
     path = os.path.abspath(settings.db)
+    existed = os.path.exists(path)
     try:
-        with open(path, "ab"):  # SQLite creates a missing file too
+        with open(path, "ab"):  # SQLite would create a missing file too
             pass
+        if not existed:
+            os.unlink(path)  # the server creates it when it starts
     except OSError as error:
         return f"--db {path}: cannot open the database for writing: {error.strerror}"
     folder = os.path.dirname(path)
@@ -190,11 +193,14 @@ WORKER_SETTINGS = "GRADWATCH_WORKER_SETTINGS"
 def worker_app() -> Any:
     """The app of one ``--workers`` process: the settings ``gradwatch serve`` resolved."""
     from gradwatch.server.app import create_app
+    from gradwatch.server.http_timeouts import protocol_with_timeout
     from gradwatch.server.settings import Settings
 
     values = json.loads(os.environ[WORKER_SETTINGS])
     values["allowed_hosts"] = tuple(values.get("allowed_hosts") or ())
-    return create_app(Settings(**values))
+    settings = Settings(**values)
+    protocol_with_timeout(settings.header_timeout_s)  # this process's protocol class
+    return create_app(settings)
 
 
 def _report(args: argparse.Namespace) -> int:

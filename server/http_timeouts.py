@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -65,6 +64,11 @@ class TimedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
 
-def protocol_with_timeout(seconds: float) -> Any:
-    """A TimedH11Protocol class whose headers deadline is ``seconds``."""
-    return type("TimedH11Protocol", (TimedH11Protocol,), {"header_timeout": float(seconds)})
+def protocol_with_timeout(seconds: float) -> type[TimedH11Protocol]:
+    """:class:`TimedH11Protocol` with its headers deadline set to ``seconds``.
+
+    The class itself (importable by name, so ``--workers`` processes can load it);
+    each worker sets the deadline again from its settings (server/cli.py).
+    """
+    TimedH11Protocol.header_timeout = float(seconds)
+    return TimedH11Protocol

@@ -6,22 +6,24 @@ closer, and only then:
 
 - an over-long name (a dict key or a name field, over ``MAX_NAME_CHARS``) is
   shortened with :func:`gradwatch.protocol.names.short_name`, as the trainer does;
-- any other optional field of a record that fails validation (a number beyond
-  int64, a NUL character, a wrong type) is left out of that record; each leaves a
-  notice, which the ack carries back to the trainer;
+- an optional field of a record that holds a count beyond int64 or a NUL character
+  (what a correct trainer may still produce) is left out of that record; each leaves
+  a notice, which the ack carries back to the trainer;
 - what identifies a run (``run_id``, ``session``), frames a batch (``seq``, ``rank``)
   or a record (``kind``, and ``step`` of a step record, ``code`` of an alert...) is
-  never repaired, nor is text that is not strict JSON (a bare ``NaN`` token): the
-  message is refused (1007) with the reason, as before.
+  never repaired, nor is a wrong type, a malformed series or text that is not strict
+  JSON (a bare ``NaN`` token): the message is refused (1007) with the reason, as
+  before.
 
 Example:
     >>> text = ('{"type":"batch","run_id":"r","rank":0,"seq":0,"records":'
-    ...         '[{"kind":"step","step":1,"loss":0.5,"rss_bytes":1e400}]}')
+    ...         '[{"kind":"step","step":1,"loss":0.5,"rss_bytes":18446744073709551616}]}')
     >>> batch, notices = parse_repairing(text)
     >>> batch.records[0].loss, batch.records[0].rss_bytes
     (0.5, None)
-    >>> notices
-    ['records[0].rss_bytes: expected a valid integer, got inf; the field was left out']
+    >>> notices  # doctest: +NORMALIZE_WHITESPACE
+    ['records[0].rss_bytes: expected less than or equal to 9223372036854775807,
+      got 18446744073709551616; the field was left out']
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from gradwatch.protocol import messages as m
 from gradwatch.protocol.names import identity_problem, short_name
 
 from .schema import (
+    INT64_MAX,
     Batch,
     Hello,
     ProtocolError,
@@ -167,6 +170,8 @@ def _fix(error: ValidationError, records: list[Any], notices: list[str]) -> bool
         loc = problem["loc"]
         if len(loc) < 5 or loc[:2] != ("batch", "records") or not isinstance(loc[2], int):
             return False
+        if not _repairable(problem):
+            return False
         record = records[loc[2]]
         if not isinstance(record, dict) or loc[4] in REQUIRED.get(str(loc[3]), ("kind",)):
             return False
@@ -179,6 +184,21 @@ def _fix(error: ValidationError, records: list[Any], notices: list[str]) -> bool
         why = f"{path}: {_expected(problem)}, got {_describe(problem.get('input'))}"
         _leave_out(record, str(loc[4]), why, notices)
     return True
+
+
+def _repairable(problem: Any) -> bool:
+    """Only what a correct trainer can send: a long name, or a count past int64.
+
+    A wrong type or a malformed series says the sender is broken: refused as before,
+    so that it is noticed.
+    """
+    kind = problem["type"]
+    bound = problem.get("ctx", {})
+    return bool(
+        kind == "string_too_long"
+        or (kind == "less_than_equal" and bound.get("le") == INT64_MAX)
+        or (kind == "greater_than_equal" and bound.get("ge") == -INT64_MAX - 1)
+    )
 
 
 def _expected(problem: Any) -> str:

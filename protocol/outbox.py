@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .codec import dumps
+from .leftovers import lock_spool
 from .messages import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH
 
 # Room for the batch envelope ({"type":"batch","run_id":...,"seq":...}) within the limit.
@@ -213,6 +214,7 @@ class Outbox:
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             writer = open(self.path, "ab")  # noqa: SIM115 - kept open across calls
+            lock_spool(writer)  # a restarted trainer leaves a live process's spool alone
             if writer.tell() == 0:
                 hello = (self.hello_text + "\n").encode()
                 writer.write(hello)

@@ -32,6 +32,7 @@ from .backoff import Backoff
 from .batching import encode_batches
 from .blame import blames_a_batch
 from .codec import loads
+from .leftovers import leftovers, resend_in_background
 from .messages import MAX_MESSAGE_BYTES
 from .outbox import ENVELOPE_BYTES, WINDOW_BATCHES, WINDOW_BYTES, Outbox, encode_records
 from .sink import with_session
@@ -96,6 +97,8 @@ class WebSocketSink:
         self.hello = hello
         chosen = Path(spool) if spool is not None else default_spool_path(hello)
         self.spool_path = fresh_path(chosen)
+        # An earlier process's undelivered spool(s) at this path: sent in the background.
+        self.leftovers = leftovers(chosen, self.spool_path)
         self.rejected_path = rejected_path(self.spool_path)
         self.max_batch_bytes = min(max_batch_bytes, MAX_MESSAGE_BYTES - ENVELOPE_BYTES)
         self.connect_timeout = connect_timeout
@@ -126,12 +129,16 @@ class WebSocketSink:
         self.resent_batches = 0
         self.rejected_batches = 0
         self.dropped_records = 0
+        # Batches the server stored without some field (their acks carried a notice).
+        self.repaired_batches = 0
         # After close(): True when the server acknowledged everything, False when
         # batches were left in the spool. None before close().
         self.delivered: bool | None = None
         self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
+        self._resender: threading.Thread | None = None
         if start:
             self._thread.start()
+            self._resender = resend_in_background(self.leftovers, self.url, token, self._warn)
 
     # -- the Sink interface ------------------------------------------------------------
 
@@ -225,6 +232,11 @@ class WebSocketSink:
     def connected(self) -> bool:
         return self._connected
 
+    @property
+    def refused(self) -> int:
+        """Batches the server refused, or stored only in part, so far."""
+        return self.rejected_batches + self.repaired_batches
+
     def stats(self) -> dict[str, int]:
         """Counters: batches acked/spooled/resent/rejected/pending, records dropped."""
         with self._cond:
@@ -236,6 +248,7 @@ class WebSocketSink:
                 "memory_batches": len(self._box.memory),
                 "resent_batches": self.resent_batches,
                 "rejected_batches": self.rejected_batches,
+                "repaired_batches": self.repaired_batches,
                 "dropped_records": self.dropped_records,
                 "connections": self.connections,
             }
@@ -391,9 +404,16 @@ class WebSocketSink:
                 except ValueError:
                     kind = None
                 if kind == "ack" and isinstance(message.get("seq"), int):
+                    notice = message.get("notice")
                     with self._cond:
-                        self._box.ack(message["seq"])
+                        if self._box.ack(message["seq"]) and notice:
+                            self.repaired_batches += 1
                         self._cond.notify_all()
+                    if notice:
+                        self._warn.warn("notice", f"gradwatch: the server stored batch seq "
+                                        f"{message['seq']} without what it could not accept "
+                                        f"({str(notice)[:300]}); later such batches are "
+                                        "counted in stats()['repaired_batches']")
                 elif kind == "error":
                     seq = message.get("seq")
                     with self._cond:

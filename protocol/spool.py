@@ -67,23 +67,49 @@ class SpoolWriter:
         self.close()
 
 
-def read_spool(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Yield each message of a spool file in order.
+def scan_spool(
+    path: str | os.PathLike[str],
+) -> tuple[list[tuple[int, dict[str, Any]]], list[str], bool]:
+    """Every readable message of a spool with its line number, and what was not.
 
-    A torn last line (the process died mid-write) is skipped: everything before it
-    is intact. Any other bad line raises :class:`SpoolError` naming the line.
+    Returns (``[(line, message), ...]``, problems as ``"path:line: why"``, whether the
+    last line is torn). A UTF-8 byte-order mark at the start is accepted; a line that
+    is not UTF-8, not JSON or not a message is named and skipped, so one bad line
+    costs only itself. A torn last line (the process died mid-write) is reported too.
+    Raises OSError when the file cannot be read.
     """
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    with open(path, "rb") as f:
+        data = f.read()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+        torn_possible = False
+    else:
+        torn_possible = bool(lines)
+    messages: list[tuple[int, dict[str, Any]]] = []
+    problems: list[str] = []
+    torn = False
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            problems.append(f"{path}:{number}: expected UTF-8 text, got byte "
+                            f"0x{raw[e.start]:02x} at column {e.start + 1}")
             continue
         try:
             message = loads(line)
         except ValueError as e:
-            if number == len(lines) and not line.endswith("\n"):
-                return
-            raise SpoolError(f"{path}:{number}: expected one JSON message per line: {e}") from e
+            if number == len(lines) and torn_possible:
+                torn = True
+                problems.append(f"{path}:{number}: the last line is torn (no newline, "
+                                f"incomplete JSON: the writer stopped mid-line)")
+            else:
+                problems.append(f"{path}:{number}: expected one JSON message per line: {e}")
+            continue
         if not isinstance(message, dict) or "type" not in message:
             # what it got, shortened: the keys of an object without "type", else the value
             if isinstance(message, dict):
@@ -91,7 +117,22 @@ def read_spool(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 got = f"an object without it (keys: {keys})"
             else:
                 got = f"{type(message).__name__} {line.strip()[:80]}"
-            raise SpoolError(
-                f"{path}:{number}: expected a JSON object with a 'type' field, got {got}"
-            )
+            problems.append(f"{path}:{number}: expected a JSON object with a 'type' field, "
+                            f"got {got}")
+            continue
+        messages.append((number, message))
+    return messages, problems, torn
+
+
+def read_spool(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Yield each message of a spool file in order.
+
+    A torn last line (the process died mid-write) is skipped: everything before it
+    is intact. Any other bad line raises :class:`SpoolError` naming the line
+    (:func:`scan_spool` reads past bad lines instead).
+    """
+    messages, problems, torn = scan_spool(path)
+    if len(problems) > int(torn):
+        raise SpoolError(problems[0])
+    for _, message in messages:
         yield message

@@ -9,7 +9,10 @@ server already, stores everything exactly once.
 
 A batch the server refuses for good (``error`` with 1007/1009) is set aside in
 ``<spool>.rejected.jsonl`` and the rest goes on; a refused connection (1008: token,
-protocol) or an unreachable server ends the upload with :class:`UploadError`.
+protocol) or an unreachable server ends the upload with :class:`UploadError`. A line
+that cannot be read (not UTF-8, not JSON, torn at the end, a batch of another run
+than its hello's) is skipped, named by its line number in ``skipped_lines``, and
+every intact batch still goes; a UTF-8 byte-order mark is accepted.
 
 Example:
     >>> result = upload("run.jsonl", "ws://127.0.0.1:8765")   # doctest: +SKIP
@@ -20,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,7 +36,7 @@ from websockets.sync.client import ClientConnection
 from .backoff import Backoff
 from .codec import dumps, loads
 from .messages import CLOSE_INVALID_DATA, CLOSE_TOO_BIG
-from .spool import SpoolError, read_spool
+from .spool import SpoolError, scan_spool
 from .spoolfiles import rejected_path
 from .wsclient import ingest_url, open_ingest
 
@@ -51,37 +55,70 @@ class UploadResult:
     acked: int = 0
     rejected: list[tuple[int, int, str]] = field(default_factory=list)  # (seq, code, why)
     rejected_file: Path | None = None
+    skipped_lines: list[str] = field(default_factory=list)  # "path:line: why", each sent on
+    foreign_lines: list[str] = field(default_factory=list)  # batches of another run
+
+
+def scan_parts(
+    path: str | os.PathLike[str],
+) -> tuple[list[tuple[dict[str, Any], list[dict[str, Any]]]], list[str], list[str]]:
+    """The spool as ``[(hello, [batch, ...]), ...]``, the lines skipped (each named
+    ``path:line: why``) and, among them, the batches of another run than their hello's.
+
+    Raises SpoolError when no line at all can be sent.
+    """
+    messages, problems, _ = scan_spool(path)
+    parts: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    foreign: list[str] = []
+    for number, message in messages:
+        kind = message["type"]
+        where = f"{path}:{number}: "
+        if kind == "hello":
+            parts.append((message, []))
+            continue
+        if kind != "batch":
+            problems.append(f"{where}expected 'hello' or 'batch', got {kind!r}")
+            continue
+        if not parts:
+            problems.append(f"{where}expected a hello before the first batch")
+            continue
+        seq, records = message.get("seq"), message.get("records")
+        blocks = message.get("columns", [])
+        hello = parts[-1][0]
+        if type(seq) is not int or not isinstance(records, list):
+            problems.append(f"{where}expected a batch with an integer seq and a records "
+                            f"list, got keys {sorted(message)}")
+        elif not isinstance(blocks, list) or not all(
+            isinstance(b, dict) and type(b.get("n")) is int for b in blocks
+        ):
+            problems.append(f"{where}expected columns as a list of blocks, each with an "
+                            f"integer n, got {str(blocks)[:60]}")
+        elif (message.get("run_id"), message.get("rank")) != (hello.get("run_id"),
+                                                            hello.get("rank")):
+            why = (f"{where}a batch of run {str(message.get('run_id'))[:40]!r} rank "
+                   f"{message.get('rank')!r} after the hello of run "
+                   f"{str(hello.get('run_id'))[:40]!r} rank {hello.get('rank')!r}")
+            problems.append(why)
+            foreign.append(why)
+        else:
+            parts[-1][1].append(message)
+    problems.sort(key=_line_number)
+    if not any(batches for _, batches in parts) and problems:
+        raise SpoolError("; ".join(problems[:5]) + (
+            f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
+    return parts, problems, foreign
+
+
+def _line_number(problem: str) -> int:
+    found = re.search(r":(\d+): ", problem)
+    return int(found.group(1)) if found else 0
 
 
 def split_parts(path: str | os.PathLike[str]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """The spool as ``[(hello, [batch, ...]), ...]``; raises SpoolError when malformed."""
-    parts: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-    for number, message in enumerate(read_spool(path), start=1):
-        kind = message["type"]
-        if kind == "hello":
-            parts.append((message, []))
-        elif kind == "batch":
-            if not parts:
-                raise SpoolError(
-                    f"{path}: expected a hello before the first batch (message {number})"
-                )
-            seq, records = message.get("seq"), message.get("records")
-            if not isinstance(seq, int) or not isinstance(records, list):
-                raise SpoolError(
-                    f"{path}: message {number}: expected a batch with an integer seq and a "
-                    f"records list, got keys {sorted(message)}"
-                )
-            blocks = message.get("columns", [])
-            if not isinstance(blocks, list) or not all(
-                isinstance(b, dict) and type(b.get("n")) is int for b in blocks
-            ):
-                raise SpoolError(
-                    f"{path}: message {number}: expected columns as a list of blocks, each "
-                    f"with an integer n, got {str(blocks)[:60]}"
-                )
-            parts[-1][1].append(message)
-        else:
-            raise SpoolError(f"{path}: message {number}: expected 'hello' or 'batch', got {kind!r}")
+    """The spool as ``[(hello, [batch, ...]), ...]``; raises SpoolError at a bad line."""
+    parts, problems, _ = scan_parts(path)
+    if problems:
+        raise SpoolError(problems[0])
     return parts
 
 
@@ -104,8 +141,8 @@ def upload(
     ``timeout`` bounds the whole upload's waiting for a server that is away or silent.
     """
     url = ingest_url(server)
-    parts = split_parts(path)
-    result = UploadResult(parts=len(parts))
+    parts, skipped, foreign = scan_parts(path)
+    result = UploadResult(parts=len(parts), skipped_lines=skipped, foreign_lines=foreign)
     deadline = time.monotonic() + timeout
     for hello, batches in parts:
         result.batches += len(batches)

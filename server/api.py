@@ -15,11 +15,19 @@ from pydantic import BaseModel, StrictBool
 from gradwatch.protocol import messages as m
 from gradwatch.protocol.codec import dumps
 
+from .schema import _describe
 from .security import can_read, can_write, token_from
 from .state import AppState
 from .store import RunNotFound
 
 T = TypeVar("T")
+
+
+INT64_MAX = 2**63 - 1  # steps and ranks are stored as 64-bit integers
+
+# The most values (steps x timesteps, or points x fields) one answer may hold: about
+# 20 MB of JSON; larger requests are downsampled (timesteps) or refused with 422.
+MAX_CELLS = 1_000_000
 
 
 def _state(request: Request) -> AppState:
@@ -77,7 +85,9 @@ async def _read(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return await asyncio.to_thread(call, *args, **kwargs)
     except RunNotFound as error:
-        raise HTTPException(404, f"expected a known run id, got {error.args[0]!r}") from None
+        # Not the whole id: a 100 KB id in must not be 100 KB out.
+        got = _describe(error.args[0])
+        raise HTTPException(404, f"expected a known run id, got {got}") from None
     except ValueError as error:
         raise HTTPException(422, str(error)) from None
 
@@ -92,17 +102,31 @@ def version() -> str:
 router = APIRouter(prefix="/api")
 
 
-@router.get("/health", summary="Liveness and what this server speaks")
+HEALTH_TIMEOUT_S = 2.0
+
+
+@router.get("/health", summary="Liveness, the store's, and what this server speaks")
 async def health(request: Request) -> Response:
+    """200 when the store answers a query within 2 s, else 503 with the reason."""
     state = _state(request)
-    return json_response(
-        {
-            "status": "ok",
-            "version": version(),
-            "protocol": m.PROTOCOL_VERSION,
-            "db": state.store.kind,
-        }
-    )
+    answer: dict[str, Any] = {
+        "status": "ok",
+        "version": version(),
+        "protocol": m.PROTOCOL_VERSION,
+        "db": state.store.kind,
+    }
+    try:
+        await asyncio.wait_for(asyncio.to_thread(state.store.query, "SELECT 1 FROM runs LIMIT 1"),
+                               HEALTH_TIMEOUT_S)
+    except TimeoutError:
+        answer.update(status="unavailable",
+                      reason=f"the database did not answer within {HEALTH_TIMEOUT_S:.0f} s")
+    except Exception as error:  # the reason is the answer; the server itself is up
+        answer.update(status="unavailable",
+                      reason=f"the database refused a query: {type(error).__name__}: {error}"[:300])
+    if answer["status"] != "ok":
+        return Response(dumps(answer), status_code=503, media_type="application/json")
+    return json_response(answer)
 
 
 @router.get("/runs", summary="Every run's summary, newest first (archived ones on request)")
@@ -136,20 +160,26 @@ async def archive(run_id: str, body: ArchiveBody, state: Admin) -> Response:
     return json_response({"id": run_id, "archived": body.archived})
 
 
-Step = Annotated[int | None, Query(ge=0)]
+Step = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
 
 
 @router.get("/runs/{run_id}/steps", summary="Scalar series per step, min/max downsampled")
 async def steps(
     run_id: str,
     state: Viewer,
-    rank: Annotated[int, Query(ge=0)] = 0,
-    start: Annotated[int | None, Query(alias="from", ge=0)] = None,
-    stop: Annotated[int | None, Query(alias="to", ge=0)] = None,
+    rank: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
+    start: Annotated[int | None, Query(alias="from", ge=0, le=INT64_MAX)] = None,
+    stop: Annotated[int | None, Query(alias="to", ge=0, le=INT64_MAX)] = None,
     max_points: Annotated[int, Query(ge=2, le=1_000_000)] = 2000,
     fields: Annotated[str | None, Query(description="comma separated; default all")] = None,
 ) -> Response:
     names = [f for f in fields.split(",") if f] if fields else None
+    if names is not None and len(names) * max_points > MAX_CELLS:
+        raise HTTPException(
+            422,
+            f"expected fields x max_points of at most {MAX_CELLS:,} values per answer, got "
+            f"{len(names)} x {max_points:,}; ask for fewer fields or points",
+        )
     return json_response(
         await _read(
             state.store.steps,
@@ -169,10 +199,11 @@ async def timesteps(
     state: Viewer,
     module: Annotated[str, Query(max_length=m.MAX_NAME_CHARS)],
     series: Annotated[str, Query(max_length=m.MAX_NAME_CHARS)] = "input",
-    rank: Annotated[int, Query(ge=0)] = 0,
+    rank: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     max_steps: Annotated[int, Query(ge=1, le=100_000)] = 500,
-    start: Annotated[int | None, Query(alias="from", ge=0)] = None,
-    stop: Annotated[int | None, Query(alias="to", ge=0)] = None,
+    start: Annotated[int | None, Query(alias="from", ge=0, le=INT64_MAX)] = None,
+    stop: Annotated[int | None, Query(alias="to", ge=0, le=INT64_MAX)] = None,
+    max_cells: Annotated[int, Query(ge=2, le=MAX_CELLS)] = MAX_CELLS,
 ) -> Response:
     return json_response(
         await _read(
@@ -184,17 +215,20 @@ async def timesteps(
             max_steps=max_steps,
             start=start,
             stop=stop,
+            max_cells=max_cells,
         )
     )
 
 
 @router.get("/runs/{run_id}/epochs", summary="Epoch records of one rank")
-async def epochs(run_id: str, state: Viewer, rank: Annotated[int, Query(ge=0)] = 0) -> Response:
+async def epochs(
+    run_id: str, state: Viewer, rank: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0
+) -> Response:
     return json_response(await _read(state.store.epochs, run_id, rank=rank))
 
 
 @router.get("/runs/{run_id}/alerts", summary="Alert records in arrival order, with rank")
 async def alerts(
-    run_id: str, state: Viewer, rank: Annotated[int | None, Query(ge=0)] = None
+    run_id: str, state: Viewer, rank: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None
 ) -> Response:
     return json_response(await _read(state.store.alerts, run_id, rank=rank))

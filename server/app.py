@@ -19,10 +19,11 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from .api import require_viewer, router, version
 from .ingest import ingest_endpoint
@@ -51,6 +52,16 @@ def _first_error(error: RequestValidationError) -> str:
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "query")
     msg = str(first.get("msg", "invalid")).removeprefix("Input should be ")
     return f"{where}: expected {msg}, got {first.get('input')!r}"[:300]
+
+
+class ClientFiles(StaticFiles):
+    """The dashboard's files, without the Python package's own (``__init__.py``...)."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        name = path.replace("\\", "/").rsplit("/", 1)[-1]
+        if name == "py.typed" or name.endswith((".py", ".pyc")) or "__pycache__" in path:
+            raise HTTPException(404, "expected a dashboard file, got a Python package file")
+        return await super().get_response(path, scope)
 
 
 def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
@@ -131,7 +142,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         async def plotly_bundle() -> FileResponse:
             return FileResponse(plotly_js(), media_type="text/javascript; charset=utf-8")
 
-        app.mount("/static", StaticFiles(directory=client), name="static")
+        app.mount("/static", ClientFiles(directory=client), name="static")
 
     app.add_middleware(SecurityMiddleware, settings=settings)
     return app

@@ -16,6 +16,7 @@ import dataclasses
 import getpass
 import json
 import os
+import secrets
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -81,6 +82,47 @@ def serving_banner(settings: Any) -> str:
     return "\n".join(lines)
 
 
+MIN_TOKEN_CHARS = 16
+
+
+def database_problem(settings: Any) -> str | None:
+    """Why a SQLite ``--db`` cannot be written, with its path and the cause, or None.
+
+    Checked before anything says "serving": SQLite itself only says "unable to open
+    database file", with neither.
+    """
+    if settings.db_kind != "sqlite" or settings.db == ":memory:":
+        return None
+    path = os.path.abspath(settings.db)
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):  # SQLite would create a missing file too
+            pass
+        if not existed:
+            os.unlink(path)  # the server creates it when it starts
+    except OSError as error:
+        return f"--db {path}: cannot open the database for writing: {error.strerror}"
+    folder = os.path.dirname(path)
+    if not os.access(folder, os.W_OK):
+        return f"--db {path}: its folder {folder} is not writable (SQLite keeps -wal beside it)"
+    return None
+
+
+def token_problem(settings: Any, loopback: bool) -> str | None:
+    """Why the tokens are too weak for a server reachable from other machines."""
+    if loopback:
+        return None
+    for flag, token in (("--token", settings.token), ("--view-token", settings.view_token)):
+        if token is not None and len(token) < MIN_TOKEN_CHARS:
+            return (
+                f"{flag}: expected at least {MIN_TOKEN_CHARS} characters with --host "
+                f"{settings.host} (reachable from other machines), got {len(token)}; for "
+                f"example {secrets.token_urlsafe(24)} (python -c \"import secrets; "
+                "print(secrets.token_urlsafe(24))\"). Nothing was started."
+            )
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     """``gradwatch serve``: refuses a non-loopback bind without a token (exit 2)."""
     from gradwatch.server.settings import Settings, is_loopback
@@ -110,6 +152,17 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    problem = token_problem(settings, is_loopback(settings.host)) or database_problem(settings)
+    if problem is not None:
+        print(f"gradwatch serve: {problem}", file=sys.stderr)
+        return 2
+    if settings.view_token and not settings.token:
+        print(
+            "gradwatch serve: warning: --view-token without --token: viewers need the view "
+            "token, but any process on this machine may write (ingest is open on loopback). "
+            "Add --token TOKEN to require one for trainers too.",
+            file=sys.stderr,
+        )
     workers = int(args.workers or 1)
     if workers < 1:
         print(f"gradwatch serve: --workers: expected 1 or more, got {workers}", file=sys.stderr)
@@ -129,6 +182,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gradwatch.server.app import create_app
+    from gradwatch.server.http_timeouts import protocol_with_timeout
+    from gradwatch.server.logs import log_config
 
     print(serving_banner(settings), flush=True)
     app: Any
@@ -151,8 +206,13 @@ def _serve(args: argparse.Namespace) -> int:
         # and gets an error message with close code 1009 instead of a bare close.
         ws_max_size=2 * settings.max_message_bytes,
         ws_per_message_deflate=False,
+        # h11 with a deadline on request headers (server/http_timeouts.py), and a cap
+        # on connections: half-sent requests cannot exhaust file descriptors.
+        http=protocol_with_timeout(settings.header_timeout_s),
+        limit_concurrency=settings.max_connections,
         proxy_headers=False,
         server_header=False,
+        log_config=log_config(),  # tokens in logged paths are redacted (server/logs.py)
     )
     return 0
 
@@ -163,12 +223,15 @@ WORKER_SETTINGS = "GRADWATCH_WORKER_SETTINGS"
 def worker_app() -> Any:
     """The app of one ``--workers`` process: the settings ``gradwatch serve`` resolved."""
     from gradwatch.server.app import create_app
+    from gradwatch.server.http_timeouts import protocol_with_timeout
     from gradwatch.server.settings import Settings
 
     values = json.loads(os.environ[WORKER_SETTINGS])
     values["allowed_hosts"] = tuple(values.get("allowed_hosts") or ())
     values["alert_webhooks"] = tuple(values.get("alert_webhooks") or ())
-    return create_app(Settings(**values))
+    settings = Settings(**values)
+    protocol_with_timeout(settings.header_timeout_s)  # this process's protocol class
+    return create_app(settings)
 
 
 SERVE_DB = "gradwatch.db"  # Settings.db: where `gradwatch serve` writes by default
@@ -212,7 +275,9 @@ def _report(args: argparse.Namespace) -> int:
 
 def _upload(args: argparse.Namespace) -> int:
     """Exit 0: all acknowledged; 1: some batches refused for good (set aside);
-    2: the file is missing or not a spool; 3: server unreachable or refused us."""
+    2: the file is missing or not a spool; 3: server unreachable or refused us (run it
+    again); 4: lines of the file skipped (unreadable or torn; each named); 5: batches
+    of another run than their hello's (skipped; running again cannot help)."""
     from gradwatch.protocol.spool import SpoolError
     from gradwatch.protocol.upload import UploadError, upload
 
@@ -228,12 +293,20 @@ def _upload(args: argparse.Namespace) -> int:
         f"gradwatch upload: {result.acked} of {result.batches} batches "
         f"({result.records} records, {result.parts} part(s)) acknowledged by {args.server}"
     )
+    for line in result.skipped_lines:
+        print(f"gradwatch upload: skipped {line}", file=sys.stderr)
     if result.rejected:
         for seq, code, message in result.rejected:
             print(f"gradwatch upload: batch seq {seq} refused (code {code}): {message}",
                   file=sys.stderr)
         print(f"gradwatch upload: refused batches are in {result.rejected_file}", file=sys.stderr)
         return 1
+    if result.foreign_lines:
+        return 5
+    if result.skipped_lines:
+        print(f"gradwatch upload: {len(result.skipped_lines)} line(s) skipped; every intact "
+              "batch was sent", file=sys.stderr)
+        return 4
     return 0
 
 

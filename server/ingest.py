@@ -9,13 +9,18 @@ and the writer can commit many batches of many trainers in one transaction.
 
 A bad message gets ``{"type": "error", "code": ..., "message": ...}`` and a close
 with that code (1007 data, 1008 policy, 1009 size), after the acks of the batches
-before it; nothing of the bad message is stored.
+before it; nothing of the bad message is stored. A batch with one bad field in a
+record is stored without that field (server/repair.py) and its ``ack`` carries a
+``notice`` saying what was left out. A batch the database refuses for its values is
+refused (1007, naming its ``seq``); only a transient store fault closes with 1011,
+which asks the trainer to resend.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
 
@@ -23,19 +28,26 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gradwatch.protocol import messages as m
 from gradwatch.protocol.codec import dumps
+from gradwatch.protocol.names import identity_problem
 
 from .columns import records_json
-from .schema import Batch, Hello, ProtocolError, parse_message
+from .repair import parse_repairing
+from .schema import Batch, Hello, ProtocolError
 from .security import can_read, can_write, host_problem, origin_problem, token_from
 from .state import AppState
+from .store import StoreDataError
 
 CLOSE_INTERNAL = 1011
+log = logging.getLogger("gradwatch.ingest")
 
 
-async def reject(ws: WebSocket, code: int, message: str) -> None:
-    """Send an ``error`` message, then close with ``code`` and a short reason."""
+async def reject(ws: WebSocket, code: int, message: str, seq: int | None = None) -> None:
+    """Send an ``error`` message (naming ``seq`` when given), then close with ``code``."""
+    error: dict[str, object] = {"type": m.ERROR, "code": code, "message": message}
+    if seq is not None:
+        error["seq"] = seq
     with contextlib.suppress(Exception):
-        await ws.send_text(dumps({"type": m.ERROR, "code": code, "message": message}))
+        await ws.send_text(dumps(error))
     reason = message.encode()[:120].decode("utf-8", "ignore")
     with contextlib.suppress(Exception):
         await ws.close(code=code, reason=reason)
@@ -83,8 +95,11 @@ class IngestConnection:
         self.state = state
         self.hello: Hello | None = None
         self.window = asyncio.Semaphore(state.settings.ingest_window)
-        self.pending: asyncio.Queue[tuple[Batch, asyncio.Future[bool]] | None] = asyncio.Queue()
+        self.pending: asyncio.Queue[
+            tuple[Batch, asyncio.Future[bool], list[str]] | None
+        ] = asyncio.Queue()
         self.failure: ProtocolError | None = None
+        self.failure_seq: int | None = None
 
     async def run(self) -> None:
         acker = asyncio.create_task(self._ack_loop())
@@ -112,13 +127,13 @@ class IngestConnection:
             if message["type"] == "websocket.disconnect":
                 return None
             try:
-                parsed = parse_message(message_text(message, limit))
-                await self._handle(parsed)
+                parsed, notices = parse_repairing(message_text(message, limit))
+                await self._handle(parsed, notices)
             except ProtocolError as error:
                 return error
         return None
 
-    async def _handle(self, msg: Hello | Batch) -> None:
+    async def _handle(self, msg: Hello | Batch, notices: list[str]) -> None:
         if isinstance(msg, Hello):
             if self.hello is not None:
                 raise ProtocolError(m.CLOSE_POLICY, "expected a batch, got a second hello")
@@ -127,7 +142,20 @@ class IngestConnection:
                     m.CLOSE_POLICY,
                     f"protocol: expected {m.PROTOCOL_VERSION}, got {msg.protocol}",
                 )
-            await asyncio.wrap_future(self.state.store.submit_hello(msg))
+            problem = identity_problem(msg.run_id, "run_id")
+            if problem is not None:
+                raise ProtocolError(m.CLOSE_INVALID_DATA, problem)
+            try:
+                await asyncio.wrap_future(self.state.store.submit_hello(msg))
+            except StoreDataError as error:
+                raise ProtocolError(
+                    m.CLOSE_INVALID_DATA, f"hello: the database refused it: {error}"[:300]
+                ) from None
+            except Exception as error:  # answered, never a traceback: the trainer retries
+                log.warning("could not store the hello of run %.80r: %s", msg.run_id, error)
+                raise ProtocolError(
+                    CLOSE_INTERNAL, f"the server could not store the hello: {error}"[:300]
+                ) from None
             self.hello = msg
             self.state.connected[msg.run_id] += 1
             self.state.run_changed(msg.run_id, urgent=True)
@@ -142,30 +170,38 @@ class IngestConnection:
             )
         await self.window.acquire()
         future: Future[bool] = self.state.store.submit_batch(msg, self.hello.session)
-        await self.pending.put((msg, asyncio.wrap_future(future)))
+        await self.pending.put((msg, asyncio.wrap_future(future), notices))
 
     async def _ack_loop(self) -> None:
         while True:
             item = await self.pending.get()
             if item is None:
                 return
-            batch, future = item
+            batch, future, notices = item
             try:
                 stored = await future
             except Exception as error:
                 self.window.release()
                 if self.failure is None:
+                    # A refusal for the values recurs on every resend: refused for good
+                    # (1007, the batch named). Anything else may pass: 1011, resend.
+                    data = isinstance(error, StoreDataError)
                     self.failure = ProtocolError(
-                        CLOSE_INTERNAL,
-                        f"the server could not store batch {batch.seq}: {error}"[:300],
+                        m.CLOSE_INVALID_DATA if data else CLOSE_INTERNAL,
+                        f"batch {batch.seq}: the server could not store it: {error}"[:300],
                     )
                     # Closing ends the receive loop; the trainer resends what is unacknowledged.
-                    await reject(self.ws, self.failure.code, self.failure.message)
+                    await reject(self.ws, self.failure.code, self.failure.message, batch.seq)
                 continue
             self.window.release()
             if self.failure is None:
+                ack = f'{{"type":"ack","seq":{batch.seq}}}'
+                if notices:
+                    log.warning("run %.80r batch %d: %s", batch.run_id, batch.seq,
+                                "; ".join(notices)[:500])
+                    ack = dumps({"type": m.ACK, "seq": batch.seq, "notice": "; ".join(notices)})
                 with contextlib.suppress(Exception):
-                    await self.ws.send_text(f'{{"type":"ack","seq":{batch.seq}}}')
+                    await self.ws.send_text(ack)
             if stored:
                 self._publish(batch)
 

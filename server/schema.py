@@ -33,8 +33,11 @@ from gradwatch.protocol import messages as m
 FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 Num = Union[FiniteFloat, NonFinite]  # noqa: UP007 (the union is built at runtime)
-Count = Annotated[int, Strict(), Field(ge=0)]
-Int = Annotated[int, Strict()]
+# Every integer is stored in a 64-bit column: a larger one is refused here, with its
+# field named, rather than by the database (where it would look like a store fault).
+INT64_MAX = 2**63 - 1
+Count = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
+Int = Annotated[int, Strict(), Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
 Name = Annotated[str, Strict(), Field(max_length=m.MAX_NAME_CHARS)]
 Text = Annotated[str, Strict(), Field(max_length=16_384)]
 NumberList = Annotated[list[Num], Field(max_length=m.MAX_TIMESTEPS)]
@@ -93,7 +96,7 @@ class Hello(_Open):
     run_id: Annotated[str, Strict(), Field(min_length=1, max_length=m.MAX_NAME_CHARS)]
     run: Name = ""
     rank: Count = 0
-    world_size: Annotated[int, Strict(), Field(ge=1)] = 1
+    world_size: Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)] = 1
     host: Name = ""
     pid: Count | None = None
     model: ModelInfo = ModelInfo()
@@ -374,12 +377,22 @@ def describe_error(error: ValidationError) -> ProtocolError:
     return ProtocolError(m.CLOSE_INVALID_DATA, f"{where}{expected}, got {got}")
 
 
+def validate(text: str | bytes) -> Hello | Batch:
+    """Validate one wire message with pydantic; ValidationError as it comes."""
+    return _MESSAGE.validate_json(text)
+
+
 def parse_message(text: str | bytes) -> Hello | Batch:
     """Validate one wire message; raise :class:`ProtocolError` with a close code and reason."""
     try:
-        message = _MESSAGE.validate_json(text)
+        message = validate(text)
     except ValidationError as error:
         raise describe_error(error) from None
+    return check_columns(message)
+
+
+def check_columns(message: Hello | Batch) -> Hello | Batch:
+    """The checks of a batch's ``columns`` that pydantic cannot make (server/columns.py)."""
     if isinstance(message, Batch) and message.columns:
         from .columns import check_batch  # the column checks need this module's models
 

@@ -53,6 +53,16 @@ class Settings:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     # Live messages one viewer may have queued before the oldest are dropped.
     live_queue_size: int = 256
+    # Bytes of live messages one viewer may have queued: past this it has fallen
+    # behind for good and is dropped (a ``lagged`` notice, then the socket aborted).
+    live_queue_bytes: int = 16 << 20
+    # A viewer whose socket takes one message for longer than this is dropped too.
+    live_send_timeout_s: float = 30.0
+    # Seconds a connection has to send a request's headers (half-sent requests would
+    # otherwise hold a file descriptor for ever), and the most connections served at
+    # once (beyond it HTTP requests get 503 at once).
+    header_timeout_s: float = 10.0
+    max_connections: int = 4096
     # Batches one ingest connection may have submitted but not yet acknowledged.
     ingest_window: int = 64
     # A run with no connected trainer and no write for this long is "stale".
@@ -95,9 +105,10 @@ class Settings:
         """Settings from ``GRADWATCH_*`` variables, then ``overrides`` (the CLI's flags).
 
         Variables: GRADWATCH_HOST, _PORT, _DB, _TOKEN, _VIEW_TOKEN, _ALLOWED_HOSTS
-        (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _SQLITE_SYNCHRONOUS,
-        _STALE_AFTER_S, _WRITER (process or thread), _STALLED_FACTOR, _STALLED_MIN_S,
-        _ALERT_WEBHOOK (URLs, comma or space separated), _ALERT_MIN_SEVERITY, _PUBLIC_URL.
+        (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _LIVE_QUEUE_BYTES,
+        _SQLITE_SYNCHRONOUS, _HEADER_TIMEOUT_S, _STALE_AFTER_S, _WRITER (process or thread),
+        _STALLED_FACTOR, _STALLED_MIN_S, _ALERT_WEBHOOK (URLs, comma or space separated),
+        _ALERT_MIN_SEVERITY, _PUBLIC_URL.
         """
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
@@ -115,6 +126,7 @@ class Settings:
             "port": "GRADWATCH_PORT",
             "max_message_bytes": "GRADWATCH_MAX_MESSAGE_BYTES",
             "live_queue_size": "GRADWATCH_LIVE_QUEUE_SIZE",
+            "live_queue_bytes": "GRADWATCH_LIVE_QUEUE_BYTES",
         }
         for name, var in numbers.items():
             if env.get(var):
@@ -129,6 +141,14 @@ class Settings:
                 given = env["GRADWATCH_STALE_AFTER_S"]
                 raise ValueError(
                     f"GRADWATCH_STALE_AFTER_S: expected seconds, got {given!r}"
+                ) from None
+        if env.get("GRADWATCH_HEADER_TIMEOUT_S"):
+            try:
+                values["header_timeout_s"] = float(env["GRADWATCH_HEADER_TIMEOUT_S"])
+            except ValueError:
+                given = env["GRADWATCH_HEADER_TIMEOUT_S"]
+                raise ValueError(
+                    f"GRADWATCH_HEADER_TIMEOUT_S: expected seconds, got {given!r}"
                 ) from None
         writer = env.get("GRADWATCH_WRITER")
         if writer:
@@ -166,7 +186,8 @@ class Settings:
                 "sqlite_synchronous: expected NORMAL, FULL or EXTRA,"
                 f" got {self.sqlite_synchronous!r}"
             )
-        for name in ("max_message_bytes", "live_queue_size", "ingest_window", "group_commit"):
+        for name in ("max_message_bytes", "live_queue_size", "live_queue_bytes",
+                     "ingest_window", "group_commit"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(
                     f"{name}: expected a positive integer, got {getattr(self, name)!r}"

@@ -19,7 +19,7 @@ class AppState:
     def __init__(self, settings: Settings, store: Store) -> None:
         self.settings = settings
         self.store = store
-        self.hub = Hub(settings.live_queue_size)
+        self.hub = Hub(settings.live_queue_size, settings.live_queue_bytes)
         self.connected: Counter[str] = Counter()
         self._summary_due: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()

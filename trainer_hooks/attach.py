@@ -135,6 +135,7 @@ def watch(
         model = model.module
     if not isinstance(graph_limit, int) or graph_limit < 1:
         raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
+    run_id = run_identity(run_id)  # before any hook: a run id the server refuses raises here
     schedule = Schedule(every=every, overhead=overhead)
     once = WarnOnce()
     diagnoser = _diagnoser(diagnose, thresholds)
@@ -157,7 +158,6 @@ def watch(
             q.detach()
         raise
 
-    run_id = run_identity(run_id)
     rank, world_size = rank_and_world()
     recurrent = list(getattr(timesteps, "modules", None) or [])
     config = {
@@ -171,8 +171,8 @@ def watch(
         "graph_limit": graph_limit,
         "scaler": scaler is not None,
     }
-    hello = make_hello(model, run, run_id, config, recurrent, rank, world_size)
     try:
+        hello = make_hello(model, run, run_id, config, recurrent, rank, world_size)
         sink, spool_path = _make_sink(server, spool, token, hello, quiet)
     except Exception:
         for q in attached:

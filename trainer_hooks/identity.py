@@ -29,6 +29,10 @@ import torch
 from torch import nn
 
 from gradwatch.protocol.messages import MAX_NAME_CHARS, PROTOCOL_VERSION
+from gradwatch.protocol.names import identity_problem, short_name
+
+# The full names of what was shortened travel in the hello, each cut at this length.
+MAX_FULL_NAME_CHARS = 4096
 
 
 def run_identity(run_id: str | None) -> str:
@@ -42,10 +46,10 @@ def run_identity(run_id: str | None) -> str:
     if run_id is not None:
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"expected run_id= to be a non-empty string, got {run_id!r}")
-        return run_id
+        return checked_run_id(run_id, "run_id=")
     from_env = os.environ.get("GRADWATCH_RUN_ID")
     if from_env:
-        return from_env
+        return checked_run_id(from_env, "$GRADWATCH_RUN_ID")
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         chosen: list[str | None] = [str(uuid.uuid4()) if dist.get_rank() == 0 else None]
@@ -53,6 +57,18 @@ def run_identity(run_id: str | None) -> str:
         if isinstance(chosen[0], str):
             return chosen[0]
     return str(uuid.uuid4())
+
+
+def checked_run_id(run_id: str, source: str) -> str:
+    """``run_id`` when the server can store it; else ValueError saying why.
+
+    A run id is never shortened (it is the run's key and part of every URL), so one
+    the server would refuse is refused here, before training starts.
+    """
+    problem = identity_problem(run_id, "run_id")
+    if problem is not None:
+        raise ValueError(f"{source}: {problem.removeprefix('run_id: ')}")
+    return run_id
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -82,15 +98,40 @@ def make_hello(
     world_size: int = 1,
 ) -> dict[str, Any]:
     """The ``hello`` message of docs/PROTOCOL.md for ``model``."""
+    if "\x00" in run:
+        raise ValueError(f"expected run= without NUL (U+0000), got {run!r}")
+    # Over-long names are shortened exactly as the server shortens the names in
+    # records (gradwatch.protocol.names), so both agree; the full ones go along.
+    full_names: dict[str, str] = {}
+
+    def shortened(name: str) -> str:
+        short = short_name(name)
+        if short != name:
+            full_names[short] = name[:MAX_FULL_NAME_CHARS]
+        return short
+
     modules = [
-        {"name": (name or type(module).__name__)[:MAX_NAME_CHARS], "type": type(module).__name__}
+        {"name": shortened(name or type(module).__name__),
+         "type": short_name(type(module).__name__)}
         for name, module in model.named_modules()
     ]
+    for name, _ in model.named_parameters():
+        shortened(name)
+    short_recurrent = [shortened(name) for name in recurrent or []]
+    model_info: dict[str, Any] = {
+        "modules": modules,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "recurrent": short_recurrent,
+    }
+    if full_names:
+        model_info["full_names"] = full_names
+    if len(run) > MAX_NAME_CHARS:
+        model_info.setdefault("full_names", {})[short_name(run)] = run[:MAX_FULL_NAME_CHARS]
     return {
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
         "run_id": run_id,
-        "run": run,
+        "run": short_name(run),
         "rank": rank,
         "world_size": world_size,
         # one per process: a resumed process of the same run and rank counts seq from
@@ -98,10 +139,6 @@ def make_hello(
         "session": str(uuid.uuid4()),
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "model": {
-            "modules": modules,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "recurrent": list(recurrent or []),
-        },
+        "model": model_info,
         "config": config,
     }

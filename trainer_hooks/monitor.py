@@ -153,7 +153,9 @@ class Monitor:
     def close(self, timeout: float | None = 10.0, status: str = "finished") -> bool:
         """Remove the hooks, send the ``end`` record, flush and close the sink.
 
-        Waits at most ``timeout`` seconds; True when everything was handed over.
+        Waits at most ``timeout`` seconds; True when everything was handed over and
+        the server refused nothing (no batch set aside, no field left out: see
+        ``stats()["rejected_batches"]`` and ``["repaired_batches"]`` of the sink).
         Safe to call twice.
         """
         if self.closed:
@@ -167,7 +169,8 @@ class Monitor:
             "step": max(self.step_index - 1, 0),
             "t": time.time(),
         }
-        return self._pipeline.close(timeout, last=end)
+        handed_over = self._pipeline.close(timeout, last=end)
+        return handed_over and not getattr(self._pipeline.sink, "refused", 0)
 
     def __enter__(self) -> Monitor:
         return self

@@ -11,7 +11,7 @@ Example:
 from __future__ import annotations
 
 from ..settings import Settings
-from .base import Store, StoreError
+from .base import Store, StoreDataError, StoreError
 from .reads import RunNotFound
 
 
@@ -27,4 +27,4 @@ def open_store(settings: Settings) -> Store:
     return SQLiteStore(settings)
 
 
-__all__ = ["RunNotFound", "Store", "StoreError", "open_store"]
+__all__ = ["RunNotFound", "Store", "StoreDataError", "StoreError", "open_store"]

@@ -44,6 +44,26 @@ class StoreError(RuntimeError):
     """The database refused or lost a write; the batch was not acknowledged."""
 
 
+class StoreDataError(StoreError):
+    """The database refused the data itself: sending it again cannot help."""
+
+
+def store_error(error: BaseException) -> StoreError:
+    """``error`` as a StoreError, a StoreDataError when it is about the values.
+
+    A data exception (SQLSTATE class 22: a NUL in text, a number out of range) or an
+    OverflowError recurs on every resend; anything else (a lost connection, a locked
+    or full disk) may pass, so the trainer resends.
+    """
+    text = f"{type(error).__name__}: {error}"
+    sqlstate = str(getattr(error, "sqlstate", "") or "")
+    # psycopg refuses a NUL in text before it reaches the server: a DataError, no SQLSTATE.
+    named = any(kind.__name__ == "DataError" for kind in type(error).__mro__)
+    if isinstance(error, OverflowError) or sqlstate.startswith("22") or named:
+        return StoreDataError(text)
+    return StoreError(text)
+
+
 class Store(ScalarWrites, Reads, Archive, ABC):
     """SQL storage shared by SQLite and PostgreSQL; subclasses supply connections."""
 
@@ -198,7 +218,7 @@ class Store(ScalarWrites, Reads, Archive, ABC):
             with contextlib.suppress(Exception):  # a lost connection is reported below
                 conn.rollback()
             self._forget_ids()
-            future.set_exception(StoreError(f"{type(error).__name__}: {error}"))
+            future.set_exception(store_error(error))
             return
         future.set_result(result)
 

@@ -143,8 +143,15 @@ class Reads(HistoryReads):
         max_steps: int = 500,
         start: int | None = None,
         stop: int | None = None,
+        max_cells: int = 1_000_000,
     ) -> dict[str, Any]:
-        """The heatmap matrix of one module's series (docs/API.md ``/timesteps``)."""
+        """The heatmap matrix of one module's series (docs/API.md ``/timesteps``).
+
+        At most ``max_cells`` values: when the chosen steps times a row's timesteps
+        would pass it, each row keeps evenly spaced timesteps (always the first and
+        the last), listed in ``timestep_index``; rows are cut as they are read, so a
+        request never holds more than that and one row.
+        """
         self.run_summary(run_id)
         lo = 0 if start is None else start
         hi = 2**62 if stop is None else stop
@@ -161,12 +168,20 @@ class Reads(HistoryReads):
         if chunked:
             all_steps = sorted({*all_steps, *chunked})
         chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
+        per_row = max(2, max_cells // max(1, len(chosen)))
+        longest = 0
+
+        def cut(row: list[Any]) -> list[Any]:
+            nonlocal longest
+            longest = max(longest, len(row))
+            return row if len(row) <= per_row else [row[i] for i in pick_rows(len(row), per_row)]
+
         by_step: dict[int, list[Any]] = {}
         for step in chosen:
             place = chunked.get(step)
             if place is not None:
                 data = self.timestep_chunk_series(run_id, module, series, rank, place)
-                by_step[step] = [rows.scalar_out(v) for v in rows.unpack_series(data)]
+                by_step[step] = cut([rows.scalar_out(v) for v in rows.unpack_series(data)])
         for i in range(0, len(chosen), 500):
             part = chosen[i : i + 500]
             marks = ", ".join("?" for _ in part)
@@ -174,17 +189,24 @@ class Reads(HistoryReads):
                 f"SELECT step, data FROM timesteps WHERE {where} AND step IN ({marks})",  # noqa: S608
                 (*params, *part),
             ):
-                by_step[step] = [rows.scalar_out(v) for v in rows.unpack_series(bytes(data))]
+                by_step[step] = cut(
+                    [rows.scalar_out(v) for v in rows.unpack_series(bytes(data))]
+                )
         values = [by_step[s] for s in chosen]
-        return {
+        answer = {
             "module": module,
             "series": series,
             "rank": rank,
             "steps": chosen,
             "total_steps": len(all_steps),
             "values": values,
-            "max_timesteps": max((len(v) for v in values), default=0),
+            "max_timesteps": longest,
         }
+        if longest > per_row:
+            # Rows of other lengths were cut alike: index i of a row of n timesteps
+            # is pick_rows(n, per_row)[i]; the longest row's indices are given.
+            answer["timestep_index"] = pick_rows(longest, per_row)
+        return answer
 
     def epochs(self, run_id: str, rank: int = 0) -> list[dict[str, Any]]:
         self.run_summary(run_id)

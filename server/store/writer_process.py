@@ -39,7 +39,7 @@ from functools import partial
 from typing import IO, Any
 
 from ..settings import Settings
-from .base import StoreError
+from .base import StoreDataError, StoreError
 from .handoff import decode_batch, encode_batch, read_frame, write_frame
 
 
@@ -142,7 +142,8 @@ class ProcessWriter:
                 continue
             future = entry[0]
             if "error" in head:
-                future.set_exception(StoreError(head["error"]))
+                kind = StoreDataError if head.get("data_error") else StoreError
+                future.set_exception(kind(head["error"]))
             else:
                 future.set_result(head.get("result"))
         child.stdout.close()
@@ -224,6 +225,7 @@ def main() -> None:
             head["result"] = future.result()
         else:
             head["error"] = str(error)
+            head["data_error"] = isinstance(error, StoreDataError)
         with out_lock, contextlib.suppress(OSError, ValueError):
             write_frame(out, head)
             # The writer thread's answers leave together after its group (flush_answers).

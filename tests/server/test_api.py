@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 
 def test_health_names_protocol_and_backend(gradwatch_server, gradwatch_db, wire):
     server = gradwatch_server(db=gradwatch_db)
@@ -192,3 +194,24 @@ def test_run_is_live_while_connected_then_stale(gradwatch_server, wire):
         assert time.monotonic() < deadline, "the run never became stale"
         time.sleep(0.05)  # poll interval of a bounded wait, not synchronisation
     assert wire.get_ok(server, f"/api/runs/{run_id}")["status"] == "stale"
+
+
+def test_health_reports_a_store_that_does_not_answer_as_503_with_the_reason(
+    gradwatch_server, postgres_url, shared_schema, wire
+):
+    import psycopg
+
+    url, schema = shared_schema
+    server = gradwatch_server(db=url)
+    assert wire.get(server, "/api/health")[0] == 200
+    with psycopg.connect(postgres_url) as conn:  # a transaction that holds the runs table
+        conn.execute(f"LOCK TABLE {schema}.runs IN ACCESS EXCLUSIVE MODE")
+        status, body, headers = wire.get(server, "/api/health")
+        assert status == 503 and headers["content-type"].startswith("application/json")
+        assert body["status"] == "unavailable"
+        assert "did not answer within 2 s" in body["reason"]
+        conn.rollback()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and wire.get(server, "/api/health")[0] != 200:
+        time.sleep(0.05)  # polling a condition with a deadline
+    assert wire.get(server, "/api/health")[1]["status"] == "ok"

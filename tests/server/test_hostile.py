@@ -138,3 +138,25 @@ def test_protocol_shaped_garbage_is_refused_or_stored_whole(
         assert detail == [message["seq"]]  # valid by chance: acknowledged, as any batch
     _good_trainer_still_served(shared_gradwatch_server, wire, good_run["id"], good_run["seq"])
     good_run["seq"] += 1
+
+
+def test_static_files_the_api_404_and_out_of_range_numbers_stay_small_and_json(
+    shared_gradwatch_server, wire
+):
+    server = shared_gradwatch_server
+    for path in ("/static/__init__.py", "/static/py.typed"):
+        status, body, _ = wire.get(server, path)
+        assert status == 404, (path, body)
+    huge = "x" * 100_000
+    status, body, headers = wire.get(server, f"/api/runs/{huge}")
+    assert status == 404 and headers["content-type"].startswith("application/json")
+    assert len(json.dumps(body)) < 300
+    run_id = wire.run_id()
+    wire.send_run(server, run_id, [[wire.step(0)]])
+    for query in (f"from={2**63}", f"to={2**64}", f"rank={2**63}"):
+        status, body, _ = wire.get(server, f"/api/runs/{run_id}/steps?fields=loss&{query}")
+        assert status == 422, (query, status, body)
+        assert "9223372036854775807" in json.dumps(body)
+    _, _, headers = wire.get(server, "/api/health")
+    policy = headers["content-security-policy"]
+    assert "connect-src 'self';" in policy and "ws:" not in policy

@@ -1,0 +1,62 @@
+"""One REST request cannot take gigabytes: answers are capped in values (issue 18,
+item 6). A real server, a real run with long series."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Callable
+from typing import Any
+
+STEPS = 300
+TIMESTEPS = 8000  # 2.4 million values in all, over the 1 million cap
+
+
+def step(i: int) -> dict[str, Any]:
+    values = struct.pack(f"<{TIMESTEPS}d", *(float(i * TIMESTEPS + t) for t in range(TIMESTEPS)))
+    return {"kind": "step", "step": i, "loss": 1.0,
+            "timesteps": {"lstm1": {"input": {"f64": base64.b64encode(values).decode()}}}}
+
+
+def test_the_timestep_axis_is_downsampled_to_the_cell_cap(
+    gradwatch_server: Callable[..., Any], wire: Any
+) -> None:
+    server = gradwatch_server()
+    run_id = wire.run_id()
+    for first in range(0, STEPS, 50):
+        wire.send_run(server, run_id, [[step(i)] for i in range(first, first + 50)],
+                      first_seq=first)
+    heat = wire.get_ok(server, f"/api/runs/{run_id}/timesteps?module=lstm1&max_steps=100000")
+    assert heat["steps"] == list(range(STEPS))
+    assert heat["max_timesteps"] == TIMESTEPS
+    index = heat["timestep_index"]
+    assert index[0] == 0 and index[-1] == TIMESTEPS - 1 and index == sorted(set(index))
+    assert sum(len(row) for row in heat["values"]) <= 1_000_000
+    for i in (0, 137, STEPS - 1):  # each kept value is the one at its index
+        assert heat["values"][i] == [float(i * TIMESTEPS + t) for t in index]
+    small = wire.get_ok(server, f"/api/runs/{run_id}/timesteps?module=lstm1&max_steps=5")
+    assert "timestep_index" not in small and len(small["values"][0]) == TIMESTEPS
+    capped = wire.get_ok(
+        server, f"/api/runs/{run_id}/timesteps?module=lstm1&max_steps=100&max_cells=1000"
+    )
+    assert [len(row) for row in capped["values"]] == [10] * 100
+
+
+def test_too_many_points_are_refused_with_the_limit(
+    gradwatch_server: Callable[..., Any], wire: Any
+) -> None:
+    server = gradwatch_server()
+    run_id = wire.run_id()
+    wire.send_run(server, run_id, [[wire.step(0)]])
+    fields = ",".join(["loss", "total_norm", "rss_bytes"])
+    status, body, headers = wire.get(
+        server, f"/api/runs/{run_id}/steps?fields={fields}&max_points=1000000"
+    )
+    assert status == 422 and headers["content-type"].startswith("application/json")
+    assert "at most 1,000,000 values" in body["detail"] and "3 x 1,000,000" in body["detail"]
+    status, body, _ = wire.get(
+        server, f"/api/runs/{run_id}/timesteps?module=lstm1&max_cells=1000000000"
+    )
+    assert status == 422 and "1000000" in str(body)
+    one = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=loss&max_points=1000000")
+    assert one["fields"]["loss"]["step"] == [0]

@@ -16,9 +16,16 @@ HEAT = "chart-heatmap-lstm-input"
 
 
 def log_cell(step: int, t: int) -> float:
-    """log10 of the norm at (step, timestep t): each step has its own slope and its own
-    level, so both the default relative scale and the absolute one tell rows apart."""
-    return -float(step % 3) - (0.1 + 0.01 * step) * t
+    """log10 of the norm at (step, timestep t): each step has its own level and a slope
+    that differs from its neighbours' (seven slopes, all among the first seven steps),
+    so both the default relative scale and the absolute one tell rows of a frame apart,
+    and live frames stay inside the colour range that history set (so they are appended,
+    not redrawn)."""
+    return -float(step % 3) - slope(step) * t
+
+
+def slope(step: int) -> float:
+    return 0.1 + 0.01 * ((3 * step) % 7)
 
 
 def relative_cell(step: int, t: int) -> float:
@@ -57,8 +64,8 @@ def test_heatmap_cells_hold_each_steps_own_profile_from_history_and_live(
     assert_cells(w.page, list(range(7)), 30)
     # A few known cells by value, read from the chart independently of the helper above.
     assert chart(w.page, HEAT, "d.data[0].z[3][0]") == pytest.approx(0.0, abs=1e-4)
-    assert chart(w.page, HEAT, "d.data[0].z[3][10]") == pytest.approx(-1.3, abs=1e-4)
-    assert chart(w.page, HEAT, "d.data[0].z[5][29]") == pytest.approx(-4.35, abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[3][10]") == pytest.approx(-1.2, abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[5][29]") == pytest.approx(-3.19, abs=1e-4)
     # Live: each batch of five steps lands in one frame (one extendTraces).
     for start in (7, 12):
         trainer.send([record(s, 30) for s in range(start, start + 5)])
@@ -66,11 +73,11 @@ def test_heatmap_cells_hold_each_steps_own_profile_from_history_and_live(
     wait_js(w.page, f"() => document.getElementById('{HEAT}').data[0].z.length === 20")
     assert_cells(w.page, list(range(20)), 30)
     assert chart(w.page, HEAT, "d.data[0].z[8][0]") == pytest.approx(0.0, abs=1e-4)
-    assert chart(w.page, HEAT, "d.data[0].z[13][10]") == pytest.approx(-2.3, abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[13][10]") == pytest.approx(-1.4, abs=1e-4)
     # Longer sequences arrive: the trace is rebuilt wider, old rows padded with gaps.
     trainer.send([record(s, 40) for s in range(20, 24)])
     wait_js(w.page, f"() => document.getElementById('{HEAT}').data[0].z.length === 24")
     assert_cells(w.page, list(range(24)), 40)
-    assert chart(w.page, HEAT, "d.data[0].z[22][39]") == pytest.approx(-12.48, abs=1e-4)
+    assert chart(w.page, HEAT, "d.data[0].z[22][39]") == pytest.approx(-5.07, abs=1e-4)
     assert w.errors == [], w.errors
     assert w.foreign_requests() == [], w.foreign_requests()

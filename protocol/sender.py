@@ -45,6 +45,12 @@ __all__ = ["WebSocketSink", "default_spool_path", "encode_records", "rejected_pa
 DEFAULT_CLOSE_TIMEOUT = 10.0
 
 
+def say(line: str) -> None:
+    """One line to stderr in one write: print() writes the text and its newline apart,
+    so a line from the sender thread and one from the training thread could join."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
 class WebSocketSink:
     """Streams batches to ``/ws/ingest`` with acks, resend, a disk spool and backoff.
 
@@ -195,9 +201,9 @@ class WebSocketSink:
         if waiting and self.announce:
             # said before the wait, so a program that seems to hang at its end says why
             with contextlib.suppress(Exception):
-                print(f"gradwatch: closing while {self.url} is not answering; waiting up to"
-                      f" {limit:.0f} s for it (close(timeout=...)), then the rest stays in"
-                      f" {self.spool_path}", file=sys.stderr, flush=True)
+                say(f"gradwatch: closing while {self.url} is not answering; waiting up to"
+                    f" {limit:.0f} s for it (close(timeout=...)), then the rest stays in"
+                    f" {self.spool_path}")
         if self._thread.is_alive():
             self._thread.join(limit)
         with self._cond:
@@ -295,8 +301,7 @@ class WebSocketSink:
     def _announce(self) -> None:
         link = run_link(self.url, str(self.hello["run_id"]), int(self.hello.get("rank", 0)))
         with contextlib.suppress(Exception):  # a closed stderr must not stop the sender
-            print(f"gradwatch: streaming run {self.hello.get('run', '')} to {link}",
-                  file=sys.stderr, flush=True)
+            say(f"gradwatch: streaming run {self.hello.get('run', '')} to {link}")
 
     def _pause(self) -> None:
         delay = self._backoff.next_delay()

@@ -7,8 +7,9 @@ examples again until it is stopped. Ctrl-C, SIGTERM and SIGHUP (a closed termina
 all stop the trainers, then the server, then anything left in their process group;
 the children also get SIGTERM should the demo itself die (Linux). A training demo
 starts on a fresh database (the previous one is kept as ``<db>.previous``), so a
-restart does not pile up another set of runs; ``--replay`` serves the runs already
-recorded in the demo database without training.
+restart does not pile up another set of runs, and each round archives the runs of
+the round before (readable by id, listed with ``?archived=true``); ``--replay``
+serves the runs already recorded in the demo database without training.
 
 Example:
     $ gradwatch demo              # or: make demo
@@ -21,6 +22,7 @@ import argparse
 import contextlib
 import errno
 import functools
+import json
 import os
 import signal
 import socket
@@ -79,6 +81,39 @@ def plan(args: argparse.Namespace) -> DemoPlan:
                     command.append("--fixed")
                 trainers.append(command)
     return DemoPlan(url, ws_url, Path(args.db), examples, trainers)
+
+
+def run_name(command: list[str]) -> str:
+    """The ``--run`` name a trainer command streams under."""
+    return command[command.index("--run") + 1]
+
+
+def archive_earlier(url: str, names: set[str]) -> int:
+    """Archive the listed runs called one of ``names``: a round about to start replaces
+    them, so the runs list keeps one run per example instead of one per round (they
+    stay readable by id, and listed with ``?archived=true``). Best effort: returns how
+    many were archived; a server that does not answer costs nothing but this."""
+    headers = {"Content-Type": "application/json"}
+    token = os.environ.get("GRADWATCH_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    archived = 0
+    try:
+        request = urllib.request.Request(f"{url}/api/runs", headers=headers)  # noqa: S310 - http://127.0.0.1
+        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310
+            listed = json.loads(answer.read())
+        for run in listed:
+            if run.get("name") not in names:
+                continue
+            body = json.dumps({"archived": True}).encode()
+            put = urllib.request.Request(  # noqa: S310 - http://127.0.0.1, the demo's own server
+                f"{url}/api/runs/{run['id']}/archived", data=body, headers=headers, method="PUT"
+            )
+            with urllib.request.urlopen(put, timeout=5):  # noqa: S310
+                archived += 1
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # the demo goes on; at worst the list shows another round
+    return archived
 
 
 def wait_until_serving(url: str, server: subprocess.Popen[bytes], timeout: float) -> None:
@@ -257,7 +292,9 @@ def _supervise(
         if not running and pairs:
             if not pending:
                 pending = list(pairs)  # round again: the demo stays live until stopped
-            running[:] = [start(command, env, group=server.pid) for command in pending.pop(0)]
+            pair = pending.pop(0)
+            archive_earlier(demo.url, {run_name(command) for command in pair})
+            running[:] = [start(command, env, group=server.pid) for command in pair]
             continue
         try:
             code = server.wait(timeout=1.0)  # the tick of this supervisor

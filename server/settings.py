@@ -134,34 +134,23 @@ class Settings:
                     values[name] = int(env[var])
                 except ValueError:
                     raise ValueError(f"{var}: expected an integer, got {env[var]!r}") from None
-        if env.get("GRADWATCH_STALE_AFTER_S"):
-            try:
-                values["stale_after_s"] = float(env["GRADWATCH_STALE_AFTER_S"])
-            except ValueError:
-                given = env["GRADWATCH_STALE_AFTER_S"]
-                raise ValueError(
-                    f"GRADWATCH_STALE_AFTER_S: expected seconds, got {given!r}"
-                ) from None
-        if env.get("GRADWATCH_HEADER_TIMEOUT_S"):
-            try:
-                values["header_timeout_s"] = float(env["GRADWATCH_HEADER_TIMEOUT_S"])
-            except ValueError:
-                given = env["GRADWATCH_HEADER_TIMEOUT_S"]
-                raise ValueError(
-                    f"GRADWATCH_HEADER_TIMEOUT_S: expected seconds, got {given!r}"
-                ) from None
         writer = env.get("GRADWATCH_WRITER")
         if writer:
             if writer not in ("process", "thread"):
                 raise ValueError(f"GRADWATCH_WRITER: expected process or thread, got {writer!r}")
             values["writer_process"] = writer == "process"
-        for name, var in (("stalled_factor", "GRADWATCH_STALLED_FACTOR"),
-                          ("stalled_min_s", "GRADWATCH_STALLED_MIN_S")):
+        floats = {  # field: (variable, what it holds, for the error)
+            "stale_after_s": ("GRADWATCH_STALE_AFTER_S", "seconds"),
+            "header_timeout_s": ("GRADWATCH_HEADER_TIMEOUT_S", "seconds"),
+            "stalled_factor": ("GRADWATCH_STALLED_FACTOR", "a number"),
+            "stalled_min_s": ("GRADWATCH_STALLED_MIN_S", "a number"),
+        }
+        for name, (var, what) in floats.items():
             if env.get(var):
                 try:
                     values[name] = float(env[var])
                 except ValueError:
-                    raise ValueError(f"{var}: expected a number, got {env[var]!r}") from None
+                    raise ValueError(f"{var}: expected {what}, got {env[var]!r}") from None
         if env.get("GRADWATCH_ALERT_WEBHOOK"):
             # several URLs: separated by commas or spaces
             urls = env["GRADWATCH_ALERT_WEBHOOK"].replace(",", " ").split()

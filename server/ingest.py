@@ -146,7 +146,8 @@ class IngestConnection:
             if problem is not None:
                 raise ProtocolError(m.CLOSE_INVALID_DATA, problem)
             try:
-                await asyncio.wrap_future(self.state.store.submit_hello(msg))
+                written = self.state.writes.track(self.state.store.submit_hello(msg))
+                await asyncio.wrap_future(written)
             except StoreDataError as error:
                 raise ProtocolError(
                     m.CLOSE_INVALID_DATA, f"hello: the database refused it: {error}"[:300]
@@ -169,7 +170,9 @@ class IngestConnection:
                 f" (from hello), got {msg.run_id[:40]!r} rank {msg.rank}",
             )
         await self.window.acquire()
-        future: Future[bool] = self.state.store.submit_batch(msg, self.hello.session)
+        future: Future[bool] = self.state.writes.track(
+            self.state.store.submit_batch(msg, self.hello.session)
+        )
         await self.pending.put((msg, asyncio.wrap_future(future), notices))
 
     async def _ack_loop(self) -> None:

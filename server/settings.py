@@ -80,6 +80,9 @@ class Settings:
     # stalled_min_s seconds) is "stalled".
     stalled_factor: float = 20.0
     stalled_min_s: float = 30.0
+    # /api/health answers 503 when writes are waiting and the store's writer answered
+    # none for this long (a stopped writer process, a lock held by another program).
+    writer_stall_s: float = 15.0
     # Where alerts are POSTed (server/webhooks.py), and the least severity sent.
     alert_webhooks: tuple[str, ...] = ()
     alert_min_severity: str = "warning"
@@ -107,8 +110,8 @@ class Settings:
         Variables: GRADWATCH_HOST, _PORT, _DB, _TOKEN, _VIEW_TOKEN, _ALLOWED_HOSTS
         (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _LIVE_QUEUE_BYTES,
         _SQLITE_SYNCHRONOUS, _HEADER_TIMEOUT_S, _STALE_AFTER_S, _WRITER (process or thread),
-        _STALLED_FACTOR, _STALLED_MIN_S, _ALERT_WEBHOOK (URLs, comma or space separated),
-        _ALERT_MIN_SEVERITY, _PUBLIC_URL.
+        _STALLED_FACTOR, _STALLED_MIN_S, _WRITER_STALL_S, _ALERT_WEBHOOK (URLs, comma or
+        space separated), _ALERT_MIN_SEVERITY, _PUBLIC_URL.
         """
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
@@ -144,6 +147,7 @@ class Settings:
             "header_timeout_s": ("GRADWATCH_HEADER_TIMEOUT_S", "seconds"),
             "stalled_factor": ("GRADWATCH_STALLED_FACTOR", "a number"),
             "stalled_min_s": ("GRADWATCH_STALLED_MIN_S", "a number"),
+            "writer_stall_s": ("GRADWATCH_WRITER_STALL_S", "seconds"),
         }
         for name, (var, what) in floats.items():
             if env.get(var):

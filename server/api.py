@@ -16,7 +16,7 @@ from gradwatch.protocol import messages as m
 from gradwatch.protocol.codec import dumps
 
 from .schema import _describe
-from .security import can_read, can_write, token_from
+from .security import can_read, can_write, read_token_from, token_from
 from .state import AppState
 from .store import RunNotFound
 
@@ -38,7 +38,7 @@ def _state(request: Request) -> AppState:
 def require_viewer(request: Request) -> AppState:
     """A FastAPI dependency: the view token (or the ingest token) when one is set."""
     state = _state(request)
-    token = token_from(request.headers, request.query_params)
+    token = read_token_from(request.headers, request.query_params, request.cookies)
     if not can_read(state.settings, token):
         raise HTTPException(
             401,

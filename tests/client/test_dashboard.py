@@ -259,7 +259,7 @@ def test_theme_toggle_switches_dark_and_recolours_charts(gradwatch_server, open_
     assert_clean(w)
 
 
-def test_view_token_from_the_page_url_rides_on_every_request(
+def test_view_token_leaves_the_address_and_rides_in_a_header_and_a_cookie(
     gradwatch_server, open_page, raw_trainer
 ):
     server = gradwatch_server(token="ingest-secret", view_token="view-only")
@@ -267,10 +267,41 @@ def test_view_token_from_the_page_url_rides_on_every_request(
     trainer.send([step_record(s) for s in range(3)])
     w = open_page(server, f"#/run/{trainer.run_id}", query="?token=view-only")
     w.page.wait_for_selector("body[data-painted='1']")
+    # The shared link's token left the address at once; the route stayed.
+    assert w.page.evaluate("() => window.location.search") == ""
+    assert w.page.evaluate("() => window.location.hash") == f"#/run/{trainer.run_id}"
+    # No request after the page itself carries the token in its URL...
     data = [u for u in w.requests if "/api/" in u or "/ws/" in u]
-    assert data, w.requests
-    assert all("token=view-only" in u for u in data), data
+    assert any("/ws/live" in u for u in data) and any("/api/runs/" in u for u in data), data
+    assert not [u for u in w.requests[1:] if "token" in u], w.requests
+    # ...REST sends it as a header, the websocket as the HttpOnly cookie
+    rest = [(u, a) for u, a in w.authorization if "/api/" in u]
+    assert rest and all(a == "Bearer view-only" for _, a in rest), rest
+    (cookie,) = [c for c in w.page.context.cookies() if c["name"].startswith("gradwatch_token")]
+    assert cookie["name"] == f"gradwatch_token_{server.port}" and cookie["value"] == "view-only"
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert w.page.evaluate("() => document.cookie") == ""  # scripts cannot read it
+    # The live socket, authorised by the cookie alone, brings a new step.
+    trainer.send([step_record(3)])
+    scroll_to(w.page, "chart-loss")
+    wait_points(w.page, "chart-loss", 4)
+    # A reload of the stripped address still shows the run (cookie and this tab's token).
+    w.page.reload()
+    w.page.wait_for_selector("body[data-painted='1']")
+    assert w.page.evaluate("() => window.location.search") == ""
     assert_clean(w)
+
+
+def test_a_page_without_the_token_gets_401_and_a_wrong_cookie_reads_nothing(
+    gradwatch_server, open_page
+):
+    server = gradwatch_server(token="ingest-secret", view_token="view-only")
+    w = open_page(server, "#/", query="")
+    assert "needs the link with its ?token=" in w.page.inner_text("body")
+    w.page.context.add_cookies([{"name": f"gradwatch_token_{server.port}", "value": "guess",
+                                 "url": server.http}])
+    w.page.goto(f"{server.http}/#/")
+    assert "needs the link with its ?token=" in w.page.inner_text("body")
 
 
 def test_unknown_run_shows_the_servers_answer_instead_of_breaking(gradwatch_server, open_page):

@@ -7,6 +7,8 @@ that the console stayed clean and that no request left the server's origin.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from typing import Any
 
 import pytest
@@ -82,6 +84,45 @@ def test_run_named_script_tag_shows_as_text_everywhere(gradwatch_server, open_pa
     assert w.page.evaluate(scripts) == 0
     assert dialogs == []
     w.screenshot("hostile-name")
+    assert_clean(w)
+
+
+# U+202E turns the rest of a name around; ESC starts a terminal escape; BEL rings.
+BIDI = "run\u202egnp.exe \x1b[31mred\x07"
+BIDI_SHOWN = "run[U+202E]gnp.exe [U+001B][31mred[U+0007]"
+INVISIBLE = "\u202e\x1b\x07"
+
+
+def test_bidi_and_control_characters_in_names_are_shown_neutralised_everywhere(
+    gradwatch_server, open_page, raw_trainer
+):
+    server = gradwatch_server()
+    trainer = raw_trainer(server, BIDI)
+    param = "lstm.\u202eweight_hh"
+    records = [{**step_record(s), "param_norms": {param: 0.3, "head.weight": 0.2}}
+               for s in range(3)]
+    trainer.send([*records, alert_record(1, subject=BIDI)])
+    w = open_page(server)
+    w.page.wait_for_selector("#runs-body a.run-link")
+    assert w.page.inner_text("#runs-body a.run-link") == BIDI_SHOWN
+    w.page.click("#runs-body a.run-link")
+    w.page.wait_for_selector("body[data-painted='1'] #run-name")
+    assert w.page.inner_text("#run-name") == BIDI_SHOWN
+    assert BIDI_SHOWN in w.page.inner_text("#crumbs")
+    assert BIDI_SHOWN in w.page.inner_text("#alerts-list")
+    scroll_to(w.page, "chart-norms")
+    legends = chart(w.page, "chart-norms", "d.data.map(t => String(t.name))")
+    assert any("lstm.[U+202E]weight_hh" in n for n in legends), legends
+    # Nothing shown anywhere (text, chart labels, the tab's title) holds the controls.
+    shown = w.page.evaluate("() => document.body.innerText + document.title + "
+                            "[...document.querySelectorAll('.js-plotly-plot')]"
+                            ".map(d => JSON.stringify(d.data.map(t => [t.name, t.legendgroup])"
+                            " ) + JSON.stringify(d.layout.title || '')).join()")
+    assert not any(c in shown for c in INVISIBLE), [c for c in INVISIBLE if c in shown]
+    # The stored name stays as sent.
+    with urllib.request.urlopen(f"{server.http}/api/runs", timeout=30) as answer:  # noqa: S310
+        (run,) = json.loads(answer.read())
+    assert run["name"] == BIDI
     assert_clean(w)
 
 

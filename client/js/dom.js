@@ -18,6 +18,8 @@ export function visible(value) {
     (c) => `[U+${c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0")}]`);
 }
 
+const SHOWN_ATTRIBUTES = new Set(["title", "aria-label", "placeholder", "alt"]);
+
 /**
  * el("a", {href: "#/", class: "x", onclick: fn}, "text", child) -> Element.
  * Children that are strings or numbers become text nodes; null/false are skipped.
@@ -32,6 +34,8 @@ export function el(tag, attrs = {}, ...children) {
       node.className = value;
     } else if (key === "dataset") {
       Object.assign(node.dataset, value);
+    } else if (SHOWN_ATTRIBUTES.has(key)) {
+      node.setAttribute(key, visible(value));  // tooltips and labels show names too
     } else {
       node.setAttribute(key, value === true ? "" : String(value));
     }

@@ -115,6 +115,8 @@ def test_bidi_and_control_characters_in_names_are_shown_neutralised_everywhere(
     assert any("lstm.[U+202E]weight_hh" in n for n in legends), legends
     # Nothing shown anywhere (text, chart labels, the tab's title) holds the controls.
     shown = w.page.evaluate("() => document.body.innerText + document.title + "
+                            "[...document.querySelectorAll('[title], [aria-label]')]"
+                            ".map(e => e.title + e.getAttribute('aria-label')).join() + "
                             "[...document.querySelectorAll('.js-plotly-plot')]"
                             ".map(d => JSON.stringify(d.data.map(t => [t.name, t.legendgroup])"
                             " ) + JSON.stringify(d.layout.title || '')).join()")

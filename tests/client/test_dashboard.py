@@ -305,7 +305,9 @@ def test_theme_toggle_switches_dark_and_recolours_charts(gradwatch_server, open_
 def test_view_token_leaves_the_address_and_rides_in_a_header_and_a_cookie(
     gradwatch_server, open_page, raw_trainer
 ):
-    server = gradwatch_server(token="ingest-secret", view_token="view-only")
+    # the access log on: it shows every request's path
+    server = gradwatch_server(token="ingest-secret", view_token="view-only",
+                              args=("--log-level", "info"))
     trainer = raw_trainer(server, "private", token="ingest-secret")
     trainer.send([step_record(s) for s in range(3)])
     w = open_page(server, f"#/run/{trainer.run_id}", query="?token=view-only")
@@ -332,6 +334,15 @@ def test_view_token_leaves_the_address_and_rides_in_a_header_and_a_cookie(
     w.page.reload()
     w.page.wait_for_selector("body[data-painted='1']")
     assert w.page.evaluate("() => window.location.search") == ""
+    # Only the shared link itself carried the token (and the log redacts it there).
+    log = server.log_path.read_text()
+    assert "GET /api/runs/" in log and "/ws/live" in log, log[-2000:]
+    assert "view-only" not in log
+    viewer = [line for line in log.splitlines()
+              if any(p in line for p in ('"GET /', "WebSocket /ws/live"))]
+    shared_link = [line for line in viewer if '"GET /?token=<redacted> HTTP' in line]
+    assert len(shared_link) == 1, log[-2000:]
+    assert [line for line in viewer if "token=" in line] == shared_link, log[-2000:]
     assert_clean(w)
 
 

@@ -10,9 +10,22 @@ mean, or a sum where the model was given ``num_items_in_batch`` (its loss is the
 already divided by the tokens of the whole window). A loss computed outside the model
 (``compute_loss_func``, label smoothing) is not the one seen here.
 
-A ``TrainerCallback`` hears of no exception: when training raises, the run is ended
-``crashed`` at process exit by gradwatch's own exit handler, or at once when the
-program calls :meth:`GradwatchCallback.close` with ``status="crashed"``.
+A ``TrainerCallback`` hears of no exception (transformers has no ``on_exception``
+event, and its callbacks are not given the Trainer). So the callback finds its
+Trainer once, in ``on_init_end`` (called at the end of ``Trainer.__init__``): the one
+on the call stack whose callback handler holds this callback. It wraps that
+instance's ``train`` (an attribute of the instance, not of the class): an exception
+that leaves ``train()``, from a batch, a forward or backward, the optimizer, an
+evaluation or another callback, ends the run ``crashed`` at once, then propagates
+unchanged. A program that catches it and goes on (a sweep, a notebook) sees the run
+crashed, not live. A callback added after the Trainer was made
+(``trainer.add_callback``) is not there at ``on_init_end``: it finds the Trainer in
+``on_train_begin`` instead, inside the ``train()`` already running, and wraps what
+that call still looks up on the instance each time: ``training_step`` (forward and
+backward) and ``get_batch_samples`` (the batches), and ``train`` for later calls.
+Anything else that fails, such a run ends ``crashed`` at process exit (gradwatch's
+exit handler), or at once when the program calls :meth:`GradwatchCallback.close`
+with ``status="crashed"``.
 
 Example:
     >>> from transformers import Trainer  # doctest: +SKIP
@@ -24,7 +37,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
+from types import FrameType
 from typing import Any
 
 import torch
@@ -78,6 +94,41 @@ class GradwatchCallback(TrainerCallback):
         self._losses: list[tuple[torch.Tensor, bool]] = []
         self._hook: Any = None
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = self._find_trainer()
+        if trainer is not None:
+            self._guard(trainer, ("train",))
+
+    def _find_trainer(self) -> Any:
+        """The ``Trainer`` on the call stack whose callbacks include this one, or None."""
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            candidate = frame.f_locals.get("self")
+            handler = getattr(candidate, "callback_handler", None)
+            if self in getattr(handler, "callbacks", ()):
+                return candidate
+            frame = frame.f_back
+        return None
+
+    def _guard(self, trainer: Any, names: tuple[str, ...]) -> None:
+        """Wrap these methods of this Trainer instance: an exception leaving one ends the
+        run ``crashed`` at once, then propagates unchanged."""
+        for name in names:
+            method = getattr(trainer, name, None)
+            if method is None or getattr(method, "_gradwatch_guard", False):
+                continue
+
+            def guarded(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                try:
+                    return _method(*args, **kwargs)
+                except BaseException:
+                    self.close("crashed")
+                    raise
+
+            guarded = functools.wraps(method)(guarded)
+            guarded._gradwatch_guard = True  # type: ignore[attr-defined]
+            setattr(trainer, name, guarded)
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
         if not isinstance(model, nn.Module):
@@ -89,6 +140,10 @@ class GradwatchCallback(TrainerCallback):
         if self._hook is None:
             self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
         self._losses = []
+        trainer = self._find_trainer()
+        if trainer is not None and not getattr(trainer.train, "_gradwatch_guard", False):
+            # added after the Trainer was made: this train() is already running
+            self._guard(trainer, ("train", "training_step", "get_batch_samples"))
 
     def _on_forward(
         self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any

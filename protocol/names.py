@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import re
 
 from .messages import MAX_NAME_CHARS
 
@@ -35,6 +36,27 @@ def short_name(name: str, limit: int = MAX_NAME_CHARS) -> str:
     head = room // 2
     tail = room - head
     return f"{name[:head]}~{digest}~{name[len(name) - tail:]}"
+
+
+# Characters that change how the text around them is shown instead of showing
+# themselves: C0 and C1 controls (ESC, BEL, CR; tab and newline stay), DEL, the line
+# and paragraph separators, and the bidirectional controls (U+202E turns the rest of a
+# name around). The dashboard uses the same list (client/js/dom.js, visible()).
+_INVISIBLE = re.compile(
+    "[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+)
+
+
+def visible(text: str) -> str:
+    """``text`` as shown to people: each invisible control as a visible code.
+
+    Names are stored as the trainer sent them; only what is shown changes.
+
+    Example:
+        >>> visible("run\u202egnp.exe"), visible("bell\x07 esc\x1b[31m"), visible("a\tb")
+        ('run[U+202E]gnp.exe', 'bell[U+0007] esc[U+001B][31m', 'a\tb')
+    """
+    return _INVISIBLE.sub(lambda m: f"[U+{ord(m.group()):04X}]", text)
 
 
 def identity_problem(value: object, what: str) -> str | None:

@@ -16,7 +16,7 @@ from gradwatch.protocol import messages as m
 from gradwatch.protocol.codec import dumps
 
 from .schema import _describe
-from .security import can_read, can_write, token_from
+from .security import can_read, can_write, read_token_from, token_from
 from .state import AppState
 from .store import RunNotFound
 
@@ -38,7 +38,7 @@ def _state(request: Request) -> AppState:
 def require_viewer(request: Request) -> AppState:
     """A FastAPI dependency: the view token (or the ingest token) when one is set."""
     state = _state(request)
-    token = token_from(request.headers, request.query_params)
+    token = read_token_from(request.headers, request.query_params, request.cookies)
     if not can_read(state.settings, token):
         raise HTTPException(
             401,
@@ -107,7 +107,8 @@ HEALTH_TIMEOUT_S = 2.0
 
 @router.get("/health", summary="Liveness, the store's, and what this server speaks")
 async def health(request: Request) -> Response:
-    """200 when the store answers a query within 2 s, else 503 with the reason."""
+    """200 when the store answers a query within 2 s and its writer makes progress,
+    else 503 with the reason."""
     state = _state(request)
     answer: dict[str, Any] = {
         "status": "ok",
@@ -124,6 +125,10 @@ async def health(request: Request) -> Response:
     except Exception as error:  # the reason is the answer; the server itself is up
         answer.update(status="unavailable",
                       reason=f"the database refused a query: {type(error).__name__}: {error}"[:300])
+    stalled = state.writes.stalled(state.settings.writer_stall_s)
+    if stalled is not None and answer["status"] == "ok":
+        answer.update(status="unavailable", reason=stalled)
+    answer.update(state.writes.snapshot())
     if answer["status"] != "ok":
         return Response(dumps(answer), status_code=503, media_type="application/json")
     return json_response(answer)

@@ -28,7 +28,7 @@ from starlette.types import Scope
 from .api import require_viewer, router, version
 from .ingest import ingest_endpoint
 from .metrics import metrics_router, watch_stalls
-from .security import SecurityMiddleware
+from .security import SecurityMiddleware, token_cookie
 from .settings import Settings
 from .state import AppState
 from .store import Store, open_store
@@ -136,7 +136,17 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
                     status_code=401,
                     media_type="text/plain; charset=utf-8",
                 )
-            return FileResponse(client / "index.html", media_type="text/html; charset=utf-8")
+            page = FileResponse(client / "index.html", media_type="text/html; charset=utf-8")
+            opened_with = request.query_params.get("token")
+            if opened_with:
+                # The page strips ?token= from its address (history.replaceState) and
+                # sends REST requests with Authorization: Bearer; its websockets carry
+                # this cookie instead of a token in their URL (docs/API.md).
+                page.set_cookie(
+                    token_cookie(request.headers.get("host")), opened_with, httponly=True,
+                    samesite="strict", path="/", secure=request.url.scheme == "https",
+                )
+            return page
 
         @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
         async def plotly_bundle() -> FileResponse:

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import getpass
 import json
@@ -125,7 +126,7 @@ def token_problem(settings: Any, loopback: bool) -> str | None:
 
 def _serve(args: argparse.Namespace) -> int:
     """``gradwatch serve``: refuses a non-loopback bind without a token (exit 2)."""
-    from gradwatch.server.settings import Settings, is_loopback
+    from gradwatch.server.settings import Settings, is_loopback, user_data_dir
 
     try:
         # flags win over GRADWATCH_* variables; a flag not given (None) leaves them be
@@ -152,7 +153,16 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    problem = token_problem(settings, is_loopback(settings.host)) or database_problem(settings)
+    problem = token_problem(settings, is_loopback(settings.host))
+    if problem is None and settings.db == str(user_data_dir() / "gradwatch.db"):
+        # the default, in the user's data folder: made at the first serve (if it cannot
+        # be, database_problem says why)
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(settings.db), exist_ok=True)
+        hint = former_databases(settings.db)
+        if hint:
+            print(f"gradwatch serve: note: the database is {settings.db}{hint}", file=sys.stderr)
+    problem = problem or database_problem(settings)
     if problem is not None:
         print(f"gradwatch serve: {problem}", file=sys.stderr)
         return 2
@@ -234,43 +244,50 @@ def worker_app() -> Any:
     return create_app(settings)
 
 
-SERVE_DB = "gradwatch.db"  # Settings.db: where `gradwatch serve` writes by default
-DEMO_DB = ".gradwatch/demo.db"  # where `gradwatch demo` writes by default
+# Where earlier versions kept their databases: `serve` in the folder it started in,
+# `demo` in .gradwatch/ there. Found beside a command, they are named in its messages.
+FORMER_DBS = ("gradwatch.db", ".gradwatch/demo.db")
 
 
-def default_databases() -> list[str]:
-    """Where ``gradwatch report`` looks without ``--db``: serve's, then the demo's."""
-    return [os.environ.get("GRADWATCH_DB") or SERVE_DB, DEMO_DB]
+def default_db_help() -> str:
+    """How the help texts name the one default database."""
+    from .settings import user_data_dir
+
+    return f"$GRADWATCH_DB, else {user_data_dir() / 'gradwatch.db'}"
+
+
+def former_databases(db: str) -> str:
+    """A hint naming the databases an earlier version left in this folder, or ''."""
+    here = [p for p in FORMER_DBS
+            if os.path.isfile(p) and os.path.abspath(p) != os.path.abspath(db)]
+    if not here:
+        return ""
+    return " (this folder holds " + " and ".join(here) + ", where earlier versions wrote:" \
+        + " --db " + here[0] + " reads it)"
 
 
 def _report(args: argparse.Namespace) -> int:
     """``gradwatch report RUN -o run.html``: a standalone HTML file (server/report.py).
 
-    Without ``--db`` it reads the first default database that holds the run."""
-    from .report import ReportError
-    from .report import main as report_main
+    Without ``--db`` it reads the one default database (:func:`default_db`), the one
+    ``gradwatch serve`` and ``gradwatch demo`` write by default."""
+    from .report import ReportError, write_report
+    from .settings import default_db
 
-    if args.db is not None:
-        return report_main(args)
-    candidates = default_databases()
-    found = [db for db in candidates if os.path.isfile(db)]
-    if not found:
-        where = " and ".join(repr(os.path.abspath(db)) for db in candidates)
-        print(f"gradwatch report: no gradwatch database found: looked in {where} (the"
-              " defaults of gradwatch serve and gradwatch demo); name one with --db PATH"
-              " (or a postgresql:// URL)", file=sys.stderr)
+    given = args.db is not None
+    db = args.db if given else default_db()
+    try:
+        path = write_report(db, args.run, args.output, rank=args.rank)
+    except ReportError as error:
+        where = "" if given else (
+            f"; looked in {db}, the default database of gradwatch serve and gradwatch demo"
+            f" ({default_db_help()})"
+        )
+        print(f"gradwatch report: {error}{where}; name another database with --db PATH (or"
+              f" a postgresql:// URL){former_databases(db)}", file=sys.stderr)
         return 2
-    from .report import write_report
-
-    for db in found[:-1]:
-        try:
-            write_report(db, args.run, os.devnull, rank=args.rank)
-        except ReportError:
-            continue  # not in this one: the next default
-        args.db = db
-        return report_main(args)
-    args.db = found[-1]
-    return report_main(args)
+    print(f"gradwatch report: wrote {path} ({path.stat().st_size / 1e6:.1f} MB, opens offline)")
+    return 0
 
 
 def _upload(args: argparse.Namespace) -> int:
@@ -327,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--db",
         default=None,
-        help="SQLite file path or postgresql:// URL (default gradwatch.db)",
+        help=f"SQLite file path or postgresql:// URL (default {default_db_help()})",
     )
     serve.add_argument("--token", default=None,
                        help="ingest token (required off loopback; default none)")
@@ -382,8 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the dashboard with live example runs")
     demo.add_argument("--port", type=int, default=8765,
                       help="the dashboard's port on 127.0.0.1 (default 8765)")
-    demo.add_argument("--db", default=DEMO_DB,
-                      help=f"the demo's SQLite file, fresh at each start (default {DEMO_DB})")
+    demo.add_argument("--db", default=None,
+                      help="the SQLite file the demo's server writes; each round archives"
+                      f" the examples' runs before it (default {default_db_help()})")
     demo.add_argument("--replay", action="store_true",
                       help="serve the runs the last demo recorded, no training (default off)")
     demo.add_argument(
@@ -401,8 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the HTML file to write (default run.html)")
     report.add_argument(
         "--db", default=None,
-        help=f"SQLite path or postgresql:// URL (default: $GRADWATCH_DB or {SERVE_DB},"
-        f" then {DEMO_DB}, the first that holds the run)",
+        help="SQLite path or postgresql:// URL (default the database serve and demo write:"
+        f" {default_db_help()})",
     )
     report.add_argument("--rank", type=int, default=0, help="which rank's charts (default 0)")
     report.set_defaults(handler=_report)

@@ -5,11 +5,14 @@ example scenarios (each bug variant and its fixed twin) as separate trainer
 processes streaming into it, prints the URL and what to look at, and goes round the
 examples again until it is stopped. Ctrl-C, SIGTERM and SIGHUP (a closed terminal)
 all stop the trainers, then the server, then anything left in their process group;
-the children also get SIGTERM should the demo itself die (Linux). A training demo
-starts on a fresh database (the previous one is kept as ``<db>.previous``), so a
-restart does not pile up another set of runs, and each round archives the runs of
-the round before (readable by id, listed with ``?archived=true``); ``--replay``
-serves the runs already recorded in the demo database without training.
+the children also get SIGTERM should the demo itself die (Linux). The demo writes
+the one default database of every command (``$GRADWATCH_DB``, else ``gradwatch.db``
+in the user's data folder: :func:`~gradwatch.server.settings.default_db`), so
+``gradwatch report`` finds its runs; each round, the first one of a restart
+included, archives the listed runs of the examples it is about to train (readable
+by id, listed with ``?archived=true``), so neither a round nor a restart piles up
+another set of runs, and other runs in that database are left alone. ``--replay``
+serves what the database holds without training.
 
 Example:
     $ gradwatch demo              # or: make demo
@@ -80,7 +83,9 @@ def plan(args: argparse.Namespace) -> DemoPlan:
                 if fixed:
                     command.append("--fixed")
                 trainers.append(command)
-    return DemoPlan(url, ws_url, Path(args.db), examples, trainers)
+    from .settings import default_db
+
+    return DemoPlan(url, ws_url, Path(args.db or default_db()), examples, trainers)
 
 
 def run_name(command: list[str]) -> str:
@@ -203,14 +208,6 @@ def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: flo
         process.wait()
 
 
-def fresh_database(db: Path) -> None:
-    """Move the last demo's database (and its WAL files) aside as ``<db>.previous``."""
-    for suffix in ("", "-wal", "-shm"):
-        old = Path(f"{db}{suffix}")
-        if old.exists():
-            os.replace(old, Path(f"{db}.previous{suffix}"))
-
-
 def run_demo(args: argparse.Namespace) -> int:
     demo = plan(args)
     problem = port_problem(args.port)
@@ -224,8 +221,6 @@ def run_demo(args: argparse.Namespace) -> int:
             "or use --replay to serve what a demo recorded). Serving the dashboard only.",
             file=sys.stderr,
         )
-    if demo.trainers:
-        fresh_database(demo.db)
     previous = {
         sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)
     }

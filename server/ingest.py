@@ -33,7 +33,14 @@ from gradwatch.protocol.names import identity_problem
 from .columns import records_json
 from .repair import parse_repairing
 from .schema import Batch, Hello, ProtocolError
-from .security import can_read, can_write, host_problem, origin_problem, token_from
+from .security import (
+    can_read,
+    can_write,
+    host_problem,
+    origin_problem,
+    read_token_from,
+    token_from,
+)
 from .state import AppState
 from .store import StoreDataError
 
@@ -60,13 +67,15 @@ def websocket_problem(ws: WebSocket, state: AppState, write: bool) -> str | None
     if problem is None:
         problem = origin_problem(headers.get("host"), headers.get("origin"))
     if problem is None:
-        token = token_from(headers, ws.query_params)
+        token = (token_from(headers, ws.query_params) if write
+                 else read_token_from(headers, ws.query_params, ws.cookies))
         if write and not can_write(state.settings, token):
             problem = "expected the ingest token (Authorization: Bearer or ?token=), got " + (
                 "a wrong one" if token else "none"
             )
         elif not write and not can_read(state.settings, token):
-            problem = "expected a view token (?token=), got " + ("a wrong one" if token else "none")
+            problem = "expected a view token (the dashboard's cookie, ?token= or Authorization:" \
+                " Bearer), got " + ("a wrong one" if token else "none")
     return problem
 
 
@@ -146,7 +155,8 @@ class IngestConnection:
             if problem is not None:
                 raise ProtocolError(m.CLOSE_INVALID_DATA, problem)
             try:
-                await asyncio.wrap_future(self.state.store.submit_hello(msg))
+                written = self.state.writes.track(self.state.store.submit_hello(msg))
+                await asyncio.wrap_future(written)
             except StoreDataError as error:
                 raise ProtocolError(
                     m.CLOSE_INVALID_DATA, f"hello: the database refused it: {error}"[:300]
@@ -169,7 +179,9 @@ class IngestConnection:
                 f" (from hello), got {msg.run_id[:40]!r} rank {msg.rank}",
             )
         await self.window.acquire()
-        future: Future[bool] = self.state.store.submit_batch(msg, self.hello.session)
+        future: Future[bool] = self.state.writes.track(
+            self.state.store.submit_batch(msg, self.hello.session)
+        )
         await self.pending.put((msg, asyncio.wrap_future(future), notices))
 
     async def _ack_loop(self) -> None:

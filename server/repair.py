@@ -7,13 +7,18 @@ closer, and only then:
 - an over-long name (a dict key or a name field, over ``MAX_NAME_CHARS``) is
   shortened with :func:`gradwatch.protocol.names.short_name`, as the trainer does;
 - an optional field of a record that holds a count beyond int64 or a NUL character
-  (what a correct trainer may still produce) is left out of that record; each leaves
-  a notice, which the ack carries back to the trainer;
+  (what a correct trainer may still produce) is left out of that record;
+- an optional field of a step or epoch record that fails validation in any other way
+  (a string where a number is expected, a list where an object is, a negative count,
+  a malformed series) is left out of that record: one bad field never costs the rest
+  of a record;
+- each field left out leaves a notice (``field: expected X, got Y; the field was left
+  out``), which the ack carries back to the trainer (``ack.notice``);
 - what identifies a run (``run_id``, ``session``), frames a batch (``seq``, ``rank``)
   or a record (``kind``, and ``step`` of a step record, ``code`` of an alert...) is
-  never repaired, nor is a wrong type, a malformed series or text that is not strict
-  JSON (a bare ``NaN`` token): the message is refused (1007) with the reason, as
-  before.
+  never repaired, nor a wrong field of an alert or end record (it would change what
+  the record says), nor text that is not strict JSON (a bare ``NaN`` token): the
+  message is refused (1007) with the reason, as before.
 
 Example:
     >>> text = ('{"type":"batch","run_id":"r","rank":0,"seq":0,"records":'
@@ -51,6 +56,10 @@ from .schema import (
 # Fields a record cannot be stored without.
 REQUIRED = {"step": ("kind", "step"), "epoch": ("kind", "epoch"), "alert": ("kind", "code"),
             "end": ("kind", "status")}
+# Records whose every optional field may be left out when it fails validation. An
+# alert's or an end's fields change what the record means (a clear read as a raise,
+# a default severity): those records are refused whole, as before.
+ANY_FIELD_LEFT_OUT = ("step", "epoch")
 MAX_ROUNDS = 4
 MAX_NOTICES = 20
 
@@ -166,32 +175,51 @@ def _fix(error: ValidationError, records: list[Any], notices: list[str]) -> bool
     """Repair what each error points at; False when one cannot be repaired (it is
     outside the records, or in a field a record cannot be stored without)."""
     problems = error.errors(include_url=False)
+    fields: dict[tuple[int, str], list[Any]] = {}
     for problem in problems:
         loc = problem["loc"]
         if len(loc) < 5 or loc[:2] != ("batch", "records") or not isinstance(loc[2], int):
             return False
-        if not _repairable(problem):
-            return False
+        kind = str(loc[3])
         record = records[loc[2]]
-        if not isinstance(record, dict) or loc[4] in REQUIRED.get(str(loc[3]), ("kind",)):
+        if not isinstance(record, dict) or loc[4] in REQUIRED.get(kind, ("kind",)):
             return False
-    for problem in problems:
-        loc = problem["loc"]
-        record = records[int(loc[2])]
-        if problem["type"] == "string_too_long" and _shorten(record, loc[4:]):
+        if not (_repairable(problem) or kind in ANY_FIELD_LEFT_OUT):
+            return False
+        fields.setdefault((loc[2], str(loc[4])), []).append(problem)
+    for (index, name), found in fields.items():
+        record = records[index]
+        if not all(_repairable(p) for p in found):
+            # A wrong type, a negative count, a malformed series: the field goes, the
+            # record stays (with the reason, as a refusal would have given it).
+            _leave_out(record, name, _field_problem(record, index, name), notices)
             continue
-        path = _format_path(loc)
-        why = f"{path}: {_expected(problem)}, got {_describe(problem.get('input'))}"
-        _leave_out(record, str(loc[4]), why, notices)
+        for problem in found:
+            loc = problem["loc"]
+            if problem["type"] == "string_too_long" and _shorten(record, loc[4:]):
+                continue
+            got = _describe(problem.get("input"))
+            why = f"{_format_path(loc)}: {_expected(problem)}, got {got}"
+            _leave_out(record, name, why, notices)
     return True
 
 
-def _repairable(problem: Any) -> bool:
-    """Only what a correct trainer can send: a long name, or a count past int64.
+def _field_problem(record: dict[str, Any], index: int, name: str) -> str:
+    """``records[i].field: expected X, got Y`` for one field, worded as a refusal is."""
+    kind = str(record.get("kind"))
+    probe: dict[str, Any] = {"kind": kind, **{k: 0 for k in REQUIRED[kind] if k != "kind"}}
+    probe[name] = record.get(name)
+    text = json.dumps({"type": m.BATCH, "run_id": "r", "rank": 0, "seq": 0, "records": [probe]})
+    try:
+        validate(text)
+    except ValidationError as error:
+        return describe_error(error).message.replace("records[0]", f"records[{index}]", 1)
+    return f"records[{index}].{name}: expected a valid value, got {_describe(record.get(name))}"
 
-    A wrong type or a malformed series says the sender is broken: refused as before,
-    so that it is noticed.
-    """
+
+def _repairable(problem: Any) -> bool:
+    """What a correct trainer can send and keeps its field: a long name (shortened).
+    A count past int64 or a NUL leave the field out, in records of any kind."""
     kind = problem["type"]
     bound = problem.get("ctx", {})
     return bool(

@@ -16,14 +16,23 @@ import argparse
 import json
 import sys
 import time
-from html import escape
+from html import escape as html_escape
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from gradwatch.protocol.names import visible
+
 from .report_charts import heatmap_figure, line_figures, number, profile_figure
 from .settings import Settings
 from .store import RunNotFound, Store, open_store
+
+
+def escape(text: str) -> str:
+    """Text for the page: HTML escaped, invisible controls shown as codes (a name with
+    U+202E is not shown reversed). The stored name stays as sent."""
+    return html_escape(visible(text))
+
 
 TITLES = {
     "norms": ("Gradient norms per layer", "L2 norm of each parameter's gradient and the total; "

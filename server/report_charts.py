@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gradwatch.protocol.codec import to_float
+from gradwatch.protocol.names import visible
 
 LOG_MIN = -30.0
 LOG_MAX = 3.0
@@ -31,8 +32,10 @@ Series = dict[str, dict[str, list[Any]]]
 
 
 def plot_text(value: object) -> str:
-    """Escape text for Plotly labels: a run named ``<b>x</b>`` stays those characters."""
-    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Escape text for Plotly labels: a run named ``<b>x</b>`` stays those characters,
+    and invisible controls are shown as codes (:func:`~gradwatch.protocol.names.visible`)."""
+    text = visible(str(value))
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def number(value: Any) -> float | None:

@@ -3,8 +3,11 @@
 - Tokens: ``Settings.token`` writes and reads; ``Settings.view_token`` only reads.
   With neither set, everything is open (the server binds loopback by default, and
   ``gradwatch serve`` refuses another bind without a token). A token travels as
-  ``Authorization: Bearer <token>`` or ``?token=`` (browsers cannot set headers on
-  websockets); comparison is constant-time.
+  ``Authorization: Bearer <token>`` or ``?token=`` (scripts, the shareable link);
+  comparison is constant-time. A dashboard opened with ``?token=`` gets the token
+  back as an ``HttpOnly; SameSite=Strict`` cookie (:func:`token_cookie`), which its
+  websockets carry (browsers cannot set headers on websockets); the cookie reads,
+  never writes (:func:`read_token_from`).
 - ``Host`` must be a loopback name, the bind address or an allowed host, so a page
   on ``evil.example`` that rebinds its DNS to 127.0.0.1 cannot reach the server
   (HTTP answers 421).
@@ -71,6 +74,26 @@ def token_from(headers: Mapping[str, str], query: Mapping[str, str]) -> str | No
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
     return query.get("token")
+
+
+def token_cookie(host: str | None) -> str:
+    """The dashboard's token cookie for this ``Host``: one name per port, because
+    browsers share cookies between the ports of one host.
+
+    >>> token_cookie("127.0.0.1:8765"), token_cookie("gradwatch.example.org")
+    ('gradwatch_token_8765', 'gradwatch_token')
+    """
+    _, port = split_host(host or "")
+    return f"gradwatch_token_{port}" if port.isdigit() else "gradwatch_token"
+
+
+def read_token_from(
+    headers: Mapping[str, str], query: Mapping[str, str], cookies: Mapping[str, str]
+) -> str | None:
+    """The token of a request that only reads: as :func:`token_from`, then the
+    dashboard's cookie (:func:`token_cookie`). Never for writes: a cookie rides along
+    by itself, a header or a query is sent on purpose."""
+    return token_from(headers, query) or cookies.get(token_cookie(headers.get("host")))
 
 
 def split_host(host: str) -> tuple[str, str]:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from gradwatch.protocol.messages import MAX_MESSAGE_BYTES
 
@@ -35,11 +37,43 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def user_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """This user's gradwatch folder: ``$XDG_DATA_HOME/gradwatch`` (default
+    ``~/.local/share/gradwatch``) on Linux, ``~/Library/Application Support/gradwatch``
+    on macOS, ``%LOCALAPPDATA%\\gradwatch`` on Windows."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("HOME") or Path.home())
+    if sys.platform == "win32":
+        base = Path(env.get("LOCALAPPDATA") or home / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = home / "Library" / "Application Support"
+    else:
+        xdg = env.get("XDG_DATA_HOME", "")
+        base = Path(xdg) if os.path.isabs(xdg) else home / ".local" / "share"
+    return base / "gradwatch"
+
+
+def default_db(environ: Mapping[str, str] | None = None) -> str:
+    """The one database every command uses without ``--db`` (``serve``, ``demo``,
+    ``report``): ``$GRADWATCH_DB``, else ``gradwatch.db`` in :func:`user_data_dir`, the
+    same file whatever folder a command starts in.
+
+    Example:
+        >>> default_db({"GRADWATCH_DB": "postgresql://u@db/gw"})
+        'postgresql://u@db/gw'
+        >>> default_db({"HOME": "/home/ada"}).endswith("gradwatch.db")
+        True
+    """
+    env = os.environ if environ is None else environ
+    return env.get("GRADWATCH_DB") or str(user_data_dir(env) / "gradwatch.db")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the server can be told.
 
-    ``db`` is a SQLite file path or a ``postgresql://`` URL. ``token`` lets trainers
+    ``db`` is a SQLite file path or a ``postgresql://`` URL (:meth:`from_env`, as the
+    commands use it, defaults it to :func:`default_db`). ``token`` lets trainers
     write and viewers read; ``view_token`` only reads. ``allowed_hosts`` extends the loopback names
     accepted in the ``Host`` header (against DNS rebinding); ``"*"`` accepts any.
     """
@@ -80,6 +114,9 @@ class Settings:
     # stalled_min_s seconds) is "stalled".
     stalled_factor: float = 20.0
     stalled_min_s: float = 30.0
+    # /api/health answers 503 when writes are waiting and the store's writer answered
+    # none for this long (a stopped writer process, a lock held by another program).
+    writer_stall_s: float = 15.0
     # Where alerts are POSTed (server/webhooks.py), and the least severity sent.
     alert_webhooks: tuple[str, ...] = ()
     alert_min_severity: str = "warning"
@@ -107,8 +144,8 @@ class Settings:
         Variables: GRADWATCH_HOST, _PORT, _DB, _TOKEN, _VIEW_TOKEN, _ALLOWED_HOSTS
         (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _LIVE_QUEUE_BYTES,
         _SQLITE_SYNCHRONOUS, _HEADER_TIMEOUT_S, _STALE_AFTER_S, _WRITER (process or thread),
-        _STALLED_FACTOR, _STALLED_MIN_S, _ALERT_WEBHOOK (URLs, comma or space separated),
-        _ALERT_MIN_SEVERITY, _PUBLIC_URL.
+        _STALLED_FACTOR, _STALLED_MIN_S, _WRITER_STALL_S, _ALERT_WEBHOOK (URLs, comma or
+        space separated), _ALERT_MIN_SEVERITY, _PUBLIC_URL.
         """
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
@@ -144,6 +181,7 @@ class Settings:
             "header_timeout_s": ("GRADWATCH_HEADER_TIMEOUT_S", "seconds"),
             "stalled_factor": ("GRADWATCH_STALLED_FACTOR", "a number"),
             "stalled_min_s": ("GRADWATCH_STALLED_MIN_S", "a number"),
+            "writer_stall_s": ("GRADWATCH_WRITER_STALL_S", "seconds"),
         }
         for name, (var, what) in floats.items():
             if env.get(var):
@@ -163,6 +201,7 @@ class Settings:
             values["allowed_hosts"] = tuple(
                 h.strip() for h in env["GRADWATCH_ALLOWED_HOSTS"].split(",") if h.strip()
             )
+        values.setdefault("db", default_db(env))
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = replace(cls(), **values)  # type: ignore[arg-type]
         settings.validate()

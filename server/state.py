@@ -28,8 +28,11 @@ class AppState:
         # The latest step of each live run (GET /metrics, "stalled"), and where alerts go.
         from .metrics import LiveRuns
         from .webhooks import Webhooks
+        from .write_progress import WriteProgress
 
         self.live_runs = LiveRuns()
+        # Writes submitted and not yet answered: /api/health tells a frozen writer.
+        self.writes = WriteProgress()
         self.webhooks = Webhooks.from_settings(settings)
 
     def on_batch(self, hello: Any, batch: Any) -> None:

@@ -1,8 +1,40 @@
 // Talking to the gradwatch server: REST via api(), websockets via wsUrl().
-// The dashboard keeps the ?token= of its own URL and adds it to every request and
-// websocket it makes (docs/API.md), so a shared read-only link just works.
+// A shared link carries the view token as ?token= (docs/API.md). The page takes it
+// out of its own address at once (history.replaceState: it stays out of the history,
+// bookmarks and screenshots), keeps it for this tab (sessionStorage) and sends it as
+// `Authorization: Bearer` on REST requests. Websockets cannot carry a header: they
+// carry the HttpOnly cookie the server set when it served the page with ?token=.
+// No request URL holds the token, so no access log or proxy log sees it.
 
-const pageToken = new URLSearchParams(window.location.search).get("token");
+const TOKEN_KEY = "gradwatch.token";
+
+function takePageToken() {
+  const url = new URL(window.location.href);
+  const opened = url.searchParams.get("token");
+  if (opened) {
+    try {
+      sessionStorage.setItem(TOKEN_KEY, opened);
+    } catch {
+      // storage refused (a private mode): the token still lives in this page
+    }
+    url.searchParams.delete("token");
+    window.history.replaceState(window.history.state, "", `${url.pathname}${url.search}${url.hash}`);
+    return opened;
+  }
+  try {
+    return sessionStorage.getItem(TOKEN_KEY);
+  } catch {
+    return null;
+  }
+}
+
+const pageToken = takePageToken();
+
+function headers(extra) {
+  const out = { Accept: "application/json", ...extra };
+  if (pageToken) out.Authorization = `Bearer ${pageToken}`;
+  return out;
+}
 
 /** The error api() throws: the server's own `detail` text, with the HTTP status. */
 export class ApiError extends Error {
@@ -17,13 +49,12 @@ function withQuery(url, query) {
   for (const [key, value] of Object.entries(query || {})) {
     if (value !== undefined && value !== null && value !== "") url.searchParams.set(key, String(value));
   }
-  if (pageToken) url.searchParams.set("token", pageToken);
   return url;
 }
 
-/** A link inside the dashboard that keeps the page token: href("#/run/ID"). */
+/** A link inside the dashboard: href("#/run/ID") (the token never goes in links). */
 export function href(hash) {
-  return pageToken ? `?token=${encodeURIComponent(pageToken)}${hash}` : hash;
+  return hash;
 }
 
 /**
@@ -34,7 +65,7 @@ export async function api(path, query = {}) {
   const url = withQuery(new URL(path, window.location.origin), query);
   let response;
   try {
-    response = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
+    response = await fetch(url, { headers: headers(), cache: "no-store" });
   } catch (err) {
     throw new ApiError(0, `${path}: the server cannot be reached (${err.message})`);
   }
@@ -59,14 +90,14 @@ async function answer(path, response) {
 
 /**
  * Send a JSON body with a method other than GET (a change: archive a run). The page
- * token rides along; the server decides whether it may change anything.
+ * token rides along as a header; the server decides whether it may change anything.
  * `await send("/api/runs/abc/archived", "PUT", {archived: true})`.
  */
 export async function send(path, method, body) {
   const url = withQuery(new URL(path, window.location.origin), {});
   let response;
   try {
-    response = await fetch(url, { method, headers: { Accept: "application/json", "Content-Type": "application/json" },
+    response = await fetch(url, { method, headers: headers({ "Content-Type": "application/json" }),
       body: JSON.stringify(body), cache: "no-store" });
   } catch (err) {
     throw new ApiError(0, `${path}: the server cannot be reached (${err.message})`);
@@ -74,7 +105,7 @@ export async function send(path, method, body) {
   return answer(path, response);
 }
 
-/** The websocket URL of a server path on this page's origin, with the token. */
+/** The websocket URL of a server path on this page's origin (the cookie carries the token). */
 export function wsUrl(path, query = {}) {
   const url = withQuery(new URL(path, window.location.origin), query);
   url.protocol = window.location.protocol === "https:" ? "wss:" : "ws:";

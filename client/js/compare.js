@@ -4,7 +4,7 @@
 
 import { api } from "./api.js";
 import { axis, plot, purgeAll } from "./charts.js";
-import { el, replaceChildren } from "./dom.js";
+import { el, replaceChildren, visible } from "./dom.js";
 import { FrameBatcher } from "./batcher.js";
 import { HeatLink, Heatmap } from "./heatmap.js";
 import { heatmapKeys } from "./history.js";
@@ -101,7 +101,7 @@ export class CompareView {
     h.link = this.heatLink;
     this.heatmaps[k] = null; // live rows of the old choice stop here
     this.pendingHeat = h;
-    p.section.querySelector("h2").textContent = heatTitle(this.names[k], module, series);
+    p.section.querySelector("h2").textContent = visible(heatTitle(this.names[k], module, series));
     const m = await api(`/api/runs/${encodeURIComponent(this.ids[k])}/timesteps`, { module, series, rank: 0, max_steps: 300 });
     if (this.pendingHeat !== h) return; // another choice came meanwhile
     h.setHistory(m);

@@ -4,7 +4,7 @@
 // (replay.js) feeds the same view from history instead of the socket.
 
 import { api, href } from "./api.js";
-import { el, replaceChildren } from "./dom.js";
+import { el, replaceChildren, visible } from "./dom.js";
 import { AlertsPanel, alertTarget, opensProblem } from "./alerts.js";
 import { FrameBatcher } from "./batcher.js";
 import { purgeAll } from "./charts.js";
@@ -160,9 +160,9 @@ export class RunView {
     const status = String(s.status ?? "unknown");
     this.statusNode.className = `badge ${status}`;
     this.statusNode.textContent = this.replay ? `replay · ${status}` : status;
-    this.subNode.textContent = [`run ${s.id}`, s.host ? `on ${s.host}` : null,
+    this.subNode.textContent = visible([`run ${s.id}`, s.host ? `on ${s.host}` : null,
       `ranks ${(s.ranks || [0]).join(", ")}`, `last step ${fmt(s.last_step)}`, `${alertCount(this)} alerts`]
-      .filter(Boolean).join(" · ");
+      .filter(Boolean).join(" · "));
   }
 
   renderStats(rec) {

@@ -4,7 +4,7 @@
 // overlaid; archive a run to take it off the list (its data stays, by id).
 
 import { api, href, send } from "./api.js";
-import { el, replaceChildren } from "./dom.js";
+import { el, replaceChildren, visible } from "./dom.js";
 import { connect } from "./live.js";
 import { fmt, fmtAgo, fmtDuration, fmtTime, num } from "./num.js";
 import { state, stats } from "./state.js";
@@ -115,7 +115,7 @@ export class RunsView {
     try {
       await send(`/api/runs/${encodeURIComponent(run.id)}/archived`, "PUT", { archived: true });
     } catch (err) {
-      this.message.textContent = `Cannot archive ${String(run.name ?? run.id)}: ${err.message}`;
+      this.message.textContent = visible(`Cannot archive ${String(run.name ?? run.id)}: ${err.message}`);
       return;
     }
     this.archived.add(run.id);
@@ -123,7 +123,7 @@ export class RunsView {
     const row = this.rows.get(run.id);
     if (row) row.remove();
     this.rows.delete(run.id);
-    this.message.textContent = `Archived ${String(run.name ?? run.id)}; it stays readable at #/run/${run.id}.`;
+    this.message.textContent = visible(`Archived ${String(run.name ?? run.id)}; it stays readable at #/run/${run.id}.`);
     this.renderEmpty();
     this.updateButton();
   }

@@ -45,6 +45,8 @@ class Watched:
     origin: str
     errors: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    # (url, its Authorization header or None) of every HTTP request
+    authorization: list[tuple[str, str | None]] = field(default_factory=list)
 
     def foreign_requests(self) -> list[str]:
         """Requests that left the server's origin (data: URLs are in-page, not requests)."""
@@ -78,7 +80,8 @@ def open_page(browser: Any) -> Iterator[Any]:
         page.on("console", lambda m: watched.errors.append(f"console.{m.type}: {m.text}")
                 if m.type == "error" else None)  # fmt: skip
         page.on("pageerror", lambda e: watched.errors.append(f"pageerror: {e}"))
-        page.on("request", lambda r: watched.requests.append(r.url))
+        page.on("request", lambda r: (watched.requests.append(r.url), watched.authorization
+                                      .append((r.url, r.headers.get("authorization")))))
         page.on("websocket", lambda w: watched.requests.append(w.url))
         page.goto(f"{server.http}/{query}{hash_}")
         return watched

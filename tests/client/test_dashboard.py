@@ -7,6 +7,8 @@ that the console stayed clean and that no request left the server's origin.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from typing import Any
 
 import pytest
@@ -82,6 +84,47 @@ def test_run_named_script_tag_shows_as_text_everywhere(gradwatch_server, open_pa
     assert w.page.evaluate(scripts) == 0
     assert dialogs == []
     w.screenshot("hostile-name")
+    assert_clean(w)
+
+
+# U+202E turns the rest of a name around; ESC starts a terminal escape; BEL rings.
+BIDI = "run\u202egnp.exe \x1b[31mred\x07"
+BIDI_SHOWN = "run[U+202E]gnp.exe [U+001B][31mred[U+0007]"
+INVISIBLE = "\u202e\x1b\x07"
+
+
+def test_bidi_and_control_characters_in_names_are_shown_neutralised_everywhere(
+    gradwatch_server, open_page, raw_trainer
+):
+    server = gradwatch_server()
+    trainer = raw_trainer(server, BIDI)
+    param = "lstm.\u202eweight_hh"
+    records = [{**step_record(s), "param_norms": {param: 0.3, "head.weight": 0.2}}
+               for s in range(3)]
+    trainer.send([*records, alert_record(1, subject=BIDI)])
+    w = open_page(server)
+    w.page.wait_for_selector("#runs-body a.run-link")
+    assert w.page.inner_text("#runs-body a.run-link") == BIDI_SHOWN
+    w.page.click("#runs-body a.run-link")
+    w.page.wait_for_selector("body[data-painted='1'] #run-name")
+    assert w.page.inner_text("#run-name") == BIDI_SHOWN
+    assert BIDI_SHOWN in w.page.inner_text("#crumbs")
+    assert BIDI_SHOWN in w.page.inner_text("#alerts-list")
+    scroll_to(w.page, "chart-norms")
+    legends = chart(w.page, "chart-norms", "d.data.map(t => String(t.name))")
+    assert any("lstm.[U+202E]weight_hh" in n for n in legends), legends
+    # Nothing shown anywhere (text, chart labels, the tab's title) holds the controls.
+    shown = w.page.evaluate("() => document.body.innerText + document.title + "
+                            "[...document.querySelectorAll('[title], [aria-label]')]"
+                            ".map(e => e.title + e.getAttribute('aria-label')).join() + "
+                            "[...document.querySelectorAll('.js-plotly-plot')]"
+                            ".map(d => JSON.stringify(d.data.map(t => [t.name, t.legendgroup])"
+                            " ) + JSON.stringify(d.layout.title || '')).join()")
+    assert not any(c in shown for c in INVISIBLE), [c for c in INVISIBLE if c in shown]
+    # The stored name stays as sent.
+    with urllib.request.urlopen(f"{server.http}/api/runs", timeout=30) as answer:  # noqa: S310
+        (run,) = json.loads(answer.read())
+    assert run["name"] == BIDI
     assert_clean(w)
 
 
@@ -259,18 +302,60 @@ def test_theme_toggle_switches_dark_and_recolours_charts(gradwatch_server, open_
     assert_clean(w)
 
 
-def test_view_token_from_the_page_url_rides_on_every_request(
+def test_view_token_leaves_the_address_and_rides_in_a_header_and_a_cookie(
     gradwatch_server, open_page, raw_trainer
 ):
-    server = gradwatch_server(token="ingest-secret", view_token="view-only")
+    # the access log on: it shows every request's path
+    server = gradwatch_server(token="ingest-secret", view_token="view-only",
+                              args=("--log-level", "info"))
     trainer = raw_trainer(server, "private", token="ingest-secret")
     trainer.send([step_record(s) for s in range(3)])
     w = open_page(server, f"#/run/{trainer.run_id}", query="?token=view-only")
     w.page.wait_for_selector("body[data-painted='1']")
+    # The shared link's token left the address at once; the route stayed.
+    assert w.page.evaluate("() => window.location.search") == ""
+    assert w.page.evaluate("() => window.location.hash") == f"#/run/{trainer.run_id}"
+    # No request after the page itself carries the token in its URL...
     data = [u for u in w.requests if "/api/" in u or "/ws/" in u]
-    assert data, w.requests
-    assert all("token=view-only" in u for u in data), data
+    assert any("/ws/live" in u for u in data) and any("/api/runs/" in u for u in data), data
+    assert not [u for u in w.requests[1:] if "token" in u], w.requests
+    # ...REST sends it as a header, the websocket as the HttpOnly cookie
+    rest = [(u, a) for u, a in w.authorization if "/api/" in u]
+    assert rest and all(a == "Bearer view-only" for _, a in rest), rest
+    (cookie,) = [c for c in w.page.context.cookies() if c["name"].startswith("gradwatch_token")]
+    assert cookie["name"] == f"gradwatch_token_{server.port}" and cookie["value"] == "view-only"
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert w.page.evaluate("() => document.cookie") == ""  # scripts cannot read it
+    # The live socket, authorised by the cookie alone, brings a new step.
+    trainer.send([step_record(3)])
+    scroll_to(w.page, "chart-loss")
+    wait_points(w.page, "chart-loss", 4)
+    # A reload of the stripped address still shows the run (cookie and this tab's token).
+    w.page.reload()
+    w.page.wait_for_selector("body[data-painted='1']")
+    assert w.page.evaluate("() => window.location.search") == ""
+    # Only the shared link itself carried the token (and the log redacts it there).
+    log = server.log_path.read_text()
+    assert "GET /api/runs/" in log and "/ws/live" in log, log[-2000:]
+    assert "view-only" not in log
+    viewer = [line for line in log.splitlines()
+              if any(p in line for p in ('"GET /', "WebSocket /ws/live"))]
+    shared_link = [line for line in viewer if '"GET /?token=<redacted> HTTP' in line]
+    assert len(shared_link) == 1, log[-2000:]
+    assert [line for line in viewer if "token=" in line] == shared_link, log[-2000:]
     assert_clean(w)
+
+
+def test_a_page_without_the_token_gets_401_and_a_wrong_cookie_reads_nothing(
+    gradwatch_server, open_page
+):
+    server = gradwatch_server(token="ingest-secret", view_token="view-only")
+    w = open_page(server, "#/", query="")
+    assert "needs the link with its ?token=" in w.page.inner_text("body")
+    w.page.context.add_cookies([{"name": f"gradwatch_token_{server.port}", "value": "guess",
+                                 "url": server.http}])
+    w.page.goto(f"{server.http}/#/")
+    assert "needs the link with its ?token=" in w.page.inner_text("body")
 
 
 def test_unknown_run_shows_the_servers_answer_instead_of_breaking(gradwatch_server, open_page):

@@ -109,3 +109,40 @@ def test_report_without_a_database_file_says_so(tmp_path: Path):
     assert done.returncode == 2
     assert "expected a gradwatch database" in done.stderr
     assert not missing.exists()  # reading a report never creates a database
+
+
+BIDI = "run\u202egnp.exe \x1b[31mred\x07"
+BIDI_SHOWN = "run[U+202E]gnp.exe [U+001B][31mred[U+0007]"
+
+
+@pytest.mark.browser
+def test_report_shows_bidi_and_control_characters_in_names_neutralised(
+    gradwatch_server, raw_trainer, browser: Any, tmp_path: Path
+):
+    server = gradwatch_server()
+    trainer = raw_trainer(server, BIDI)
+    param = "lstm.\u202eweight_hh"
+    records = [{**step_record(s), "param_norms": {param: 0.3, "head.weight": 0.2}}
+               for s in range(5)]
+    trainer.send([*records, alert_record(2, subject=BIDI), end_record(4)])
+    out = tmp_path / "run.html"
+    done = report(trainer.run_id, "-o", str(out), "--db", server.db)
+    assert done.returncode == 0, done.stderr
+    html = out.read_text(encoding="utf-8")
+    # Not one invisible control anywhere in the file: title, headings, alerts, charts.
+    assert not [c for c in "\u202e\x1b\x07" if c in html]
+    figures = html.split('id="gradwatch-figures">', 1)[1].split("</script>", 1)[0]
+    assert "lstm.[U+202E]weight_hh" in figures
+    assert "\\u202e" not in figures.lower()  # nor escaped inside the charts' JSON
+    context = browser.new_context()
+    page = context.new_page()
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file://")
+               else r.abort())
+    page.goto(out.as_uri())
+    page.wait_for_selector("body[data-painted='1']", timeout=60_000)
+    assert page.inner_text("#run-name") == BIDI_SHOWN
+    assert page.title() == f"gradwatch report: {BIDI_SHOWN}"
+    assert BIDI_SHOWN in page.inner_text("#panel-alerts")
+    legends = page.eval_on_selector("#chart-norms", "d => d.data.map(t => String(t.name))")
+    assert any("lstm.[U+202E]weight_hh" in n for n in legends), legends
+    context.close()

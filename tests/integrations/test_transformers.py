@@ -131,3 +131,70 @@ def test_training_that_raises_ends_the_run_crashed(
     assert run["status"] == "crashed"
     # four batches loaded; the loader reads one batch ahead, so three were trained
     assert run["last_step"] == 2
+
+
+class BrokenAt(Examples):
+    """Raises on the `fail_at`-th sample read: a corrupt sample in the middle of training."""
+
+    def __init__(self, n: int, fail_at: int) -> None:
+        super().__init__(n, lm=False)
+        self.reads, self.fail_at = 0, fail_at
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        self.reads += 1
+        if self.reads > self.fail_at:
+            raise RuntimeError("a corrupt sample")
+        return super().__getitem__(i)
+
+
+class FailingLoss(Trainer):
+    """Raises in the third optimizer step's loss, once: a failure inside forward/backward."""
+
+    failed = False
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.state.global_step == 2 and not self.failed:
+            self.failed = True
+            raise FloatingPointError("the loss blew up")
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def _runs(server: Any) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{server.http}/api/runs", timeout=5) as answer:  # noqa: S310
+        return list(json.loads(answer.read()))
+
+
+@pytest.mark.parametrize(
+    ("failure", "added"),
+    [("a batch", "callbacks="), ("the loss", "callbacks="), ("a batch", "add_callback"),
+     ("the loss", "add_callback")],
+)
+def test_a_caught_training_exception_marks_the_run_crashed_at_once(
+    gradwatch_server: Callable[..., Any], tmp_path: Path, failure: str, added: str
+) -> None:
+    """The process lives on (a sweep, a notebook): the run must not stay live."""
+    server = gradwatch_server()
+    callback = GradwatchCallback(run="hf-caught", server=server.url, spool=tmp_path / "s.jsonl")
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_train_epochs=1,
+        save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0, seed=0, logging_steps=1,
+    )
+    data = BrokenAt(64, 36) if failure == "a batch" else Examples(64, lm=False)
+    kind = FailingLoss if failure == "the loss" else Trainer
+    given = [callback] if added == "callbacks=" else []
+    trainer = kind(model=tiny("bert"), args=args, train_dataset=data, callbacks=given)
+    if added == "add_callback":
+        trainer.add_callback(callback)
+    with pytest.raises((RuntimeError, FloatingPointError)) as raised:
+        trainer.train()
+    assert str(raised.value) in ("a corrupt sample", "the loss blew up")
+    # Still in this process: the run already says crashed, with the steps it made.
+    (run,) = _runs(server)
+    assert run["name"] == "hf-caught" and run["status"] == "crashed", run
+    assert run["last_step"] == (2 if failure == "a batch" else 1)
+    assert callback.monitor is not None and callback.monitor.closed
+    # The Trainer still trains afterwards, as a new run, ending finished.
+    if failure == "the loss":
+        trainer.train()
+        assert sorted(r["status"] for r in _runs(server)) == ["crashed", "finished"]

@@ -101,6 +101,82 @@ def test_a_bad_field_is_left_out_with_a_notice_and_the_rest_is_stored(
     assert [(a["code"], a["subject"]) for a in alerts] == [("vanishing", "lstm1")]
 
 
+WRONG_FIELDS = [
+    # (field, wrong value, what the notice says): each in a record of its own
+    ("loss", "0.5", "records[0].loss: expected a number"),
+    ("param_norms", [1.5, 2.0], "records[1].param_norms: expected an object, got [1.5, 2.0]"),
+    ("graph_nodes", -3, "records[2].graph_nodes: expected greater than or equal to 0"),
+    ("timesteps", {"lstm1": {"input": "abc"}}, "records[3].timesteps.lstm1.input: expected"),
+    ("gate_norms", {"lstm1.weight_hh_l0": {"i": None}}, "records[4].gate_norms"),
+    ("rss_bytes", 1.5, "records[5].rss_bytes: expected a valid integer, got 1.5"),
+]
+
+
+def test_one_wrong_field_costs_only_itself_and_the_ack_says_which(
+    gradwatch_server: Callable[..., Any], gradwatch_db: str, wire: Any
+) -> None:
+    server = gradwatch_server(db=gradwatch_db)
+    run_id = wire.run_id()
+    records = [wire.step(i, **{name: value}) for i, (name, value, _) in enumerate(WRONG_FIELDS)]
+    records.append({"kind": "epoch", "epoch": 0, "step": 6, "steps": "six"})
+    with wire.connect(server) as ws:
+        ws.send(json.dumps(wire.hello(run_id)))
+        ws.send(json.dumps(wire.batch(run_id, 0, records)))
+        ack = wire.recv(ws)
+    assert ack["type"] == "ack" and ack["seq"] == 0, ack
+    for _, _, says in WRONG_FIELDS:
+        assert says in ack["notice"], (says, ack["notice"])
+    assert "records[6].steps: expected a valid integer, got 'six'" in ack["notice"]
+    assert ack["notice"].count("the field was left out") == len(WRONG_FIELDS) + 1
+    n = len(WRONG_FIELDS)
+    fields = "loss,total_norm,graph_nodes,rss_bytes,param_norms/lstm1.weight_0"
+    got = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields={fields}")["fields"]
+    everywhere = list(range(n))
+    # every record is stored; only the one wrong field of each is missing
+    assert got["total_norm"]["step"] == everywhere
+    assert got["loss"]["step"] == [s for s in everywhere if s != 0]
+    assert got["loss"]["value"][0] == 1.0 / 2  # step 1's own loss, as sent
+    assert got["param_norms/lstm1.weight_0"]["step"] == [s for s in everywhere if s != 1]
+    assert got["graph_nodes"]["step"] == [s for s in everywhere if s != 2]
+    assert got["rss_bytes"]["step"] == [s for s in everywhere if s != 5]
+    heat = wire.get_ok(server, f"/api/runs/{run_id}/timesteps?module=lstm1")
+    assert heat["steps"] == [s for s in everywhere if s != 3]
+    (epoch,) = wire.get_ok(server, f"/api/runs/{run_id}/epochs")
+    assert epoch["epoch"] == 0 and epoch.get("steps") is None
+
+
+REFUSED_WHOLE = [
+    ("a step record without its step", {"kind": "step", "loss": 1.0},
+     "records[0].step: expected a value, got nothing"),
+    ("a step given as text", {"kind": "step", "step": "7", "loss": 1.0},
+     "records[0].step: expected a valid integer, got '7'"),
+    ("a record without its kind", {"step": 3, "loss": 1.0}, "records[0].kind"),
+    ("an alert with an unknown severity",
+     {"kind": "alert", "step": 1, "code": "vanishing", "severity": "dire"},
+     "records[0].severity: expected 'info', 'warning' or 'error'"),
+]
+
+
+@pytest.mark.parametrize(("name", "record", "says"), REFUSED_WHOLE,
+                         ids=[r[0] for r in REFUSED_WHOLE])
+def test_a_record_without_what_identifies_it_is_still_refused(
+    shared_gradwatch_server: Any, wire: Any, name: str, record: dict[str, Any], says: str
+) -> None:
+    server = shared_gradwatch_server
+    run_id = wire.run_id()
+    with wire.connect(server) as ws:
+        ws.send(json.dumps(wire.hello(run_id)))
+        ws.send(json.dumps(wire.batch(run_id, 0, [wire.step(0), record])))
+        error, code, _ = wire.expect_error(ws)
+    assert code == 1007, (code, error)
+    assert says.replace("records[0]", "records[1]") in error["message"], error["message"]
+    status, _, _ = wire.get(server, f"/api/runs/{run_id}/steps?fields=loss")
+    assert status in (200, 404)  # the hello may or may not have created the run
+    if status == 200:  # nothing of the refused batch is stored
+        steps = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=loss")["fields"]
+        assert steps["loss"]["step"] == []
+
+
 def _hello(wire: Any, run_id: str, **fields: Any) -> str:
     return json.dumps({**wire.hello(run_id), **fields})
 

@@ -4,13 +4,16 @@ the messages a user reads (spool lines, warnings, the run's link, waiting at clo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -71,34 +74,101 @@ def test_serve_on_a_port_in_use_is_one_line_naming_port(tmp_path: Path) -> None:
     assert f"port {port}" in line and "--port" in line
 
 
+def _own_data_dir(tmp_path: Path) -> dict[str, str]:
+    """An environment whose per-user data folder is under tmp_path, no $GRADWATCH_DB."""
+    return {"HOME": str(tmp_path / "home"), "XDG_DATA_HOME": str(tmp_path / "data"),
+            "GRADWATCH_DB": ""}
+
+
 def test_report_without_a_database_says_where_it_looked_and_names_db(tmp_path: Path) -> None:
-    done = cli("report", "some-run", cwd=tmp_path, env={"GRADWATCH_DB": ""})
+    env = _own_data_dir(tmp_path)
+    default = tmp_path / "data" / "gradwatch" / "gradwatch.db"
+    done = cli("report", "some-run", cwd=tmp_path, env=env)
     assert done.returncode == 2
-    assert str(tmp_path / "gradwatch.db") in done.stderr
-    assert str(tmp_path / ".gradwatch" / "demo.db") in done.stderr
-    assert "--db" in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert f"looked in {default}" in line and "--db PATH" in line, line
+    assert "demo.db" not in line  # one default, not a search of several
+    # A database an earlier version left in this folder is named, with the flag.
+    (tmp_path / "gradwatch.db").write_bytes(b"")
+    done = cli("report", "some-run", cwd=tmp_path, env=env)
+    assert "this folder holds gradwatch.db" in done.stderr and "--db gradwatch.db" in done.stderr
+    assert not default.exists()  # reading a report never creates a database
 
 
-@pytest.mark.parametrize("where", ["serve", "demo"])
-def test_report_finds_the_run_in_the_default_database_of_serve_or_demo(
-    gradwatch_server: Callable[..., Any], wire: Any, tmp_path: Path, where: str
+@contextlib.contextmanager
+def _serve_without_db(cwd: Path, env: dict[str, str]) -> Iterator[tuple[str, Path]]:
+    """A real `gradwatch serve` given no --db; yields (ws url, its stderr file)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = cwd / "serve.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gradwatch.server.cli", "serve", "--port", str(port),
+             "--log-level", "warning"], cwd=cwd, stdout=out, stderr=out,
+            env=dict(os.environ, **env))
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # a readiness poll, bounded
+            assert process.poll() is None, log.read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+        yield f"ws://127.0.0.1:{port}", log
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_serve_and_report_share_one_default_database_from_any_folder(
+    tmp_path: Path, wire: Any
 ) -> None:
-    (tmp_path / ".gradwatch").mkdir()
-    db = tmp_path / ("gradwatch.db" if where == "serve" else ".gradwatch/demo.db")
-    if where == "demo":  # serve's default exists too, without the run: report looks on
-        other = gradwatch_server(db=str(tmp_path / "gradwatch.db"))
-        wire.send_run(other, wire.run_id(), [[wire.step(0)]])
-        other.stop()
-    server = gradwatch_server(db=str(db))
-    run_id = wire.run_id()
-    with wire.connect(server) as ws:
-        ws.send(json.dumps(wire.hello(run_id, run=f"from-{where}")))
-        ws.send(json.dumps(wire.batch(run_id, 0, [wire.step(i) for i in range(3)])))
-        assert wire.recv(ws)["seq"] == 0
-    server.stop()
-    done = cli("report", f"from-{where}", cwd=tmp_path, env={"GRADWATCH_DB": ""})
+    env = _own_data_dir(tmp_path)
+    default = tmp_path / "data" / "gradwatch" / "gradwatch.db"
+    trained_in, reported_in = tmp_path / "project", tmp_path / "elsewhere"
+    trained_in.mkdir()
+    reported_in.mkdir()
+    (trained_in / "gradwatch.db").write_bytes(b"")  # what an earlier version left here
+    with _serve_without_db(trained_in, env) as (url, log):
+        server = argparse.Namespace(url=url)
+        run_id = wire.run_id()
+        with wire.connect(server) as ws:
+            ws.send(json.dumps(wire.hello(run_id, run="in-the-default")))
+            ws.send(json.dumps(wire.batch(run_id, 0, [wire.step(i) for i in range(3)])))
+            assert wire.recv(ws)["seq"] == 0
+    said = log.read_text()
+    assert f"the database is {default}" in said and "--db gradwatch.db" in said, said
+    assert default.is_file() and (trained_in / "gradwatch.db").stat().st_size == 0
+    done = cli("report", "in-the-default", "-o", str(reported_in / "r.html"),
+               cwd=reported_in, env=env)
     assert done.returncode == 0, done.stderr
-    assert "from-" + where in (tmp_path / "run.html").read_text()
+    assert "in-the-default" in (reported_in / "r.html").read_text()
+    # $GRADWATCH_DB moves the one default for every command; --db wins over it.
+    moved = cli("report", "in-the-default", "-o", str(reported_in / "m.html"), cwd=reported_in,
+                env={**env, "GRADWATCH_DB": str(tmp_path / "other.db")})
+    assert moved.returncode == 2 and f"looked in {tmp_path / 'other.db'}" in moved.stderr
+    given = cli("report", "in-the-default", "-o", str(reported_in / "g.html"), "--db",
+                str(default), cwd=reported_in, env={**env, "GRADWATCH_DB": "/nowhere.db"})
+    assert given.returncode == 0, given.stderr
+
+
+def test_the_demo_writes_the_same_default_database(tmp_path: Path) -> None:
+    from gradwatch.server.demo import plan
+
+    env = _own_data_dir(tmp_path)
+    args = argparse.Namespace(port=8765, db=None, replay=True, only=None, steps=None)
+    code = ("import argparse, sys; from gradwatch.server.demo import plan; "
+            "from gradwatch.server.settings import default_db; "
+            f"p = plan(argparse.Namespace(**{vars(args)!r})); "
+            "print(p.db); print(default_db())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, **env), timeout=60, check=True)
+    demo_db, default = done.stdout.split()
+    assert demo_db == default == str(tmp_path / "data" / "gradwatch" / "gradwatch.db")
+    assert plan(argparse.Namespace(**{**vars(args), "db": "x.db"})).db == Path("x.db")
 
 
 @pytest.mark.parametrize(

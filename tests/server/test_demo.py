@@ -93,7 +93,7 @@ def gone(marker: str) -> bool:
 
 @pytest.mark.timeout(500)
 @pytest.mark.slow
-def test_the_demo_goes_round_until_sigterm_stops_it_all_and_a_restart_starts_afresh(
+def test_the_demo_goes_round_until_sigterm_stops_it_all_and_a_restart_does_not_pile_up_runs(
     demo: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     port = free_port()
@@ -113,6 +113,7 @@ def test_the_demo_goes_round_until_sigterm_stops_it_all_and_a_restart_starts_afr
         assert set(named) <= {"long_lstm", "long_lstm-fixed"}, named
         assert len(named) == len(set(named)), named
     assert len(processes_with(str(tmp_path))) >= 2  # the demo and its server at least
+    first_ids = {r["id"] for r in runs(port, archived=True)}
     first.send_signal(signal.SIGTERM)
     output, _ = first.communicate(timeout=60)
     text = output.decode()
@@ -122,10 +123,19 @@ def test_the_demo_goes_round_until_sigterm_stops_it_all_and_a_restart_starts_afr
     assert gone(str(tmp_path))  # the demo waited for every child before exiting
 
     again = demo(port, "--only", "long_lstm", "--steps", "8")
-    wait_for(lambda: rounds_finished() >= 1, 200, again)
-    # the first demo's runs are in demo.db.previous, not beside this demo's
-    assert len([r for r in runs(port) if r["name"] == "long_lstm"]) <= 2
-    assert (tmp_path / "demo.db.previous").is_file()
+
+    def new_finished() -> int:
+        return len([r for r in runs(port, archived=True)
+                    if r["id"] not in first_ids and r["status"] == "finished"])
+
+    wait_for(lambda: new_finished() >= 2, 200, again)  # a round of this demo's own
+    # One database for every start: the first demo's runs are all kept, archived by
+    # this demo's first round, so the list shows one run per example.
+    listed = runs(port)
+    named = [r["name"] for r in listed]
+    assert set(named) <= {"long_lstm", "long_lstm-fixed"} and len(named) == len(set(named))
+    assert first_ids <= {r["id"] for r in runs(port, archived=True)}
+    assert not first_ids & {r["id"] for r in listed}
     again.send_signal(signal.SIGTERM)
     again.communicate(timeout=60)
     assert again.returncode == 0

@@ -9,6 +9,8 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,42 @@ def test_view_token_reads_but_cannot_write(locked, wire):
     assert wire.get(locked, "/")[0] == 401
     assert wire.get(locked, f"/?token={VIEW}")[0] == 200
     assert wire.get_ok(locked, "/api/health")["status"] == "ok"
+
+
+def test_the_dashboards_cookie_reads_but_never_writes(locked, wire):
+    run_id = wire.run_id()
+    wire.send_run(locked, run_id, [[wire.step(0)]], token=INGEST)
+    # Opening the page with ?token= sets the cookie: HttpOnly, SameSite=Strict, per port.
+    status, _, headers = wire.get(locked, f"/?token={VIEW}")
+    assert status == 200
+    cookie = headers["set-cookie"]
+    name = f"gradwatch_token_{locked.port}"
+    assert cookie.startswith(f"{name}={VIEW};"), cookie
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    assert "set-cookie" not in wire.get(locked, "/api/health")[2]
+    assert "set-cookie" not in wire.get(locked, f"/api/runs?token={VIEW}")[2]
+    # It reads REST and /ws/live...
+    jar = {"Cookie": f"{name}={VIEW}"}
+    status, body, _ = wire.get(locked, "/api/runs", headers=jar)
+    assert status == 200 and [r["id"] for r in body] == [run_id]
+    assert wire.get(locked, "/", headers=jar)[0] == 200
+    with connect(f"{locked.url}/ws/live?run={run_id}", additional_headers=jar) as viewer:
+        assert wire.recv(viewer)["type"] == "subscribed"
+    # ...under its own port's name only, and a wrong one reads nothing.
+    assert wire.get(locked, "/api/runs", headers={"Cookie": f"gradwatch_token={VIEW}"})[0] == 401
+    assert wire.get(locked, "/api/runs", headers={"Cookie": f"{name}=guess"})[0] == 401
+    # Even holding the ingest token, a cookie never writes: it rides along by itself.
+    admin = {"Cookie": f"{name}={INGEST}"}
+    with connect(f"{locked.url}/ws/ingest", additional_headers=admin) as ws:
+        error, code, _ = wire.expect_error(ws)
+    assert code == 1008 and error["message"].startswith("expected the ingest token")
+    request = urllib.request.Request(  # noqa: S310
+        f"{locked.http}/api/runs/{run_id}/archived", method="PUT",
+        data=b'{"archived": true}', headers={**admin, "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)  # noqa: S310
+    refused.value.close()
+    assert refused.value.code == 401
 
 
 def test_websocket_from_another_sites_page_is_refused(shared_gradwatch_server, wire):

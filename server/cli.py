@@ -141,6 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
             alert_webhooks=tuple(args.alert_webhook) if args.alert_webhook else None,
             alert_min_severity=args.alert_min_severity,
             public_url=args.public_url,
+            frame_ancestors=tuple(args.frame_ancestor) if args.frame_ancestor else None,
         )
     except ValueError as error:
         print(f"gradwatch serve: {error}", file=sys.stderr)
@@ -239,6 +240,7 @@ def worker_app() -> Any:
     values = json.loads(os.environ[WORKER_SETTINGS])
     values["allowed_hosts"] = tuple(values.get("allowed_hosts") or ())
     values["alert_webhooks"] = tuple(values.get("alert_webhooks") or ())
+    values["frame_ancestors"] = tuple(values.get("frame_ancestors") or ())
     settings = Settings(**values)
     protocol_with_timeout(settings.header_timeout_s)  # this process's protocol class
     return create_app(settings)
@@ -393,6 +395,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="the dashboard's address as people reach it, for links in alerts"
         " (default http://HOST:PORT/)",
+    )
+    serve.add_argument(
+        "--frame-ancestor",
+        action="append",
+        default=None,
+        metavar="ORIGIN",
+        help="a site whose pages may show the dashboard in a frame, e.g. a JupyterHub at"
+        " https://hub.lab.example; 'none' lets no page (repeatable; default"
+        " $GRADWATCH_FRAME_ANCESTORS, else pages on this machine: http://localhost:*,"
+        " http://127.0.0.1:*, http://[::1]:*)",
     )
     serve.set_defaults(handler=_serve)
 

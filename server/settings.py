@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -24,6 +25,31 @@ from pathlib import Path
 from gradwatch.protocol.messages import MAX_MESSAGE_BYTES
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+# Pages that may embed the dashboard in a frame by default: a Jupyter (or any page) on
+# this machine, whatever its port (CSP host-sources; http also matches https). CSP has
+# no syntax for IPv6 addresses (Chromium refuses "http://[::1]:*"): use localhost.
+LOOPBACK_FRAME_ANCESTORS = ("http://localhost:*", "http://127.0.0.1:*")
+_FRAME_ANCESTOR = re.compile(r"https?://(\*\.)?[a-z0-9][a-z0-9.\-]*(:(\d{1,5}|\*))?")
+
+
+def frame_ancestor_problem(origin: str) -> str | None:
+    """Why ``origin`` cannot be a page allowed to frame the dashboard, or None.
+
+    An origin is ``scheme://host[:port]``, as CSP names sources: the port may be ``*``,
+    the host may start with ``*.`` and is a name or an IPv4 address (CSP cannot name
+    IPv6 addresses); ``*`` alone is any page, ``none`` no page at all.
+
+    >>> frame_ancestor_problem("https://hub.lab.example:*") is None
+    True
+    >>> frame_ancestor_problem("https://hub.lab.example/user")[-40:]
+    "8888, got 'https://hub.lab.example/user'"
+    """
+    if origin in ("*", "none") or _FRAME_ANCESTOR.fullmatch(origin.lower()):
+        return None
+    return (
+        "frame ancestor: expected an origin such as https://jupyter.example.org:8888,"
+        f" got {origin[:80]!r}"
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -123,6 +149,9 @@ class Settings:
     # The dashboard's address as people reach it, for links in webhooks (default: the
     # bind address and port).
     public_url: str | None = None
+    # Origins whose pages may show the dashboard in a frame (CSP frame-ancestors),
+    # besides LOOPBACK_FRAME_ANCESTORS; ("none",) lets no page frame it.
+    frame_ancestors: tuple[str, ...] = ()
 
     @property
     def db_kind(self) -> str:
@@ -145,7 +174,8 @@ class Settings:
         (comma separated), _MAX_MESSAGE_BYTES, _LIVE_QUEUE_SIZE, _LIVE_QUEUE_BYTES,
         _SQLITE_SYNCHRONOUS, _HEADER_TIMEOUT_S, _STALE_AFTER_S, _WRITER (process or thread),
         _STALLED_FACTOR, _STALLED_MIN_S, _WRITER_STALL_S, _ALERT_WEBHOOK (URLs, comma or
-        space separated), _ALERT_MIN_SEVERITY, _PUBLIC_URL.
+        space separated), _ALERT_MIN_SEVERITY, _PUBLIC_URL, _FRAME_ANCESTORS (origins,
+        comma or space separated).
         """
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
@@ -193,6 +223,9 @@ class Settings:
             # several URLs: separated by commas or spaces
             urls = env["GRADWATCH_ALERT_WEBHOOK"].replace(",", " ").split()
             values["alert_webhooks"] = tuple(urls)
+        if env.get("GRADWATCH_FRAME_ANCESTORS"):
+            origins = env["GRADWATCH_FRAME_ANCESTORS"].replace(",", " ").split()
+            values["frame_ancestors"] = tuple(origins)
         for name, var in (("alert_min_severity", "GRADWATCH_ALERT_MIN_SEVERITY"),
                           ("public_url", "GRADWATCH_PUBLIC_URL")):
             if env.get(var):
@@ -228,5 +261,14 @@ class Settings:
         for url in self.alert_webhooks:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"alert webhook: expected an http(s):// URL, got {url!r}")
+        for origin in self.frame_ancestors:
+            problem = frame_ancestor_problem(origin)
+            if problem is not None:
+                raise ValueError(problem)
+        if "none" in self.frame_ancestors and len(self.frame_ancestors) > 1:
+            raise ValueError(
+                "frame ancestors: expected 'none' alone (no page may frame the dashboard),"
+                f" got {list(self.frame_ancestors)!r}"
+            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"port: expected 0..65535, got {self.port}")

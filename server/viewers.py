@@ -23,6 +23,7 @@ from gradwatch.protocol.codec import dumps
 
 from .ingest import reject, websocket_problem
 from .live import RUNS_CHANNEL, Viewer
+from .security import ws_subprotocol
 from .state import AppState
 
 
@@ -97,7 +98,7 @@ async def _receive_loop(ws: WebSocket) -> None:
 async def live_endpoint(ws: WebSocket) -> None:
     """The ``/ws/live`` handler."""
     state: AppState = ws.app.state.gradwatch
-    await ws.accept()
+    await ws.accept(subprotocol=ws_subprotocol(ws.headers))
     problem = websocket_problem(ws, state, write=False)
     if problem is not None:
         await reject(ws, m.CLOSE_POLICY, problem)

@@ -2,8 +2,10 @@
 // A shared link carries the view token as ?token= (docs/API.md). The page takes it
 // out of its own address at once (history.replaceState: it stays out of the history,
 // bookmarks and screenshots), keeps it for this tab (sessionStorage) and sends it as
-// `Authorization: Bearer` on REST requests. Websockets cannot carry a header: they
-// carry the HttpOnly cookie the server set when it served the page with ?token=.
+// `Authorization: Bearer` on REST requests. Websockets cannot carry that header: they
+// offer the token as a subprotocol (wsProtocols()) and carry the HttpOnly cookie the
+// server set when it served the page with ?token= (a frame on another site, e.g. a
+// notebook on localhost showing a dashboard on 127.0.0.1, gets no such cookie).
 // No request URL holds the token, so no access log or proxy log sees it.
 
 const TOKEN_KEY = "gradwatch.token";
@@ -105,7 +107,18 @@ export async function send(path, method, body) {
   return answer(path, response);
 }
 
-/** The websocket URL of a server path on this page's origin (the cookie carries the token). */
+/**
+ * The subprotocols a websocket offers: none without a token; with one, "gradwatch"
+ * (the server chooses it) and "gradwatch.token.<base64url of the token>".
+ */
+export function wsProtocols() {
+  if (!pageToken) return [];
+  const bytes = new TextEncoder().encode(pageToken);
+  const b64 = btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_");
+  return ["gradwatch", `gradwatch.token.${b64.replace(/=+$/, "")}`];
+}
+
+/** The websocket URL of a server path on this page's origin (wsProtocols() carries the token). */
 export function wsUrl(path, query = {}) {
   const url = withQuery(new URL(path, window.location.origin), query);
   url.protocol = window.location.protocol === "https:" ? "wss:" : "ws:";

@@ -2,7 +2,7 @@
 // the caller; reconnects with backoff and tells the caller, which refetches history
 // for whatever it missed while the socket was down.
 
-import { wsUrl } from "./api.js";
+import { wsProtocols, wsUrl } from "./api.js";
 import { stats } from "./state.js";
 
 let openSockets = 0;
@@ -35,7 +35,7 @@ export function connect(query, onMessage, { onOpen } = {}) {
   let isOpen = false;
 
   const open = () => {
-    socket = new WebSocket(wsUrl("/ws/live", query));
+    socket = new WebSocket(wsUrl("/ws/live", query), wsProtocols());
     socket.addEventListener("open", () => {
       isOpen = true;
       openSockets += 1;

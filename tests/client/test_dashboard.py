@@ -326,7 +326,7 @@ def test_view_token_leaves_the_address_and_rides_in_a_header_and_a_cookie(
     assert cookie["name"] == f"gradwatch_token_{server.port}" and cookie["value"] == "view-only"
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert w.page.evaluate("() => document.cookie") == ""  # scripts cannot read it
-    # The live socket, authorised by the cookie alone, brings a new step.
+    # The live socket, with no token in its URL, brings a new step.
     trainer.send([step_record(3)])
     scroll_to(w.page, "chart-loss")
     wait_points(w.page, "chart-loss", 4)

@@ -154,10 +154,42 @@ def test_pages_carry_a_content_security_policy(shared_gradwatch_server, wire):
         assert status == 200, path
         csp = headers["content-security-policy"]
         assert "default-src 'self'" in csp and "script-src 'self'" in csp
-        assert "frame-ancestors 'none'" in csp
+        # framed by itself and by pages on this machine (a Jupyter on any port), no other
+        ancestors = csp.split("frame-ancestors ")[1].split(";")[0]
+        assert ancestors.split() == ["'self'", "http://localhost:*", "http://127.0.0.1:*"]
+        assert "x-frame-options" not in {k.lower() for k in headers}  # CSP decides
         assert "unsafe-eval" not in csp
         assert headers["referrer-policy"] == "no-referrer"
         assert headers["x-content-type-options"] == "nosniff"
+
+
+def test_frame_ancestors_are_named_by_flag_or_variable_and_none_denies(gradwatch_server, wire):
+    named = gradwatch_server(args=("--frame-ancestor", "https://hub.lab.example",
+                                   "--frame-ancestor", "https://*.notebooks.example:*"))
+    denied = gradwatch_server(env={"GRADWATCH_FRAME_ANCESTORS": "none"})
+    for server, ancestors, deny in (
+        (named, "'self' http://localhost:* http://127.0.0.1:* https://hub.lab.example"
+                " https://*.notebooks.example:*", False),
+        (denied, "'none'", True),
+    ):
+        for path in ("/", "/api/runs", "/no-such-page"):
+            _, _, headers = wire.get(server, path)
+            lower = {k.lower(): v for k, v in headers.items()}
+            assert lower["content-security-policy"].endswith(f"; frame-ancestors {ancestors}")
+            assert lower.get("x-frame-options") == ("DENY" if deny else None), path
+
+
+@pytest.mark.parametrize("origin", ["https://hub.lab.example/user", "hub.lab.example",
+                                    "http://[::1]:8888", "'self'; script-src *", "none none"])
+def test_serve_refuses_a_frame_ancestor_that_is_not_an_origin(origin, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "gradwatch.server.cli", "serve", "--port", "9",
+         "--db", str(tmp_path / "never.db"), "--frame-ancestor", origin],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "frame ancestor: expected an origin such as" in done.stderr, done.stderr
+    assert not (tmp_path / "never.db").exists()
 
 
 def test_plotly_is_served_from_the_installed_package(shared_gradwatch_server, wire):

@@ -6,6 +6,7 @@ server, so a test that passes cannot be one where everything is refused."""
 
 from __future__ import annotations
 
+import base64
 import json
 from urllib.parse import quote
 
@@ -71,6 +72,36 @@ def test_live_and_rest_refuse_every_near_miss_of_either_token(locked, wire):
             assert wire.recv(viewer)["type"] == "subscribed"
 
 
+def token_protocol(token: str) -> str:
+    """The subprotocol a dashboard websocket offers its token as (client/js/api.js)."""
+    return "gradwatch.token." + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+
+def test_a_token_offered_as_a_subprotocol_reads_live_and_never_writes(locked, wire):
+    run_id = wire.run_id()
+    wire.send_run(locked, run_id, [[wire.step(0)]], token=INGEST)
+    live = f"{locked.url}/ws/live?run={run_id}"
+    refused = [*map(token_protocol, near_misses(VIEW)), "gradwatch.token.", "gradwatch.token.!!"]
+    for offer in refused:
+        with connect(live, subprotocols=["gradwatch", offer], open_timeout=30) as viewer:
+            error, code, _ = wire.expect_error(viewer)
+        assert code == 1008 and "token" in error["message"], (offer, error)
+    for token in (VIEW, INGEST, "\u00e9t\u00e9 / 2=1"):  # any text: base64url of its UTF-8
+        offered = ["gradwatch", token_protocol(token)]
+        with connect(live, subprotocols=offered, open_timeout=30) as viewer:
+            if token in (VIEW, INGEST):
+                assert viewer.subprotocol == "gradwatch"  # chosen: the token is not echoed
+                assert wire.recv(viewer)["type"] == "subscribed"
+            else:
+                assert "got a wrong one" in wire.expect_error(viewer)[0]["message"]
+    # a subprotocol only reads: the ingest token offered that way writes nothing
+    offered = ["gradwatch", token_protocol(INGEST)]
+    with connect(f"{locked.url}/ws/ingest", subprotocols=offered,
+                 open_timeout=30) as trainer:
+        error, code, _ = wire.expect_error(trainer)
+    assert code == 1008 and error["message"].startswith("expected the ingest token"), error
+
+
 def other_origins(server) -> list[str]:
     """Origins on the server's own host that are not the server's origin."""
     port = server.port
@@ -90,14 +121,14 @@ def test_websockets_from_another_port_on_the_same_host_are_refused(shared_gradwa
     run_id = wire.run_id()
     for path in ("/ws/ingest", f"/ws/live?run={run_id}"):
         for origin in other_origins(server):
-            with connect(server.url + path, origin=origin, open_timeout=30) as ws:  # type: ignore[arg-type]
+            with connect(server.url + path, origin=origin, open_timeout=30) as ws:
                 error, code, _ = wire.expect_error(ws)
             assert code == 1008, (path, origin)
             assert error["message"] == (
                 f"Origin: expected http://127.0.0.1:{server.port}, got {origin!r}"
             ), error
         # The server's own origin, on the same endpoint, is accepted.
-        with connect(server.url + path, origin=server.http, open_timeout=30) as ws:  # type: ignore[arg-type]
+        with connect(server.url + path, origin=server.http, open_timeout=30) as ws:
             if path == "/ws/ingest":
                 ws.send(json.dumps(wire.hello(run_id)))
                 ws.send(json.dumps(wire.batch(run_id, 0, [wire.step(0)])))

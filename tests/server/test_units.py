@@ -114,6 +114,19 @@ def test_settings_read_environment_in_one_place_and_flags_win():
         Settings.from_env({"GRADWATCH_SQLITE_SYNCHRONOUS": "OFF"})
 
 
+def test_frame_ancestors_come_from_the_variable_and_are_checked():
+    env = {"GRADWATCH_FRAME_ANCESTORS": "https://hub.lab.example, http://10.0.0.5:8888 *"}
+    assert Settings.from_env(env).frame_ancestors == (
+        "https://hub.lab.example", "http://10.0.0.5:8888", "*")
+    assert Settings.from_env(env, frame_ancestors=("none",)).frame_ancestors == ("none",)
+    assert Settings.from_env({}).frame_ancestors == ()  # the loopback defaults are added later
+    with pytest.raises(ValueError, match="expected 'none' alone"):
+        Settings.from_env({"GRADWATCH_FRAME_ANCESTORS": "none https://hub.lab.example"})
+    for bad in ("https://hub.lab.example/", "ftp://hub", "https://h;", "https://h:99999x"):
+        with pytest.raises(ValueError, match=f"expected an origin .*got {bad!r}"):
+            Settings.from_env({}, frame_ancestors=(bad,))
+
+
 def test_store_commits_many_batches_together_and_dedups_within_a_group(gradwatch_db):
     store = open_store(Settings(db=gradwatch_db))
     try:

@@ -43,12 +43,11 @@ from gradwatch.trainer_hooks.monitor import Monitor
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 #: what a healthy model may say because it is true of it: the tutorial seq2seq does loop
-#: over target tokens in its decoder (one alert, raised once, never cleared); the
-#: fixed rotation_lstm (Adam, no clipping, losses ~100) has real episodes where the
-#: total norm jumps from ~0.5 to 95-190 for several steps (seed 1, from step 175)
+#: over target tokens in its decoder (one alert, raised once, never cleared). (The fixed
+#: rotation_lstm's total norm jumps from ~0.5 to 95-190 for several steps around step
+#: 176; Adam absorbs it and the loss stays in its band: no exploding, nothing allowed.)
 EXPECTED: dict[str, set[tuple[str, str]]] = {
     "seq2seq_bahdanau": {("hotspot", "decoder")},
-    "rotation_lstm-fixed": {("exploding", "total_norm")},
 }
 
 #: example -> (the alert code its bug variant must raise, its subject)

@@ -85,8 +85,6 @@ def problem_cards(alerts: list[dict[str, Any]]) -> list[Card]:
     open before cleared, then by severity, then by the step of the first record."""
     by_key: dict[tuple[int, str], dict[tuple[str, str], Member]] = {}
     for alert in alerts:
-        if not isinstance(alert, dict):
-            continue
         rank = alert.get("rank", 0)
         rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else 0
         members = by_key.setdefault((rank, problem_of(alert)), {})

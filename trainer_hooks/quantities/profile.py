@@ -241,7 +241,11 @@ class ModuleProfile(Quantity):
         if _compiling():
             return
         if self.capturing and torch.is_grad_enabled() and not _in_backward():
-            self._note_inputs(module, args)
+            try:
+                self._note_inputs(module, args)
+            except Exception:  # an odd tensor type: claim nothing, never fail the forward
+                self._first[id(module)] = ([], ())
+                self._same[id(module)] = set()
             self._started_f.setdefault(id(module), []).append(self.now())
 
     def _note_inputs(self, module: nn.Module, args: Any) -> None:

@@ -104,21 +104,17 @@ def test_a_non_finite_loss_after_a_spike_is_harm_and_the_alert_holds_while_wreck
     assert states == [("exploding", "raised", 11), ("exploding", "cleared", 51)]
 
 
-def test_without_a_loss_a_spike_must_be_sustained() -> None:
+@pytest.mark.parametrize("every", [1, 10])
+def test_without_a_loss_a_spike_must_be_sustained(every: int) -> None:
+    # recorded steps `every` apart (watch(every=10)): sustained counts recorded steps
     engine = DiagnosisEngine()
-    for n, v in enumerate(NORMS):
-        assert engine.observe(step(n, total_norm=v)) == []
-    # one spike, then back: nothing to show harm, and not sustained
-    assert [engine.observe(step(n, total_norm=v)) for n, v in enumerate([400.0, 1.0], 10)] == [
-        [],
-        [],
-    ]
-    for n in range(12, 20):
-        assert engine.observe(step(n, total_norm=1.0)) == []
+    norms = NORMS + [400.0, 1.0] + [1.0] * 8 + [500.0, 900.0]
+    for n, v in enumerate(norms):
+        # one spike then back (steps 10-11): nothing shows harm, and it did not hold
+        assert engine.observe(step(every * n, total_norm=v)) == [], n
     # three recorded steps in a row at 50x the median before: raised on the third
-    assert engine.observe(step(20, total_norm=500.0)) == []
-    assert engine.observe(step(21, total_norm=900.0)) == []
-    (alert,) = engine.observe(step(22, total_norm=800.0))
+    (alert,) = engine.observe(step(every * len(norms), total_norm=800.0))
+    assert alert["step"] == every * 22
     assert alert["evidence"]["sustained_steps"] == 3 and "no loss" in alert["message"]
 
 

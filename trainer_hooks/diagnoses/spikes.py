@@ -17,7 +17,8 @@ So a spike is only the suspicion; the alert needs evidence that the update did h
   the highest). The loss of the spike's own step was computed before the update and
   is no evidence. A run that records no loss cannot show harm that way: there the
   spike must be sustained instead, ``raise_after`` (3) recorded steps in a row at
-  ``exploding_step_ratio`` times the median before it.
+  ``exploding_step_ratio`` times the median before it (recorded steps, however far
+  apart ``every=`` puts them).
 
 Once raised the alert holds while the loss stays out of that band or the norm stays
 at the spike ratio against the median before the spike (both frozen at the spike,
@@ -114,7 +115,13 @@ class SpikeJudge:
         if ep.harm is None and ep.band is None and ep.held >= int(self.config["raise_after"]):
             ep.harm = {"sustained_steps": ep.held}  # no loss to show harm: sustained instead
         if ep.harm is None:
-            if step - ep.step > int(self.config["exploding_harm_steps"]):
+            # with a loss: it had exploding_harm_steps steps to show harm (the loss comes
+            # with every step, recorded or light); without: the spike stopped holding
+            if ep.band is None:
+                over = total is not None and ep.held == 0
+            else:
+                over = step - ep.step > int(self.config["exploding_harm_steps"])
+            if over:
                 self.episode = None  # the run shrugged it off
                 return None
             return ep

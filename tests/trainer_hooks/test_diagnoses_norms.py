@@ -92,7 +92,8 @@ def test_a_non_finite_loss_after_a_spike_is_harm_and_the_alert_holds_while_wreck
     for n, (v, loss) in enumerate(zip(NORMS, LOSSES, strict=True)):
         alerts += engine.observe(step(n, total_norm=v, loss=loss))
     alerts += engine.observe(step(10, total_norm=400.0, loss=1.6))
-    alerts += engine.observe(step(11, total_norm=5e4, loss=9e5))
+    alerts += engine.observe(step(11, total_norm=5e4, loss="NaN"))
+    assert "the loss went nan at step 11" in alerts[-1]["message"]
     # the run stays wrecked for 30 steps: the norms fill the window, and the band and
     # median frozen at the spike keep the alert raised (no clear, no second raise)
     for n in range(12, 42):

@@ -148,14 +148,17 @@ class ExplodingDetector(Detector):
             f"total gradient norm {fmt(ep.total)} at step {ep.step} is {fmt(ep.total / ep.base)}x "
             f"the median of the {ep.window} recorded steps before it ({fmt(ep.base)}), "
         )
-        if "loss" in harm and ep.band is not None:
+        if isinstance(harm.get("loss"), str):  # "nan", "inf": non-finite
             message += (
-                f"and the update wrecked training: the loss reached {harm['loss']} at step "
-                f"{harm['loss_step']}, above its band before the spike "
+                f"and the update wrecked training: the loss went {harm['loss']} at step "
+                f"{harm['loss_step']}"
+            )
+        elif "loss" in harm and ep.band is not None:
+            message += (
+                f"and the update wrecked training: the loss reached {fmt(harm['loss'])} at "
+                f"step {harm['loss_step']}, above its band before the spike "
                 f"({fmt(ep.band[0])} to {fmt(ep.band[1])})"
             )
-        elif "loss" in harm:
-            message += f"and the loss went {harm['loss']} at step {harm['loss_step']}"
         else:
             message += (
                 f"for {harm.get('sustained_steps', ep.held)} recorded steps in a row "

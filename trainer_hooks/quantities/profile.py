@@ -191,6 +191,7 @@ class ModuleProfile(Quantity):
         self._same: dict[int, set[int]] = {}
         self._arg_names: dict[int, list[str]] = {}
         self._ancestors: dict[int, list[int]] = {}  # nearest first, the model last
+        self._params: dict[int, tuple[nn.Parameter, ...]] = {}  # each module's own
         #: per module, this step: {argument index: "ancestor:argument"} of the tensors
         #: its first call got from the first call of an enclosing module
         self._from: dict[int, dict[int, str]] = {}
@@ -203,6 +204,7 @@ class ModuleProfile(Quantity):
         for name, module in model.named_modules():
             self._names[id(module)] = name or type(module).__name__
             self._modules[id(module)] = module
+            self._params[id(module)] = tuple(module.parameters(recurse=False))
             parts = name.split(".") if name else []
             self._ancestors[id(module)] = [
                 keys[".".join(parts[:cut])]
@@ -251,36 +253,36 @@ class ModuleProfile(Quantity):
     def _note_inputs(self, module: nn.Module, args: Any) -> None:
         # Host-side only: object identity, version counter, shape (no device work).
         key = id(module)
-        versions = tuple(p._version for p in module.parameters(recurse=False))
         first = self._first.get(key)
-        if first is None:
-            tensors = [
-                (i, id(a), a._version, a.shape)
-                for i, a in enumerate(args)
-                if isinstance(a, torch.Tensor)
-            ]
-            # a weak reference tells the same object from a new one that reuses a freed
-            # one's id (a view made and dropped per call), without keeping it alive
-            self._refs[key] = [weakref.ref(args[i]) for i, _, _, _ in tensors]
-            self._first[key] = (tensors, versions)
-            self._same[key] = {i for i, _, _, _ in tensors}
-            if tensors:
-                self._from[key] = self._passed_in_by(key, tensors)
+        if first is not None:
+            same = self._same[key]
+            if not same:  # the usual case after a loop's second call: nothing to check
+                return
+            if any(p._version != v for p, v in zip(self._params[key], first[1], strict=True)):
+                same.clear()  # its weights changed between calls: not the same work
+                return
+            refs = self._refs[key]
+            for n, (i, _, version, size) in enumerate(first[0]):
+                if i in same and not (
+                    i < len(args)
+                    and args[i] is refs[n]()
+                    and args[i]._version == version
+                    and args[i].shape == size
+                ):
+                    same.discard(i)
             return
-        same = self._same[key]
-        if not same:
-            return
-        if versions != first[1]:  # its weights changed between calls: not the same work
-            same.clear()
-            return
-        for (i, _, version, size), ref in zip(first[0], self._refs[key], strict=True):
-            if i in same and not (
-                i < len(args)
-                and args[i] is ref()
-                and args[i]._version == version
-                and args[i].shape == size
-            ):
-                same.discard(i)
+        tensors = [
+            (i, id(a), a._version, a.shape)
+            for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor)
+        ]
+        # a weak reference tells the same object from a new one that reuses a freed one's
+        # id (a view made and dropped per call), without keeping it alive
+        self._refs[key] = [weakref.ref(args[i]) for i, _, _, _ in tensors]
+        self._first[key] = (tensors, tuple(p._version for p in self._params[key]))
+        self._same[key] = {i for i, _, _, _ in tensors}
+        if tensors:
+            self._from[key] = self._passed_in_by(key, tensors)
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if _compiling():

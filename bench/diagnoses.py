@@ -9,9 +9,11 @@ profiled modules, graph size, memory) and on a light step (timing only), and
 
 With ``--alarms`` it measures what the diagnoses say instead (bench/diagnosis_runs.py):
 per diagnosis, false alarms (alerts raised that are not true of the model) per 1,000
-healthy steps, over the fixed twin of every example and four tutorial-style models,
-each trained ``--steps`` (500) steps under seeded step-time jitter (±50%); and, per
-bug variant, the step at which its diagnosis is raised (also under jitter).
+healthy steps, over the fixed twin of every example, four tutorial-style models and
+a ReLU RNN under Adam that meets a long batch every 50 steps, each trained
+``--steps`` (500) steps under seeded step-time jitter (±50%); and, per bug variant
+(the examples' and that RNN under plain SGD), the step at which its diagnosis is
+raised (also under jitter).
 
 Run:
     .venv/bin/python bench/diagnoses.py [--rounds 7] [--records 2000]
@@ -140,6 +142,14 @@ def alarms(steps: int, seeds: int) -> None:
     print("| --- | --- | ---: |")
     for name, (code, subject) in sorted(runs.BUGS.items()):
         alerts, _ = runs.run_example(name, "--steps", "10", seed=3)
+        raised = [
+            a["step"]
+            for a in alerts
+            if (a["code"], a["subject"], a["state"]) == (code, subject, "raised")
+        ]
+        print(f"| {name} | `{code}` on `{subject}` | {raised[0] if raised else 'not in 10'} |")
+    for name, (code, subject) in sorted(runs.MODEL_BUGS.items()):
+        alerts, _ = runs.run_model(name, steps=10, seed=3)
         raised = [
             a["step"]
             for a in alerts

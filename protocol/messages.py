@@ -148,6 +148,7 @@ class StepRecord(TypedDict, total=False):
     cuda_reserved_bytes: int
     overhead: float
     profile: dict[str, dict[str, float]]
+    same_input: dict[str, dict[str, Any]]
 
 
 class EpochRecord(TypedDict, total=False):

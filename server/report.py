@@ -2,8 +2,10 @@
 
 The file carries Plotly.js inline and the run's data as JSON, so it opens anywhere
 with no server and no network: attach it to a message after a demo. It shows the
-dashboard's charts (server/report_charts.py mirrors client/js) and every alert with
-its evidence and fix. Everything from the trainer is escaped: names are text.
+dashboard's charts (server/report_charts.py mirrors client/js) and one card per
+problem, with the modules it involves, its evidence and its fix
+(server/report_alerts.py, the dashboard's grouping). Everything from the trainer is
+escaped: names are text.
 
 Example:
     $ gradwatch report rotation-lstm -o run.html --db gradwatch.db
@@ -23,6 +25,7 @@ from typing import Any
 
 from gradwatch.protocol.names import visible
 
+from .report_alerts import alerts_html, problem_cards
 from .report_charts import heatmap_figure, line_figures, number, profile_figure
 from .settings import Settings
 from .store import RunNotFound, Store, open_store
@@ -45,8 +48,6 @@ TITLES = {
               "(right, dotted)."),
     "modules": ("Time per module", "Forward and backward time per step."),
 }  # fmt: skip
-_ALERT_PANEL = {"vanishing": "heatmap", "exploding": "heatmap", "nonfinite": "norms",
-                "graph_growth": "graph", "slowdown": "time", "hotspot": "modules"}  # fmt: skip
 
 # Draws the figures embedded as JSON; no data is ever interpolated into this script.
 _RENDER_JS = """
@@ -84,56 +85,6 @@ def resolve_run(store: Store, ref: str) -> dict[str, Any]:
         return max(named, key=lambda r: r["started"] or 0)
     known = ", ".join(repr(r["name"]) for r in runs[:10]) or "none"
     raise ReportError(f"expected a run id or name in the database, got {ref!r} (runs: {known})")
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, list):
-        shown = ", ".join(_fmt(v) for v in value[:8])
-        return f"[{shown}, … {len(value)} values]" if len(value) > 8 else f"[{shown}]"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}: {_fmt(v)}" for k, v in list(value.items())[:8])
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
-
-
-def _alerts_html(alerts: list[dict[str, Any]], heatmap_ids: dict[str, str]) -> str:
-    latest: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any]]] = {}
-    for a in alerts:
-        key = (a.get("rank", 0), a.get("code"), a.get("subject"))
-        first = latest[key][0] if key in latest else a
-        latest[key] = (first, a)
-    if not latest:
-        return '<p class="empty">No alerts: no diagnosis fired for this run.</p>'
-    items = []
-    for first, a in latest.values():
-        severity = str(a.get("severity"))
-        if severity not in ("error", "warning", "info"):
-            severity = "info"
-        cleared = a.get("state") == "cleared"
-        panel = _ALERT_PANEL.get(str(a.get("code")), "norms")
-        target = f"panel-{panel}"
-        if panel == "heatmap":
-            target = heatmap_ids.get(str(a.get("subject")), "panel-profile")
-        raw = a.get("evidence")
-        evidence: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        rows = "".join(
-            f"<div><dt>{escape(str(k))}</dt><dd>{escape(_fmt(v))}</dd></div>"
-            for k, v in evidence.items()
-        )
-        items.append(
-            f'<article class="alert {severity}{" cleared" if cleared else ""}">'
-            f'<div class="head"><span class="badge {"cleared" if cleared else severity}">'
-            f'{"cleared" if cleared else severity}</span>'
-            f'<span class="code">{escape(str(a.get("code")))}</span>'
-            f'<span class="mono">{escape(str(a.get("subject") or ""))}</span>'
-            f'<a href="#{target}">at step {escape(str(first.get("step")))} →</a></div>'
-            f'<p class="message">{escape(str(a.get("message", "")))}</p>'
-            + (f'<p class="fix">{escape(str(a["hint"]))}</p>' if a.get("hint") else "")
-            + (f"<dl>{rows}</dl>" if rows else "")
-            + "</article>"
-        )
-    return '<div class="alerts">' + "".join(items) + "</div>"
 
 
 def _panel(panel_id: str, title: str, caption: str, tall: bool = False) -> str:
@@ -192,10 +143,12 @@ def render_report(store: Store, ref: str, rank: int = 0) -> str:
     # "</script>" inside JSON would end the block; \u003c keeps the JSON identical.
     data = data.replace("<", "\\u003c")
     name = str(summary["name"])
+    # problems (the cards below), not records, as the runs list and the dashboard count
+    problems = len(problem_cards(alerts))
     status = summary.get("end_status") or "not ended"
     last = summary.get("last_step")
     facts = [f"run {run_id}", f"status {status}", f"ranks {', '.join(map(str, summary['ranks']))}",
-             f"last step {last}", f"{summary['alerts']} alerts", f"host {summary['host']}",
+             f"last step {last}", f"{problems} alerts", f"host {summary['host']}",
              "report written " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]  # fmt: skip
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -206,7 +159,7 @@ def render_report(store: Store, ref: str, rank: int = 0) -> str:
 <body><header class="topbar"><span class="brand">gradwatch report</span></header>
 <main><h1 id="run-name">{escape(name)}</h1><p class="sub">{escape(" · ".join(facts))}</p>
 <section class="panel" id="panel-alerts"><header><h2>Alerts</h2></header>
-{_alerts_html(alerts, heatmap_ids)}</section>
+{alerts_html(alerts, heatmap_ids)}</section>
 <div class="grid">{"".join(heat_panels)}{profile_panel}</div>
 <div class="grid">{"".join(line_panels)}</div></main>
 <script type="application/json" id="gradwatch-figures">{data}</script>

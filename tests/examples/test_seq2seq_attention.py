@@ -8,7 +8,9 @@ import pytest
 
 
 def test_seq2seq_bug_raises_hotspot_on_the_decoder_with_its_calls(run_example: Any) -> None:
-    summary, steps, alerts = run_example("seq2seq_attention", "--steps", "3", "--compare", "1")
+    # 6 steps: raised once it held 3 in a row, and on a loaded machine the first
+    # (warm-up) step's share can fall just under hotspot_share (0.38-0.42 at load 12)
+    summary, steps, alerts = run_example("seq2seq_attention", "--steps", "6", "--compare", "1")
     assert steps[0]["profile"]["decoder"]["calls"] == 20
     raised = [a for a in alerts if a["state"] == "raised"]
     assert [(a["code"], a["subject"]) for a in raised] == [("hotspot", "decoder")]

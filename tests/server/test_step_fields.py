@@ -1,4 +1,5 @@
-"""The optional step fields `backward_passes` and `timestep_layout` (docs/PROTOCOL.md)."""
+"""The optional step fields `backward_passes`, `timestep_layout` and `same_input`
+(docs/PROTOCOL.md)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def batch(**fields: object) -> str:
         {"backward_passes": 20},
         {"timestep_layout": {"encoder.cell": "chain", "tree.cell": "tree"}},
         {"backward_passes": 3, "timestep_layout": {}},
+        # profile=True's same_input (a newer trainer's field): kept as it came
+        {"same_input": {"decoder.attention.Ua": {"args": ["input"], "of": 1, "calls": 10,
+                                                 "from": {"input": "decoder.attention:keys"}}}},
     ],
 )
 def test_valid_values_are_taken_as_sent(fields: dict[str, object]) -> None:

@@ -99,8 +99,24 @@ def test_hotspot_names_the_module_that_holds_the_loop_and_never_flaps_between_ch
     rng = random.Random(5)
     engine = DiagnosisEngine()
     alerts = []
+    # what the profiler measures in the tutorial's decoder (test_profile_same_input.py)
+    same = {
+        "decoder.attention": {
+            "args": ["keys"],
+            "of": 2,
+            "calls": 10,
+            "from": {"keys": "decoder:keys"},
+        },
+        "decoder.attention.Ua": {
+            "args": ["input"],
+            "of": 1,
+            "calls": 10,
+            "from": {"input": "decoder.attention:keys"},
+        },
+    }
     for n in range(40):
-        alerts += engine.observe(step(n, 0.12 * rng.uniform(0.5, 1.5), tutorial(rng)))
+        record = step(n, 0.12 * rng.uniform(0.5, 1.5), tutorial(rng))
+        alerts += engine.observe({**record, "same_input": same})
     assert [(a["state"], a["subject"]) for a in alerts if a["state"] != "updated"] == [
         ("raised", "decoder")
     ]
@@ -115,6 +131,19 @@ def test_hotspot_names_the_module_that_holds_the_loop_and_never_flaps_between_ch
     assert "Ua(keys)" in hint and "decoder.attention" in hint
     assert hint.index("Ua(keys)") < hint.index("the loop itself must stay")
     assert "only when no step depends on the previous one" in hint
+    assert alert["evidence"]["hoist"]["module"] == "decoder.attention.Ua"
+
+
+def test_hotspot_names_nothing_to_hoist_without_a_measured_same_input() -> None:
+    # the same profile with a child called "attention" and one called "Ua": names are no
+    # evidence; without the profiler's same_input the fix guesses nothing
+    import random
+
+    engine = DiagnosisEngine({"raise_after": 1})
+    (alert,) = engine.observe(step(0, 0.12, tutorial(random.Random(5))))
+    assert "hoist" not in alert["evidence"]
+    assert "Ua" not in alert["hint"] and "keys" not in alert["hint"]
+    assert alert["hint"].startswith("The loop in decoder runs 10 times per step. Batch what")
 
 
 def test_hotspot_is_not_raised_by_one_step_and_clears_only_after_sustained_absence() -> None:

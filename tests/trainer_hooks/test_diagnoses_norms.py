@@ -48,23 +48,83 @@ def test_exploding_is_silent_with_recurrent_gain_one() -> None:
     )
 
 
-def test_exploding_over_steps_suggests_a_clip_value_from_recent_norms() -> None:
+NORMS = [1.0, 1.2, 0.9, 1.1, 1.3, 1.0, 0.8, 1.4, 1.2, 1.1]
+LOSSES = [2.0, 1.9, 2.1, 1.8, 1.7, 1.9, 1.6, 1.8, 1.5, 1.7]
+
+
+def test_exploding_over_steps_is_raised_when_the_spiked_update_wrecks_the_loss() -> None:
+    engine = DiagnosisEngine()
+    for n, (v, loss) in enumerate(zip(NORMS, LOSSES, strict=True)):
+        assert engine.observe(step(n, total_norm=v, loss=loss)) == []
+    # the spike: its own loss was computed before the update, so no evidence yet
+    assert engine.observe(step(10, total_norm=400.0, loss=1.6)) == []
+    (alert,) = engine.observe(step(11, total_norm=3000.0, loss=250.0))
+    assert (alert["code"], alert["subject"], alert["step"]) == ("exploding", "total_norm", 11)
+    ev = alert["evidence"]
+    assert (ev["spike_step"], ev["loss_step"], ev["loss_band"]) == (10, 11, [1.5, 2.1])
+    assert ev["loss_ceiling"] == pytest.approx(2.1 + 2.1)  # above twice the highest
+    # the clip comes from the steps before the spike, not from the exploded ones
+    expected_clip = sorted(NORMS)[8] + 0.1 * (sorted(NORMS)[9] - sorted(NORMS)[8])  # 90th pct
+    assert ev["clip"] == pytest.approx(expected_clip, rel=1e-2)
+    assert f"max_norm={ev['clip']:.3g}" in alert["hint"]
+    assert "400" in alert["message"] and "250" in alert["message"]
+
+
+@pytest.mark.parametrize("after", [[1.7, 1.9, 1.8, 2.0, 1.6, 1.7, 1.8], [3.9] * 7])
+def test_a_spike_whose_loss_stays_in_its_band_is_not_exploding(after: list[float]) -> None:
+    # Adam moves each weight by about lr whatever the gradient: the run absorbs it;
+    # a loss that rises but stays under twice its recent highest is no wreck either
     engine = DiagnosisEngine({"raise_after": 1})
-    norms = [1.0, 1.2, 0.9, 1.1, 1.3, 1.0, 0.8, 1.4, 1.2, 1.1]
+    records = [
+        step(n, total_norm=v, loss=loss)
+        for n, (v, loss) in enumerate(zip(NORMS, LOSSES, strict=True))
+    ]
+    records += [step(10, total_norm=400.0, loss=1.6), step(11, total_norm=150.0, loss=after[0])]
+    records += [step(12 + k, total_norm=1.0, loss=loss) for k, loss in enumerate(after[1:])]
+    # and once the harm window (5 steps) has passed, a late bad loss is not blamed on it
+    records += [step(19, total_norm=1.0, loss=500.0)]
+    assert [a for r in records for a in engine.observe(r)] == []
+
+
+def test_a_non_finite_loss_after_a_spike_is_harm_and_the_alert_holds_while_wrecked() -> None:
+    engine = DiagnosisEngine({"update_every": 1000})
+    alerts = []
+    for n, (v, loss) in enumerate(zip(NORMS, LOSSES, strict=True)):
+        alerts += engine.observe(step(n, total_norm=v, loss=loss))
+    alerts += engine.observe(step(10, total_norm=400.0, loss=1.6))
+    alerts += engine.observe(step(11, total_norm=5e4, loss="NaN"))
+    (wrecked,) = [a for a in alerts if a["code"] == "exploding"]  # and nonfinite on the loss
+    assert "the loss went nan at step 11" in wrecked["message"]
+    # the run stays wrecked for 30 steps: the norms fill the window, and the band and
+    # median frozen at the spike keep the alert raised (no clear, no second raise)
+    for n in range(12, 42):
+        alerts += engine.observe(step(n, total_norm=5e4 * n, loss=1e6 * n))
+    # recovered: cleared after clear_after (10) recorded steps
+    for n in range(42, 60):
+        alerts += engine.observe(step(n, total_norm=1.0, loss=1.8))
+    states = [(a["code"], a["state"], a["step"]) for a in alerts if a["code"] == "exploding"]
+    assert states == [("exploding", "raised", 11), ("exploding", "cleared", 51)]
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_without_a_loss_a_spike_must_be_sustained(every: int) -> None:
+    # recorded steps `every` apart (watch(every=10)): sustained counts recorded steps
+    engine = DiagnosisEngine()
+    norms = NORMS + [400.0, 1.0] + [1.0] * 8 + [500.0, 900.0]
     for n, v in enumerate(norms):
-        assert engine.observe(step(n, total_norm=v)) == []
-    (alert,) = engine.observe(step(10, total_norm=400.0))
-    assert (alert["code"], alert["subject"]) == ("exploding", "total_norm")
-    expected_clip = sorted(norms)[8] + 0.1 * (sorted(norms)[9] - sorted(norms)[8])  # 90th pct
-    assert alert["evidence"]["clip"] == pytest.approx(expected_clip, rel=1e-2)
-    assert f"max_norm={alert['evidence']['clip']:.3g}" in alert["hint"]
-    assert "400" in alert["message"]
+        # one spike then back (steps 10-11): nothing shows harm, and it did not hold
+        assert engine.observe(step(every * n, total_norm=v)) == [], n
+    # three recorded steps in a row at 50x the median before: raised on the third
+    (alert,) = engine.observe(step(every * len(norms), total_norm=800.0))
+    assert alert["step"] == every * 22
+    assert alert["evidence"]["sustained_steps"] == 3 and "no loss" in alert["message"]
 
 
 def test_exploding_waits_for_history_before_judging_steps() -> None:
     engine = DiagnosisEngine({"raise_after": 1})
-    assert engine.observe(step(0, total_norm=1.0)) == []
-    assert engine.observe(step(1, total_norm=1e6)) == []  # one earlier value is no baseline
+    assert engine.observe(step(0, total_norm=1.0, loss=1.0)) == []
+    assert engine.observe(step(1, total_norm=1e6, loss=1.0)) == []  # one value is no baseline
+    assert engine.observe(step(2, total_norm=1e6, loss=1e9)) == []
 
 
 def test_nonfinite_names_the_first_parameter_module_and_timestep() -> None:

@@ -1,13 +1,16 @@
 """The false-alarm suite: healthy models under step-time jitter say nothing; bugs are named.
 
-Healthy: the fixed twin of every example and four models written the way public
-tutorials write them (bench/diagnosis_runs.py), each trained for 500 steps while
+Healthy: the fixed twin of every example, four models written the way public
+tutorials write them, and a ReLU RNN under Adam that meets a long batch (a gradient
+spike ~1e4x its median) every 50 steps and trains on (bench/diagnosis_runs.py), each
+trained for 500 steps while
 ``jittered`` sleeps a seeded U(0, 1) x each step's own work before ``monitor.step``
 (step times ±50% around their mean, as on a loaded machine). Nothing may be raised
 but what is true of the model (the tutorial seq2seq's decoder does loop over target
 tokens: one ``hotspot``, raised once, never cleared). Bug variants, under the same
-jitter, must still be named within 10 steps. bench/diagnoses.py --alarms reports the
-same runs as rates (BENCHMARKS.md).
+jitter, must still be named within 10 steps: the examples', and the same RNN under
+plain SGD, which its first long batch wrecks (``exploding``). bench/diagnoses.py
+--alarms reports the same runs as rates (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def assert_jittered(durations: list[float]) -> None:
     assert deciles[-1] / deciles[0] > 1.3
 
 
-FAST = ["lstmcell_decoder", "seq2seq_bahdanau"]
+FAST = ["lstmcell_decoder", "seq2seq_bahdanau", "rnn_long_batches"]
 SLOW = ["gru_lm", "lbfgs_lstmcell"]
 
 
@@ -84,6 +87,18 @@ def test_example_healthy_twins_under_jitter_raise_nothing_over_500_steps(name: s
 def test_example_bug_variants_under_jitter_are_named_within_10_steps(name: str) -> None:
     alerts, _ = runs.run_example(name, "--steps", "10", seed=3)
     code, subject = runs.BUGS[name]
+    raised = [
+        a["step"]
+        for a in alerts
+        if (a["code"], a["subject"], a["state"]) == (code, subject, "raised")
+    ]
+    assert raised and raised[0] < 10, [(a["code"], a["subject"], a["step"]) for a in alerts]
+
+
+@pytest.mark.parametrize("name", sorted(runs.MODEL_BUGS))
+def test_model_bug_variants_under_jitter_are_named_within_10_steps(name: str) -> None:
+    alerts, _ = runs.run_model(name, steps=10, seed=3)
+    code, subject = runs.MODEL_BUGS[name]
     raised = [
         a["step"]
         for a in alerts

@@ -5,38 +5,42 @@ Two conditions, two kinds of subject:
 - through time (subject: the recurrent module): the earliest quarter of the
   per-timestep series is, in log-mean, ``exploding_time_ratio`` (1e3) times the
   latest quarter: the gradient grows as it flows back.
-- over steps (subject ``total_norm``): this step's total gradient norm is
-  ``exploding_step_ratio`` (50) times the median of the last ``exploding_window``
-  (50) recorded steps, and larger than any total norm earlier in the run (a bump
-  no larger than the run's first steps took wrecks no update).
+- over steps (subject ``total_norm``): a spike of the total gradient norm
+  (``exploding_step_ratio``, 50, times the median of the last ``exploding_window``,
+  50, recorded steps, and larger than any earlier in the run) that wrecked the update
+  it fed: the loss goes non-finite or leaves its band within ``exploding_harm_steps``
+  (5) steps (``spikes.SpikeJudge``). A spike the optimizer absorbs (Adam moves each
+  weight by about the learning rate whatever the gradient's size) is no alert.
 
 Magnitude, not ratios: neither condition judges gradients at the noise floor
 (``timeseries.Floor``: 0, below ``gradient_floor_abs``, or below ``gradient_floor``
 of their own peak in the run), where 4e-26 over 4e-40 is a huge ratio of nothing;
 ``no_gradient`` says that plainly instead. Through time is judged only where the
-module's calls form a chain (``timestep_layout``). A spike over steps is an event
-against the run's own history and is raised at once.
+module's calls form a chain (``timestep_layout``). Over steps it is raised on the
+first record that shows the harm (an event, not a matter of noise).
 
 The suggested clip value is the ``exploding_clip_quantile`` (0.9) quantile of the
 recent finite total norms: it leaves ordinary steps alone and caps the spikes.
 
 Example:
-    >>> d = ExplodingDetector({"exploding_time_ratio": 1e3, "exploding_step_ratio": 50.0,
-    ...     "exploding_window": 50, "exploding_min_history": 5, "exploding_clip_quantile": 0.9})
+    >>> from gradwatch.trainer_hooks.diagnoses.thresholds import resolve
+    >>> d = ExplodingDetector(resolve(None))
     >>> for s in range(5):
-    ...     _ = d.observe({"kind": "step", "step": s, "total_norm": 1.0 + s / 10})
-    >>> d.observe({"kind": "step", "step": 5, "total_norm": 900.0})["total_norm"].evidence["clip"]
+    ...     _ = d.observe({"kind": "step", "step": s, "total_norm": 1.0 + s / 10, "loss": 2.0})
+    >>> d.observe({"kind": "step", "step": 5, "total_norm": 900.0, "loss": 2.0})["total_norm"]
+    >>> wrecked = d.observe({"kind": "step", "step": 6, "total_norm": 1e4, "loss": 5e3})
+    >>> wrecked["total_norm"].evidence["clip"]  # from the norms before the spike
     1.36
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Detector, Finding, Verdicts, as_float, fmt, median, quantile, sig, step_of
+from .base import Detector, Finding, Verdicts, as_float, fmt, quantile, sig, step_of
+from .spikes import Episode, SpikeJudge
 from .timeseries import Floor, finite_positive, is_chain, pick_series
 
 
@@ -45,9 +49,8 @@ class ExplodingDetector(Detector):
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
-        self._norms: deque[float] = deque(maxlen=int(config["exploding_window"]))
         self._floor = Floor(config)
-        self._peak = 0.0  # the largest total norm of the run so far
+        self._spikes = SpikeJudge(config)
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         if record.get("kind") != "step":
@@ -64,20 +67,27 @@ class ExplodingDetector(Detector):
                     continue
                 verdicts[module] = self._through_time(module, *picked)
         total = as_float(record.get("total_norm"))
-        if total is not None and math.isfinite(total):
-            if self._floor.at_floor("", total):
-                verdicts["total_norm"] = None
-            else:
-                verdicts["total_norm"] = self._over_steps(total, step_of(record))
-            self._norms.append(total)
-            self._peak = max(self._peak, total)
+        heavy = total is not None and math.isfinite(total)
+        if heavy and self._floor.at_floor("", total):  # type: ignore[arg-type]
+            total = None  # at the noise floor: judged, no spike to speak of
+        step = step_of(record)
+        episode = self._spikes.observe(step, total if heavy else None, as_float(record.get("loss")))
+        if episode is not None and episode.harm is not None and (episode.fresh or heavy):
+            verdicts["total_norm"] = (
+                self._over_steps(episode, step) if episode.fresh or episode.misses == 0 else None
+            )
+        elif heavy:
+            verdicts["total_norm"] = None  # judged: no spike, or one the run absorbed
         return verdicts
 
     def clip(self) -> float | None:
         """The clip value suggested by the recent total norms (None before any)."""
-        if not self._norms:
+        episode = self._spikes.episode
+        # during a spike, the window before it: exploded norms are no guide to a clip
+        norms = episode.before if episode is not None else list(self._spikes.norms)
+        if not norms:
             return None
-        return sig(quantile(list(self._norms), float(self.config["exploding_clip_quantile"])))
+        return sig(quantile(norms, float(self.config["exploding_clip_quantile"])))
 
     def _clip_hint(self) -> str:
         clip = self.clip()
@@ -122,25 +132,36 @@ class ExplodingDetector(Detector):
         hint = self._clip_hint() + "; or train on shorter chunks (truncated BPTT)"
         return Finding("warning", message, hint, evidence)
 
-    def _over_steps(self, total: float, step: int) -> Finding | None:
-        if len(self._norms) < int(self.config["exploding_min_history"]):
-            return None
-        base = median(list(self._norms))
-        if base <= 0 or total < float(self.config["exploding_step_ratio"]) * base:
-            return None
-        if total <= self._peak:
-            # no larger than gradients this run already took (its first steps, say):
-            # an ordinary bump for this run, not one that wrecks an update
-            return None
-        evidence = {
-            "total_norm": sig(total),
-            "median_recent": sig(base),
-            "ratio": sig(total / base),
-            "window": len(self._norms),
+    def _over_steps(self, ep: Episode, step: int) -> Finding:
+        harm = ep.harm or {}
+        evidence: dict[str, Any] = {
+            "total_norm": sig(ep.total),
+            "spike_step": ep.step,
+            "median_recent": sig(ep.base),
+            "ratio": sig(ep.total / ep.base),
+            "window": ep.window,
+            "largest_since": sig(ep.largest),
+            **harm,
             "clip": self.clip(),
         }
         message = (
-            f"total gradient norm {fmt(total)} at step {step} is {fmt(total / base)}x the "
-            f"median of the last {len(self._norms)} recorded steps ({fmt(base)})"
+            f"total gradient norm {fmt(ep.total)} at step {ep.step} is {fmt(ep.total / ep.base)}x "
+            f"the median of the {ep.window} recorded steps before it ({fmt(ep.base)}), "
         )
+        if isinstance(harm.get("loss"), str):  # "nan", "inf": non-finite
+            message += (
+                f"and the update wrecked training: the loss went {harm['loss']} at step "
+                f"{harm['loss_step']}"
+            )
+        elif "loss" in harm and ep.band is not None:
+            message += (
+                f"and the update wrecked training: the loss reached {fmt(harm['loss'])} at "
+                f"step {harm['loss_step']}, above its band before the spike "
+                f"({fmt(ep.band[0])} to {fmt(ep.band[1])})"
+            )
+        else:
+            message += (
+                f"for {harm.get('sustained_steps', ep.held)} recorded steps in a row "
+                "(the run records no loss to show the harm)"
+            )
         return Finding("warning", message, self._clip_hint(), evidence, immediate=True)

@@ -20,10 +20,13 @@ the root model loops over it) is named as before. The outermost such module is
 named, so the alert does not wander between children from step to step; once
 raised it holds while the share stays above three quarters of ``hotspot_share``.
 
-The fix names what can move out of the loop first (work each call recomputes from
-the same tensor, such as attention's key projection of the encoder outputs,
-``Ua(keys)``), and says when the loop itself can go: only when no step feeds on the
-previous step's hidden state.
+The fix names what can move out of the loop first, from a measured fact, not a
+name: a module inside the hotspot that the profiler saw fed the very same tensor on
+every call of the step (the step field ``same_input``, every tensor argument the
+same object, unchanged) computes the same result each time, and can run once before
+the loop (attention's key projection ``Ua(keys)`` in a tutorial's Bahdanau decoder).
+Then it says when the loop itself can go: only when no step feeds on the previous
+step's hidden state.
 
 Example:
     >>> d = HotspotDetector({"hotspot_share": 0.4, "hotspot_min_calls": 4})
@@ -72,7 +75,8 @@ class HotspotDetector(Detector):
         name, loop = found
         self._holding = name
         self._seen.add(name)
-        verdicts[name] = self._finding(name, loop, rows, whole, of_what, duration)
+        hoist = _hoistable(name, record.get("same_input"), rows, whole)
+        verdicts[name] = self._finding(name, loop, rows, whole, of_what, duration, hoist)
         return verdicts
 
     def _hotspot(self, rows: Mapping[str, Row], whole: float) -> tuple[str, int] | None:
@@ -109,6 +113,7 @@ class HotspotDetector(Detector):
         whole: float,
         of_what: str,
         duration: float,
+        hoist: dict[str, Any] | None,
     ) -> Finding:
         row = rows[name]
         share = min(1.0, row.forward_s / whole)
@@ -144,23 +149,27 @@ class HotspotDetector(Detector):
             message += "; inside it: " + ", ".join(
                 f"{c} {s:.0%} ({child_calls[c]} calls)" for c, s in top
             )
-        attention = next((c for c in children if "att" in c.lower()), None)
-        example = (
-            f" (in {name}.{attention}: the projection of the encoder outputs, the keys, "
-            "such as Ua(keys))"
-            if attention
-            else " (for attention: the key projection of the encoder outputs, Ua(keys))"
-        )
         hint = (
-            f"The loop {'in' if row.calls < loop else 'around'} {name} runs {loop} times per "
-            "step. First move out of it what every call recomputes from the same tensor: "
-            f"compute it once per batch before the loop{example}. Then batch what is left: "
-            "if each step feeds on the previous step's hidden state (Bahdanau attention on "
-            "the previous hidden state, feeding back the prediction), the loop itself must "
-            "stay; only when no step depends on the previous one (teacher forcing, Luong "
-            "attention after the RNN) can the recurrent part run once over the whole "
-            "target (a fused nn.GRU/nn.LSTM) with attention for all positions at once in "
-            "batched matrix products (torch.bmm)"
+            f"The loop {'in' if row.calls < loop else 'around'} {name} runs {loop} times per step. "
+        )
+        if hoist is not None:
+            evidence["hoist"] = hoist
+            hint += (
+                f"First move out of it what every call recomputes from the same tensor: "
+                f"{hoist['module']} was given the very same {hoist['what']} on all "
+                f"{hoist['calls']} of its calls per step, so it computed the same result "
+                f"{hoist['calls']} times ({fmt(hoist['share'] * 100)}% of {of_what}): compute "
+                f"{hoist['expression']} once before the loop and pass the result in. Then b"
+            )
+        else:
+            hint += "B"
+        hint += (
+            "atch what is left: if each step feeds on the previous step's hidden state "
+            "(Bahdanau attention on the previous hidden state, feeding back the "
+            "prediction), the loop itself must stay; only when no step depends on the "
+            "previous one (teacher forcing, Luong attention after the RNN) can the "
+            "recurrent part run once over the whole target (a fused nn.GRU/nn.LSTM) with "
+            "attention for all positions at once in batched matrix products (torch.bmm)"
         )
         return Finding("info", message, hint, evidence)
 
@@ -168,3 +177,55 @@ class HotspotDetector(Detector):
 def _ancestors(name: str) -> list[str]:
     parts = name.split(".")
     return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _hoistable(
+    name: str, same_input: Any, rows: Mapping[str, Row], whole: float
+) -> dict[str, Any] | None:
+    """The outermost module inside ``name`` that the profiler saw fed the same tensor
+    (every tensor argument) on every call of the step, called in the loop; or None.
+
+    Example:
+        >>> same = {"dec.att.Ua": {"args": ["input"], "of": 1, "calls": 10,
+        ...                        "from": {"input": "dec.att:keys"}}}
+        >>> rows = {"dec.att.Ua": Row(0.002, 0.0, 10)}
+        >>> _hoistable("dec", same, rows, 0.01)["expression"]
+        'Ua(keys)'
+    """
+    if not isinstance(same_input, Mapping):
+        return None
+    found: list[tuple[int, float, str, Mapping[str, Any]]] = []
+    for module, entry in same_input.items():
+        if not (isinstance(module, str) and module.startswith(name + ".")):
+            continue
+        if not isinstance(entry, Mapping):
+            continue
+        args, of, calls = entry.get("args"), entry.get("of"), entry.get("calls")
+        if not (isinstance(args, list) and args and all(isinstance(a, str) for a in args)):
+            continue
+        if of != len(args) or not isinstance(calls, int) or calls < 2:
+            continue  # some argument changes between calls: its result does too
+        row = rows.get(module)
+        share = row.forward_s / whole if row is not None and whole > 0 else 0.0
+        found.append((module.count("."), -share, module, entry))
+    if not found:
+        return None
+    _, share, module, entry = min(found)
+    sources = entry.get("from")
+    sources = sources if isinstance(sources, Mapping) else {}
+    # the argument names as the caller knows them: "dec.att:keys" -> keys
+    given = [str(sources.get(a, a)).rpartition(":")[2] for a in entry["args"]]
+    local = module.rpartition(".")[2]
+    what = ("tensor " if len(given) == 1 else "tensors ") + ", ".join(
+        "{}'s `{}`".format(*str(sources[a]).split(":", 1)) if a in sources else f"`{a}`"
+        for a in entry["args"]
+    )
+    return {
+        "module": module,
+        "args": list(entry["args"]),
+        "from": dict(sources),
+        "calls": entry["calls"],
+        "share": sig(min(1.0, -share), 2),
+        "expression": f"{local}({', '.join(given)})",
+        "what": what,
+    }

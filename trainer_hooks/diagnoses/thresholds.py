@@ -45,11 +45,20 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     ),
     "exploding_step_ratio": (
         50.0,
-        "over steps: total norm over the median of the recent window",
+        "over steps: a spike is the total norm over the median of the recent window",
     ),
     "exploding_window": (50, "recorded steps in the window of recent total norms"),
     "exploding_min_history": (5, "recorded steps needed before judging growth over steps"),
     "exploding_clip_quantile": (0.9, "the suggested clip value is this quantile of the window"),
+    "exploding_harm_steps": (
+        5,
+        "over steps: steps after a spike in which the loss must leave its band (the harm)",
+    ),
+    "exploding_loss_margin": (
+        1.0,
+        "the loss leaves its band above the window's highest loss plus this many times "
+        "the larger of the window's spread and that highest loss",
+    ),
     # graph_growth
     "graph_window": (8, "recorded steps in the graph-size window"),
     "graph_min_points": (4, "recorded steps that set the starting size (their smallest)"),

@@ -22,6 +22,18 @@ segment) are not counted. An input that also feeds later modules stops the clock
 only when all of them have passed their gradient back, so times of modules that
 share inputs overlap.
 
+Same input on every call: the pre-hook also notes, per module and step, which
+positional tensor arguments were the very same tensor on every call (the same
+object, held by a weak reference; unchanged: same version counter and shape; the
+module's own parameters unchanged too), so its work on them gives the same result. A
+module called more than once with every tensor argument the same (attention's key
+projection ``Ua(keys)`` inside a decoder's per-token loop) can be computed once
+before the loop. Host-side reads only (object identity, ``_version``, ``shape``): no
+device work. Such modules are listed in the step field ``same_input`` (absent when
+there are none): ``{module: {"args": [argument names], "of": tensor arguments,
+"calls": n, "from": {argument: "ancestor:argument"}}}``, where ``from`` names the
+argument of an enclosing module that passed in that same tensor.
+
 Cost: two Python hooks per module call and two per call in backward (one per own
 node for a call whose inputs need no gradient, after a walk of them in forward). On
 CUDA each of
@@ -39,7 +51,9 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -169,12 +183,34 @@ class ModuleProfile(Quantity):
         self._calls: dict[int, int] = {}
         self._started_f: dict[int, list[float]] = {}
         self._sync = False
+        self._modules: dict[int, nn.Module] = {}
+        #: per module, this step: (positional tensor arguments of its first call as
+        #: (index, object id, version, shape), its own parameters' versions), and the
+        #: indices still the same tensor on every call since
+        self._first: dict[int, tuple[list[tuple[int, int, int, Any]], tuple[int, ...]]] = {}
+        self._same: dict[int, set[int]] = {}
+        self._arg_names: dict[int, list[str]] = {}
+        self._ancestors: dict[int, list[int]] = {}  # nearest first, the model last
+        self._params: dict[int, tuple[nn.Parameter, ...]] = {}  # each module's own
+        #: per module, this step: {argument index: "ancestor:argument"} of the tensors
+        #: its first call got from the first call of an enclosing module
+        self._from: dict[int, dict[int, str]] = {}
+        self._refs: dict[int, list[weakref.ref[torch.Tensor]]] = {}
 
     def attach(self, model: nn.Module) -> None:
         self._sync = any(p.is_cuda for p in model.parameters())
         self._root = id(model)
+        keys = {name: id(module) for name, module in model.named_modules()}
         for name, module in model.named_modules():
             self._names[id(module)] = name or type(module).__name__
+            self._modules[id(module)] = module
+            self._params[id(module)] = tuple(module.parameters(recurse=False))
+            parts = name.split(".") if name else []
+            self._ancestors[id(module)] = [
+                keys[".".join(parts[:cut])]
+                for cut in range(len(parts) - 1, -1, -1)
+                if ".".join(parts[:cut]) in keys
+            ]
             self._handles += [
                 module.register_forward_pre_hook(self._pre_forward),
                 module.register_forward_hook(self._post_forward),
@@ -189,6 +225,10 @@ class ModuleProfile(Quantity):
         self.generation += 1
         for d in (self._forward, self._backward, self._calls, self._started_f):
             d.clear()
+        self._first.clear()
+        self._same.clear()
+        self._from.clear()
+        self._refs.clear()
         self._untimed.clear()
 
     def now(self) -> float:
@@ -203,7 +243,46 @@ class ModuleProfile(Quantity):
         if _compiling():
             return
         if self.capturing and torch.is_grad_enabled() and not _in_backward():
+            try:
+                self._note_inputs(module, args)
+            except Exception:  # an odd tensor type: claim nothing, never fail the forward
+                self._first[id(module)] = ([], ())
+                self._same[id(module)] = set()
             self._started_f.setdefault(id(module), []).append(self.now())
+
+    def _note_inputs(self, module: nn.Module, args: Any) -> None:
+        # Host-side only: object identity, version counter, shape (no device work).
+        key = id(module)
+        first = self._first.get(key)
+        if first is not None:
+            same = self._same[key]
+            if not same:  # the usual case after a loop's second call: nothing to check
+                return
+            if any(p._version != v for p, v in zip(self._params[key], first[1], strict=True)):
+                same.clear()  # its weights changed between calls: not the same work
+                return
+            refs = self._refs[key]
+            for n, (i, _, version, size) in enumerate(first[0]):
+                if i in same and not (
+                    i < len(args)
+                    and args[i] is refs[n]()
+                    and args[i]._version == version
+                    and args[i].shape == size
+                ):
+                    same.discard(i)
+            return
+        tensors = [
+            (i, id(a), a._version, a.shape)
+            for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor)
+        ]
+        # a weak reference tells the same object from a new one that reuses a freed one's
+        # id (a view made and dropped per call), without keeping it alive
+        self._refs[key] = [weakref.ref(args[i]) for i, _, _, _ in tensors]
+        self._first[key] = (tensors, tuple(p._version for p in self._params[key]))
+        self._same[key] = {i for i, _, _, _ in tensors}
+        if tensors:
+            self._from[key] = self._passed_in_by(key, tensors)
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if _compiling():
@@ -242,4 +321,65 @@ class ModuleProfile(Quantity):
                 entry["backward_s"] = union_length(self._backward.get(key, []))
             entry["calls"] = calls
             profile[self._names[key]] = entry
-        return {"profile": profile}
+        payload: dict[str, Any] = {"profile": profile}
+        same = self._same_input()
+        if same:
+            payload["same_input"] = same
+        return payload
+
+    def _same_input(self) -> dict[str, dict[str, Any]]:
+        """Modules called more than once this step with tensor arguments that were the
+        same tensor on every call (see the module docstring)."""
+        out: dict[str, dict[str, Any]] = {}
+        for key, same in self._same.items():
+            calls = self._calls.get(key, 0)
+            if calls < 2 or not same:
+                continue
+            name = self._names[key]
+            tensors = self._first[key][0]
+            names = self._names_of_args(key)
+            args = [names[i] if i < len(names) else f"argument {i}" for i in sorted(same)]
+            entry: dict[str, Any] = {"args": args, "of": len(tensors), "calls": calls}
+            sources = {
+                (names[i] if i < len(names) else f"argument {i}"): source
+                for i, source in self._from.get(key, {}).items()
+                if i in same
+            }
+            if sources:
+                entry["from"] = sources
+            out[name] = entry
+        return out
+
+    def _passed_in_by(self, key: int, tensors: list[tuple[int, int, int, Any]]) -> dict[int, str]:
+        """{argument index: "ancestor:argument"}: the nearest enclosing module, still in
+        its first call of the step (so the tensors its call got are alive and their
+        object ids unique), that got the same tensor object."""
+        found: dict[int, str] = {}
+        for ancestor in self._ancestors.get(key, ()):
+            first = self._first.get(ancestor)
+            if first is None or self._calls.get(ancestor, 0) or not self._started_f.get(ancestor):
+                continue  # not running, or past its first call
+            for i, ident, _, _ in tensors:
+                if i in found:
+                    continue
+                for j, other, _, _ in first[0]:
+                    if other == ident:
+                        names = self._names_of_args(ancestor)
+                        arg = names[j] if j < len(names) else f"argument {j}"
+                        found[i] = f"{self._names[ancestor]}:{arg}"
+                        break
+        return found
+
+    def _names_of_args(self, key: int) -> list[str]:
+        """The positional parameter names of a module's ``forward`` (cached)."""
+        names = self._arg_names.get(key)
+        if names is None:
+            try:
+                params = inspect.signature(self._modules[key].forward).parameters.values()
+                names = [
+                    p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                ]
+            except (TypeError, ValueError):  # a forward without a readable signature
+                names = []
+            self._arg_names[key] = names
+        return names

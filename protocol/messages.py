@@ -44,6 +44,7 @@ ALERT_CODES: Final = (
     "slowdown",
     "hotspot",
     "no_gradient",
+    "spike",
 )
 SEVERITIES: Final = ("info", "warning", "error")
 ALERT_STATES: Final = ("raised", "updated", "cleared")

@@ -5,11 +5,12 @@ learns to continue text that ships with gradwatch (its own docs; no download). I
 blocks are a stack, so gradwatch records ``depth``: ‖∂L/∂x_l‖ at the input of every
 block, the gradient flowing back down the residual stream.
 
-- Bug: at step ``--poison-step`` (40) a batch arrives half made of padding (byte 0,
-  from a collate function that pads short documents) and the loss does not mask
-  it: the model is trained to predict padding. gradwatch raises ``spike`` on
-  ``loss`` at that step, naming the block the gradient spike entered first on its
-  way back (the top block), and ``spike`` on ``blocks``.
+- Bug: at step ``--poison-step`` (80) a batch of short documents arrives, three
+  quarters padding (byte 0, from a collate function that pads them to the context
+  length), and the loss does not mask it: the model is trained to predict padding.
+  gradwatch raises ``spike`` on ``loss`` at that step; it would name the block the
+  gradient spike entered first on its way back, had one (cross-entropy bounds each
+  token's gradient, so here the blocks' ‖∂L/∂x_l‖ stay in their band).
 - Fixed (``--fixed``): the loss ignores the padding (``ignore_index=0``), so the
   same batch trains on its real text only: no spike.
 
@@ -82,8 +83,8 @@ class TinyGPT(nn.Module):
 def batch(data: torch.Tensor, size: int, poisoned: bool) -> tuple[torch.Tensor, torch.Tensor]:
     starts = torch.randint(0, data.numel() - CONTEXT - 1, (size,))
     rows = torch.stack([data[s : s + CONTEXT + 1] for s in starts.tolist()])
-    if poisoned:  # half the rows are short documents padded to the context length
-        rows[: size // 2, CONTEXT // 4 :] = PAD
+    if poisoned:  # short documents: every row is padded after its first quarter
+        rows[:, CONTEXT // 4 :] = PAD
     return rows[:, :-1], rows[:, 1:]
 
 
@@ -91,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = _scenario.parser("tiny_gpt", __doc__.splitlines()[0], steps=120)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--poison-step", type=int, default=80,
-                   help="the step whose batch is half padding (default 80)")
+                   help="the step whose batch is mostly padding (default 80)")
     args = _scenario.parse(p, argv)
     data = corpus()
     model = TinyGPT()

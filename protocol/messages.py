@@ -59,6 +59,12 @@ TIMESTEP_SERIES: Final = ("input", "hidden", "cell")
 # every call k > 0 was fed call k-1's output state, "tree" otherwise. Absent: chain.
 TIMESTEP_LAYOUTS: Final = ("chain", "tree")
 
+# Step fields of gradient flow through depth (issue 19): the depth series per stack of
+# blocks and the optimizer's update-to-weight ratios. Not column fields: a step record
+# carrying them travels in a batch's `records` (docs/PROTOCOL.md, `columns`).
+DEPTH: Final = "depth"
+UPDATE_RATIOS: Final = "update_ratios"
+
 # Gate names per parameter family, in PyTorch's packing order of weight_ih/weight_hh.
 LSTM_GATES: Final = ("i", "f", "g", "o")
 GRU_GATES: Final = ("r", "z", "n")
@@ -149,6 +155,10 @@ class StepRecord(TypedDict, total=False):
     cuda_reserved_bytes: int
     overhead: float
     profile: dict[str, dict[str, float]]
+    # ||dL/dx_l|| at the input of block l of each stack of blocks, l in order
+    depth: dict[str, list[Number]]
+    # ||w_after - w_before|| / ||w_before|| of the optimizer step just taken, per parameter
+    update_ratios: dict[str, Number]
 
 
 class EpochRecord(TypedDict, total=False):

@@ -37,7 +37,8 @@ TITLES = {
     "modules": ("Time per module", "Forward and backward time per step."),
 }  # fmt: skip
 _ALERT_PANEL = {"vanishing": "heatmap", "exploding": "heatmap", "nonfinite": "norms",
-                "graph_growth": "graph", "slowdown": "time", "hotspot": "modules"}  # fmt: skip
+                "graph_growth": "graph", "slowdown": "time", "hotspot": "modules",
+                "spike": "loss"}  # fmt: skip
 
 # Draws the figures embedded as JSON; no data is ever interpolated into this script.
 _RENDER_JS = """

@@ -84,7 +84,8 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     "spike_min_history": (20, "values in the band before it judges anything"),
     "spike_z": (
         6.0,
-        "a spike is at least this robust z-score above the median: (x - median) / (1.4826 MAD)",
+        "a spike is at least this robust z-score above the median: (x - median) / (1.4826 MAD), "
+        "on logarithms when the values are positive",
     ),
     "spike_min_rise": (0.5, "and at least this many times the median's size above the median"),
     "spike_clear_after": (3, "judgements in a row back in band before a spike is cleared"),

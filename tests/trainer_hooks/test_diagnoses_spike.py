@@ -136,3 +136,18 @@ def test_first_block_in_backward_order_is_the_highest_that_spiked() -> None:
     (alert,) = alerts
     assert alert["subject"] == "layers" and alert["evidence"]["first_block"] == 2
     assert alert["evidence"]["spiked_blocks"] == [2, 1]
+
+
+def test_the_sorted_window_gives_the_median_of_the_last_values() -> None:
+    from gradwatch.trainer_hooks.diagnoses.base import median
+    from gradwatch.trainer_hooks.diagnoses.spike import Band
+
+    rng = random.Random(1)
+    band = Band(window=37, min_history=1, z=6.0, min_rise=0.5)
+    seen: list[float] = []
+    for _ in range(500):
+        value = rng.choice([rng.random(), 0.5, 1.0])  # repeats: removal must find them
+        band.judge(value)
+        seen.append(value)
+        assert band.median() == median(seen[-37:])
+        assert sorted(band.values) == sorted(seen[-37:])

@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -83,18 +84,26 @@ class Band:
 
     def __init__(self, window: int, min_history: int, z: float, min_rise: float) -> None:
         self.values: deque[float] = deque(maxlen=max(1, window))
+        # the same values kept sorted (insort/remove as the window slides): the median
+        # is then one lookup instead of a sort per record, per block (~6 µs -> ~1 µs)
+        self._sorted: list[float] = []
         self.min_history = max(1, min_history)
         self.z = z
         self.min_rise = min_rise
         #: whether the last value was judged (enough history and a band to judge against)
         self.judged = False
 
+    def median(self) -> float:
+        s, n = self._sorted, len(self._sorted)
+        mid = n // 2
+        return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0
+
     def judge(self, x: float) -> Jump | None:
         """The jump when ``x`` spikes, else None; then ``x`` joins the band."""
         jump = None
         self.judged = False
         if len(self.values) >= self.min_history:
-            mid = median(self.values)
+            mid = self.median()
             if mid != 0:
                 self.judged = True
                 rise = x - mid
@@ -102,7 +111,11 @@ class Band:
                     z = robust_z(x, self.values)
                     if z >= self.z:
                         jump = Jump(x, mid, z, len(self.values))
-        self.values.append(x)
+        values = self.values
+        if len(values) == values.maxlen:
+            del self._sorted[bisect_left(self._sorted, values[0])]
+        values.append(x)
+        insort(self._sorted, x)
         return jump
 
 

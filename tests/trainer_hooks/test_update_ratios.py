@@ -35,15 +35,18 @@ OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
 }
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
-def test_update_ratios_equal_a_snapshot_around_optimizer_step(kind: str, tmp_path: Path) -> None:
-    model = model_of()
+def test_update_ratios_equal_a_snapshot_around_optimizer_step(
+    kind: str, dtype: torch.dtype, tmp_path: Path
+) -> None:
+    model = model_of().to(dtype)
     optimizer = OPTIMIZERS[kind](model.parameters())
     path = tmp_path / "run.jsonl"
     expected: list[dict[str, float]] = []
     with watch(model, run="ratios", spool=path, diagnose=False) as monitor:
         for step in range(4):
-            x = torch.randn(16, 4)
+            x = torch.randn(16, 4, dtype=dtype)
             loss = model(x).square().mean()
             optimizer.zero_grad()
             loss.backward()

@@ -9,11 +9,9 @@ decay) is in ``w_after − w_before``.
 How: PyTorch's global optimizer step hooks
 (``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``..._post_hook``),
 which every ``torch.optim`` optimizer runs around ``step()``. On heavy steps only,
-the pre-hook copies the watched parameters this optimizer holds into one flat vector
-per device and dtype (``torch.cat``); the post-hook takes ‖w_before‖ of each
-parameter in float64 (squares summed per parameter with ``index_add_``), subtracts
-the new weights from the copy in place and takes those norms, then drops the copy.
-A few ops whatever the number of parameters. All
+the pre-hook copies the watched parameters this optimizer holds (one foreach op:
+``w * 1.0`` is bitwise ``w``); the post-hook takes ‖w_before‖ in float64, subtracts
+the new weights from the copy in place and takes that norm, then drops the copy. All
 on the device, nothing reaches the host until the Monitor's one copy per step. On
 light steps both hooks return at once. Memory: one copy of the parameters for the
 length of ``optimizer.step()`` on heavy steps. ``monitor.remove()`` removes both hooks.
@@ -68,12 +66,8 @@ class UpdateRatios(Quantity):
         self.select = select
         self._index: dict[int, int] = {}  # id(parameter) -> slot
         self._names: list[str] = []
-        # id(optimizer) -> per device and dtype: (slots, parameters, flat copy before the
-        # step, segment ids of the copy)
-        self._before: dict[
-            int, list[tuple[list[int], list[torch.Tensor], torch.Tensor, torch.Tensor]]
-        ] = {}
-        self._segment_ids: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+        # id(optimizer) -> (slots, parameters, copies before the step)
+        self._before: dict[int, tuple[list[int], list[torch.Tensor], list[torch.Tensor]]] = {}
         # (slots, float64 ratios) per optimizer step and device, in the order taken
         self._ratios: list[tuple[list[int], torch.Tensor]] = []
         self._once = WarnOnce()
@@ -99,53 +93,41 @@ class UpdateRatios(Quantity):
             return
         started = time.perf_counter()
         try:
-            groups: dict[tuple[torch.device, torch.dtype], tuple[list[int], list[torch.Tensor]]]
-            groups = {}
+            slots: list[int] = []
+            params: list[torch.Tensor] = []
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     slot = self._index.get(id(p))
                     if slot is not None:
-                        slots, params = groups.setdefault((p.device, p.dtype), ([], []))
                         slots.append(slot)
                         params.append(p.detach())
-            kept = []
-            with torch.no_grad():
-                for slots, params in groups.values():
-                    # one flat copy per device and dtype: a handful of ops whatever the
-                    # number of parameters (per-parameter foreach ops cost ~8 µs a tensor
-                    # each on CPU: 2 ms a step for a 50-tensor transformer)
-                    before = torch.cat([p.reshape(-1) for p in params])
-                    kept.append((slots, params, before, self._segments(slots, params)))
-            if kept:
-                self._before[id(optimizer)] = kept
+            if params:
+                with torch.no_grad():
+                    copies = list(torch._foreach_mul(params, 1.0))
+                self._before[id(optimizer)] = (slots, params, copies)
         except Exception as e:  # never into the training loop
             self._once.warn("update_ratios", f"gradwatch: update_ratios failed ({e!r})")
         finally:
             self.cost_s += time.perf_counter() - started
 
-    def _segments(self, slots: list[int], params: list[torch.Tensor]) -> torch.Tensor:
-        """Which parameter each element of the flat copy belongs to (built once, on the
-        parameters' device: later steps copy nothing to it)."""
-        key = (tuple(slots), params[0].device)
-        found = self._segment_ids.get(key)
-        if found is None or found.numel() != sum(p.numel() for p in params):
-            sizes = torch.tensor([p.numel() for p in params])
-            found = torch.arange(len(params)).repeat_interleave(sizes).to(params[0].device)
-            self._segment_ids[key] = found
-        return found
-
     def _post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        kept = self._before.pop(id(optimizer), None)
-        if kept is None or not self.capturing:
+        entry = self._before.pop(id(optimizer), None)
+        if entry is None or not self.capturing:
             return
         started = time.perf_counter()
         try:
+            slots, params, copies = entry
+            groups: dict[torch.device, list[int]] = {}
+            for i, p in enumerate(params):
+                groups.setdefault(p.device, []).append(i)
             with torch.no_grad():
-                for slots, params, before, segments in kept:
-                    after = torch.cat([p.reshape(-1) for p in params])
-                    weight = _segment_norms(before, segments, len(params))
-                    update = _segment_norms(before.sub_(after), segments, len(params))
-                    self._ratios.append((slots, update / weight))
+                for members in groups.values():
+                    before = [copies[i] for i in members]
+                    after = [params[i] for i in members]
+                    weight = torch.stack(torch._foreach_norm(before, 2, dtype=F64))
+                    torch._foreach_sub_(before, after)  # the copies now hold -Δw
+                    update = torch.stack(torch._foreach_norm(before, 2, dtype=F64))
+                    self._ratios.append(([slots[i] for i in members], update / weight))
         except Exception as e:  # never into the training loop
             self._once.warn("update_ratios", f"gradwatch: update_ratios failed ({e!r})")
         finally:
@@ -166,10 +148,3 @@ class UpdateRatios(Quantity):
         for slots, ratios in groups:  # in the order taken: the last step per parameter wins
             by_slot.update(zip(slots, map(float, ratios.tolist()), strict=True))
         return {"update_ratios": {self._names[s]: by_slot[s] for s in sorted(by_slot)}}
-
-
-def _segment_norms(flat: torch.Tensor, segments: torch.Tensor, count: int) -> torch.Tensor:
-    """Float64 L2 norm of each parameter's part of a flat vector (device ops only)."""
-    squares = flat.to(F64).square()  # not in place: a float64 flat is the copy itself
-    sums = torch.zeros(count, dtype=F64, device=flat.device).index_add_(0, segments, squares)
-    return sums.sqrt_()

@@ -48,7 +48,7 @@ from torch import nn
 from gradwatch.trainer_hooks.warn import WarnOnce
 
 from .base import Quantity
-from .calls import F64, eager, hook_tensor
+from .calls import F64, hook_tensor
 
 if TYPE_CHECKING:
     from .params import ParamNorms
@@ -192,12 +192,15 @@ class DepthSeries(Quantity):
 
     # -- hooks ------------------------------------------------------------------------
 
-    @eager
     def _pre(
         self, stack: int, block: int, module: nn.Module, args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        if not self.capturing or not torch.is_grad_enabled():
+        # Inside torch.compile's tracing: return at once, so the compiled graph holds no
+        # trace of the hook and no graph break (a break per block would cost a compiled
+        # transformer dearly, and fullgraph=True would refuse it). Blocks inside a
+        # compiled region therefore report no depth.
+        if torch.compiler.is_compiling() or not self.capturing or not torch.is_grad_enabled():
             return None
         started = time.perf_counter()
         try:

@@ -151,3 +151,12 @@ def test_the_sorted_window_gives_the_median_of_the_last_values() -> None:
         seen.append(value)
         assert band.median() == median(seen[-37:])
         assert sorted(band.values) == sorted(seen[-37:])
+
+
+def test_far_above_everything_in_a_wide_early_band_is_a_spike() -> None:
+    falling = [2.5 * 0.8**step for step in range(25)]  # early training: a wide log band
+    values = [*falling, 4789.0]
+    (alert,) = feed(DiagnosisEngine(), values)
+    assert (alert["subject"], alert["step"]) == ("loss", 25)
+    assert alert["evidence"]["z"] < 6  # the z-score alone would have missed it
+    assert feed(DiagnosisEngine({"spike_over_max": 1e6}), values) == []

@@ -15,6 +15,11 @@ recorded values. A value spikes when it is above the band by both
   1.5x its median, so a quantity whose band is very narrow (a loss that has
   converged) does not raise on a change nobody would call a spike.
 
+A positive value at least ``spike_over_max`` (4) times the largest value in the band
+spikes whatever its z-score: while the loss still falls fast (early training) the
+band of logarithms is wide, and a loss 47,000x its median (a target 50x off at step
+25 of a regression) had a robust z of only 5.6.
+
 Only rises count (a loss falling fast is training). Judged once
 ``spike_min_history`` (20) values are in the band; a quantity whose median is 0 has
 no band. Subjects: ``loss`` (every step record) and each stack of the ``depth``
@@ -82,7 +87,9 @@ class Band:
         (True, 1.025)
     """
 
-    def __init__(self, window: int, min_history: int, z: float, min_rise: float) -> None:
+    def __init__(
+        self, window: int, min_history: int, z: float, min_rise: float, over_max: float = 4.0
+    ) -> None:
         self.values: deque[float] = deque(maxlen=max(1, window))
         # the same values kept sorted (insort/remove as the window slides): the median
         # is then one lookup instead of a sort per record, per block (~6 µs -> ~1 µs)
@@ -90,6 +97,7 @@ class Band:
         self.min_history = max(1, min_history)
         self.z = z
         self.min_rise = min_rise
+        self.over_max = over_max
         #: whether the last value was judged (enough history and a band to judge against)
         self.judged = False
 
@@ -109,7 +117,11 @@ class Band:
                 rise = x - mid
                 if rise > 0 and rise >= self.min_rise * abs(mid):
                     z = robust_z(x, self.values)
-                    if z >= self.z:
+                    # far above everything in the band: a spike even when the band is
+                    # wide because the quantity is still falling fast (early training)
+                    top = self._sorted[-1]
+                    beyond = self._sorted[0] > 0 and x >= self.over_max * top
+                    if z >= self.z or beyond:
                         jump = Jump(x, mid, z, len(self.values))
         values = self.values
         if len(values) == values.maxlen:
@@ -151,7 +163,7 @@ class SpikeDetector(Detector):
     def _band(self) -> Band:
         c = self.config
         return Band(int(c["spike_window"]), int(c["spike_min_history"]), float(c["spike_z"]),
-                    float(c["spike_min_rise"]))
+                    float(c["spike_min_rise"]), float(c["spike_over_max"]))
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         if record.get("kind") != "step":

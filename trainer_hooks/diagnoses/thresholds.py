@@ -88,6 +88,10 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
         "on logarithms when the values are positive",
     ),
     "spike_min_rise": (0.5, "and at least this many times the median's size above the median"),
+    "spike_over_max": (
+        4.0,
+        "or, for positive values, at least this many times the largest value in the band",
+    ),
     "spike_clear_after": (3, "judgements in a row back in band before a spike is cleared"),
 }
 

@@ -162,7 +162,7 @@ def watch(
 
     timesteps = _timesteps_quantity(cells, exact_hidden, select)
     params = ParamNorms(scaler=scaler, select=chosen)
-    depth = DepthSeries(blocks, select=chosen)
+    depth = DepthSeries(blocks, select=chosen, scaler=scaler)
     quantities: list[Quantity] = [params]
     timesteps.follow(params)  # the series describe the passes param_norms describe
     depth.follow(params)

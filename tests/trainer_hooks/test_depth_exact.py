@@ -256,3 +256,25 @@ def test_containers_of_mixed_or_parameterless_children_are_not_stacks() -> None:
         find_stacks(model, ["nope"])
     with pytest.raises(ValueError, match="container of blocks"):
         find_stacks(model, ["0"])
+
+
+def test_grad_scaler_depth_is_unscaled_while_the_scale_moves(tmp_path: Path) -> None:
+    torch.manual_seed(6)
+    model = ResidualMLP(depth=3)
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # weights stay: references hold
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=1)
+    xs = [torch.randn(4, 3) * (1 + i) for i in range(3)]
+    expected = [reference_norms(twin, list(twin.blocks), lambda m, x=x: m(x).sum()) for x in xs]
+    path = tmp_path / "run.jsonl"
+    with watch(model, run="depth", spool=path, diagnose=False, scaler=scaler) as monitor:
+        for x in xs:
+            loss = model(x).sum()
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()  # changes the scale in place before monitor.step()
+            monitor.step(loss)
+    assert scaler.get_scale() == 2048.0
+    for record, want in zip(steps_of(path), expected, strict=True):
+        assert record["depth"]["blocks"] == pytest.approx(want, rel=1e-6)

@@ -161,10 +161,16 @@ class DepthSeries(Quantity):
         self,
         blocks: Sequence[BlockSpec] | None = None,
         select: Callable[[str], bool] | None = None,
+        scaler: Any = None,
     ) -> None:
         super().__init__()
         self.block_specs = blocks
         self.select = select
+        #: a GradScaler: backward carries the scaled loss's gradients, so the norms are
+        #: divided by the scale backward ran with (copied on the device at the step's
+        #: first gradient: scaler.update() changes it in place before monitor.step())
+        self.scaler = scaler
+        self._scale: torch.Tensor | None = None
         self.stacks: dict[str, list[nn.Module]] = {}
         self._labels: list[str] = []
         self.generation = 0  # bumps every step; hooks of an earlier step ignore themselves
@@ -239,6 +245,8 @@ class DepthSeries(Quantity):
         try:
             with torch.no_grad():
                 norm = torch.linalg.vector_norm(grad.detach(), dtype=F64)
+                if self.scaler is not None and self._scale is None:
+                    self._scale = _scale_of(self.scaler)
             passes = self._passes.passes if self._passes is not None else 0
             self._seen.append((stack, block, passes, norm))
         except Exception as e:  # an autograd hook: never into the training loop
@@ -252,6 +260,7 @@ class DepthSeries(Quantity):
         super().start_step(capture)
         self.generation += 1
         self._seen, self._called = [], {}
+        self._scale = None
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
         """``{"depth": {stack: float64 device tensor (blocks,)}}``; never syncs."""
@@ -274,7 +283,10 @@ class DepthSeries(Quantity):
                         values.append(norms[0])
                     else:  # several calls: the norm over the union of their batches
                         values.append(torch.linalg.vector_norm(torch.stack(norms)))
-                result[self._labels[stack]] = torch.stack([v.to(device) for v in values])
+                series = torch.stack([v.to(device) for v in values])
+                if self._scale is not None:
+                    series = series / self._scale.to(device=device, dtype=F64, non_blocking=True)
+                result[self._labels[stack]] = series
         self._seen = []
         return {"depth": result}
 
@@ -285,3 +297,11 @@ class DepthSeries(Quantity):
         out = {label: [float(v) for v in torch.as_tensor(values).tolist()]
                for label, values in stacks.items()}
         return {"depth": out}
+
+
+def _scale_of(scaler: Any) -> torch.Tensor | None:
+    """A device copy of a GradScaler's current scale, or None when it is off (no sync)."""
+    if not scaler.is_enabled():
+        return None
+    scale = getattr(scaler, "_scale", None)
+    return scale.detach().clone() if isinstance(scale, torch.Tensor) else None

@@ -6,7 +6,10 @@ Two workloads from the reports gradwatch exists for:
   one input feature, a linear head on every step, MSE, Adam (the "first 100 of 121
   steps get zero gradient" model);
 - ``cells``: an ``nn.LSTMCell`` decoder called once per target token in a Python loop
-  (24 tokens), a linear head per token, Adam.
+  (24 tokens), a linear head per token, Adam;
+- ``gpt`` (with ``--only gpt``): an ``nn.TransformerEncoder`` of 4 layers (width 64,
+  4 heads, causal mask, sequence 32, batch 16), a linear head, MSE, Adam: a stack of
+  blocks, so gradwatch captures its ``depth`` series, and ``update_ratios`` of Adam.
 
 Variants, each on its own copy of the model (same weights), timed in interleaved
 blocks (every round runs one block of every variant, in a shuffled order, so drift and
@@ -99,11 +102,28 @@ class CellDecoder(nn.Module):
         return torch.stack(outs)
 
 
+class Gpt(nn.Module):
+    def __init__(self, width: int = 64, layers: int = 4) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
+        return self.head(self.encoder(x, mask=mask, is_causal=True))
+
+
 def workload(name: str, device: torch.device) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    if name == "lstm121":
+    if name == "gpt":
         torch.manual_seed(0)
-        model: nn.Module = Lstm121(hidden=64)
+        model: nn.Module = Gpt()
+        x = torch.randn(16, 32, 64, generator=gen)
+        y = torch.randn(16, 32, 64, generator=gen)
+    elif name == "lstm121":
+        torch.manual_seed(0)
+        model = Lstm121(hidden=64)
         x = torch.randn(121, 121, 1, generator=gen)
         y = torch.randn(121, 121, 1, generator=gen)
     else:
@@ -273,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps per timed block")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--only", choices=["lstm121", "cells"])
+    parser.add_argument("--only", choices=["lstm121", "cells", "gpt"])
     parser.add_argument(
         "--clock", choices=["wall", "cpu"], default="wall",
         help="wall: perf_counter (what a user waits); cpu: this process's CPU time, all "

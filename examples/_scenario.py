@@ -1,4 +1,4 @@
-"""What the four example scenarios share: the command line, watch(), timing, summary.
+"""What the example scenarios share: the command line, watch(), timing, summary.
 
 Each example is ``python examples/<name>.py [--fixed] [--steps N] [--server ws://..]
 [--spool PATH] [--token T] [--run NAME]`` and has ``main(argv) -> dict`` for tests.

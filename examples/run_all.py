@@ -1,7 +1,7 @@
 """Run every example scenario, the bug and its fixed twin, one after the other.
 
 Used by the compose demo service (``examples/Dockerfile``) and handy for a quick
-look: ``python examples/run_all.py --server ws://127.0.0.1:8765`` streams eight runs
+look: ``python examples/run_all.py --server ws://127.0.0.1:8765`` streams ten runs
 (``long_lstm``, ``long_lstm-fixed``, ...) into a server; with ``--spool-dir DIR``
 each run is written to ``DIR/<run>.jsonl`` instead. ``--repeat 0`` keeps going round
 until stopped (the compose demo), each round under new run ids.
@@ -23,12 +23,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: (module, steps by default): small enough that all eight runs take about a minute on a CPU
+#: (module, steps by default): small enough that all ten runs take about a minute on a CPU
 SCENARIOS: tuple[tuple[str, int], ...] = (
     ("long_lstm", 60),
     ("rotation_lstm", 40),
     ("tree_gru", 40),
     ("seq2seq_attention", 30),
+    ("tiny_gpt", 90),  # the padded batch comes at step 80
 )
 
 

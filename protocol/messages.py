@@ -44,6 +44,7 @@ ALERT_CODES: Final = (
     "slowdown",
     "hotspot",
     "no_gradient",
+    "spike",
 )
 SEVERITIES: Final = ("info", "warning", "error")
 ALERT_STATES: Final = ("raised", "updated", "cleared")
@@ -57,6 +58,12 @@ TIMESTEP_SERIES: Final = ("input", "hidden", "cell")
 # How a cell's calls within a step connect (step field `timestep_layout`): "chain" when
 # every call k > 0 was fed call k-1's output state, "tree" otherwise. Absent: chain.
 TIMESTEP_LAYOUTS: Final = ("chain", "tree")
+
+# Step fields of gradient flow through depth (issue 19): the depth series per stack of
+# blocks and the optimizer's update-to-weight ratios. Not column fields: a step record
+# carrying them travels in a batch's `records` (docs/PROTOCOL.md, `columns`).
+DEPTH: Final = "depth"
+UPDATE_RATIOS: Final = "update_ratios"
 
 # Gate names per parameter family, in PyTorch's packing order of weight_ih/weight_hh.
 LSTM_GATES: Final = ("i", "f", "g", "o")
@@ -149,6 +156,10 @@ class StepRecord(TypedDict, total=False):
     overhead: float
     profile: dict[str, dict[str, float]]
     same_input: dict[str, dict[str, Any]]
+    # ||dL/dx_l|| at the input of block l of each stack of blocks, l in order
+    depth: dict[str, list[Number]]
+    # ||w_after - w_before|| / ||w_before|| of the optimizer step just taken, per parameter
+    update_ratios: dict[str, Number]
 
 
 class EpochRecord(TypedDict, total=False):

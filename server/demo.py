@@ -46,6 +46,7 @@ SCENARIOS: tuple[tuple[str, int, str], ...] = (
     ("rotation_lstm", 60, "graph_growth: a hidden state never detached, graph and step time grow"),
     ("tree_gru", 80, "graph_growth and slowdown: state kept on tree objects across epochs"),
     ("seq2seq_attention", 60, "hotspot: a decoder called once per target token dominates"),
+    ("tiny_gpt", 120, "spike: a batch of unmasked padding at step 80 spikes the loss"),
 )
 
 

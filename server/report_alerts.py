@@ -37,7 +37,8 @@ def escape(text: str) -> str:
 
 _ORDER = {"error": 0, "warning": 1, "info": 2}
 _PANEL = {"vanishing": "heatmap", "exploding": "heatmap", "nonfinite": "norms",
-          "graph_growth": "graph", "slowdown": "time", "hotspot": "modules"}  # fmt: skip
+          "graph_growth": "graph", "slowdown": "time", "hotspot": "modules",
+          "spike": "loss"}  # fmt: skip
 
 
 def problem_of(alert: dict[str, Any]) -> str:

@@ -34,19 +34,25 @@ from .diagnoses import DiagnosisEngine
 from .identity import default_spool_path, make_hello, rank_and_world, run_identity
 from .monitor import Monitor
 from .quantities.base import Quantity
+from .quantities.depth import BlockSpec, DepthSeries
 from .quantities.graph import DEFAULT_LIMIT, GraphSize
 from .quantities.params import ParamNorms
 from .quantities.profile import ModuleProfile
 from .quantities.stale import CellSpec, LossRetention, StaleState
 from .quantities.timesteps import RecurrentTimesteps
+from .quantities.updates import UpdateRatios
 from .schedule import Schedule
+from .select import Selection
 from .warn import WarnOnce
 
 
 def _timesteps_quantity(
-    cells: Sequence[CellSpec] | None, exact_hidden: bool | int
+    cells: Sequence[CellSpec] | None, exact_hidden: bool | int, select: Selection
 ) -> RecurrentTimesteps:
-    return RecurrentTimesteps(cells=list(cells) if cells else None, exact_hidden=exact_hidden)
+    return RecurrentTimesteps(
+        cells=list(cells) if cells else None, exact_hidden=exact_hidden,
+        select=None if select.everything else select,
+    )
 
 
 def _diagnoser(diagnose: bool, thresholds: dict[str, Any] | None) -> DiagnosisEngine | None:
@@ -83,6 +89,9 @@ def watch(
     run_id: str | None = None,
     graph_limit: int = DEFAULT_LIMIT,
     quiet: bool = False,
+    blocks: Sequence[BlockSpec] | None = None,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
 ) -> Monitor:
     """Start monitoring ``model``; returns the :class:`Monitor` that owns every hook.
 
@@ -111,6 +120,14 @@ def watch(
         graph_limit: the graph walk stops after this many nodes.
         quiet: with a server, do not print the line with the run's link when it
             connects (``GRADWATCH_QUIET=1`` does the same).
+        blocks: more stacks of blocks for the ``depth`` series, beyond the
+            ModuleLists/Sequentials of two or more blocks of one class found by
+            themselves: a container (module or name; its children are the blocks) or
+            ``{"name": [modules or names]}`` (docs/CAPTURE.md, "Depth").
+        include: fnmatch patterns of the parameter and module names to watch (a
+            pattern covers the modules inside a matching one); default: all.
+        exclude: fnmatch patterns of names not to watch. A pattern that matches no
+            parameter or module name is an error.
 
     Example:
         >>> import torch
@@ -139,12 +156,17 @@ def watch(
     schedule = Schedule(every=every, overhead=overhead)
     once = WarnOnce()
     diagnoser = _diagnoser(diagnose, thresholds)
+    select = Selection(include, exclude)
+    select.check(model)
+    chosen = None if select.everything else select
 
-    timesteps = _timesteps_quantity(cells, exact_hidden)
-    params = ParamNorms(scaler=scaler)
+    timesteps = _timesteps_quantity(cells, exact_hidden, select)
+    params = ParamNorms(scaler=scaler, select=chosen)
+    depth = DepthSeries(blocks, select=chosen, scaler=scaler)
     quantities: list[Quantity] = [params]
     timesteps.follow(params)  # the series describe the passes param_norms describe
-    quantities.append(timesteps)
+    depth.follow(params)
+    quantities += [timesteps, depth, UpdateRatios(select=chosen)]
     quantities += [GraphSize(graph_limit), StaleState(cells), LossRetention()]
     if profile:
         quantities.append(ModuleProfile())
@@ -170,6 +192,9 @@ def watch(
                   for c in cells or ()],
         "graph_limit": graph_limit,
         "scaler": scaler is not None,
+        "depth": list(depth.stacks),
+        "include": list(select.include),
+        "exclude": list(select.exclude),
     }
     try:
         hello = make_hello(model, run, run_id, config, recurrent, rank, world_size)

@@ -33,6 +33,10 @@ export function alertTarget(alert) {
       return { kind: "time" };
     case "hotspot":
       return { kind: "modules" };
+    case "spike":
+      // a loss spike on the loss chart; a block's gradient spike on the norms (a depth
+      // chart is a later step)
+      return alert.subject === "loss" ? { kind: "loss" } : { kind: "norms" };
     case "no_gradient":
       return alert.subject && alert.subject !== "model" ? { kind: "heatmap", module: alert.subject } : { kind: "norms" };
     default:

@@ -14,7 +14,7 @@ def test_run_all_plans_every_scenario_and_its_twin(load_example: Any) -> None:
     run_all = load_example("run_all")
     plan = run_all.commands(run_all.parse(["--server", "ws://127.0.0.1:9", "--token", "t"]))
     runs = sorted(argv[argv.index("--run") + 1] for _, argv in plan)
-    names = ["long_lstm", "rotation_lstm", "seq2seq_attention", "tree_gru"]
+    names = ["long_lstm", "rotation_lstm", "seq2seq_attention", "tiny_gpt", "tree_gru"]
     assert runs == sorted(n + suffix for n in names for suffix in ("", "-fixed"))
     for _, argv in plan:
         assert argv[argv.index("--server") + 1] == "ws://127.0.0.1:9"

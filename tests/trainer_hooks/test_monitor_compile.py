@@ -58,3 +58,35 @@ def test_compiled_model_gives_eager_norms_with_every_hook_attached(tmp_path: Pat
     for record in records:
         assert record["param_norms"] == pytest.approx(eager, rel=1e-12)
         assert record["graph_nodes"] > 0
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + torch.tanh(block(x))
+        return x
+
+
+@pytest.mark.slow
+def test_a_compiled_stack_gets_no_graph_break_from_the_depth_hooks(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.randn(2, 4)
+    path = tmp_path / "compiled.jsonl"
+    with watch(model, run="compiled", spool=path, diagnose=False) as monitor:
+        # fullgraph=True refuses any graph break: a hook that broke the graph would raise
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        for _ in range(2):
+            model.zero_grad()
+            loss = compiled(x).pow(2).sum()
+            loss.backward()
+            monitor.step(loss)
+        model(x).sum().backward()  # eager calls of the same model are captured as usual
+        monitor.step()
+    records = steps_of(path)
+    assert ["depth" in r for r in records] == [False, False, True]
+    assert len(records[-1]["depth"]["blocks"]) == 3

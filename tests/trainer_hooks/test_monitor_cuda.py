@@ -66,3 +66,53 @@ def test_cuda_steps_never_synchronise_and_norms_match_autograd(tmp_path: Path) -
         assert record["cuda_allocated_bytes"] > 0 and record["cuda_reserved_bytes"] > 0
         assert isinstance(record["loss"], float)
         assert record["timesteps"]["lstm"]["input"]  # B's capture on CUDA too
+
+
+def test_cuda_depth_and_update_ratios_never_synchronise_and_match_autograd(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 3, enable_nested_tensor=False).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=True)
+    path = tmp_path / "cuda.jsonl"
+    depth: list[list[float]] = []
+    ratios: list[dict[str, float]] = []
+    with watch(model, run="cuda-depth", spool=path, diagnose=False) as monitor:
+        monitor.step(train_step_of(model, opt, torch.randn(4, 10, 32, device="cuda"), []))
+        for _ in range(3):
+            x = torch.randn(4, 10, 32, device="cuda")
+            kept: list[torch.Tensor] = []
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                loss = train_step_of(model, opt, x, kept)
+                opt.step()  # the optimizer hooks run here
+                monitor.step(loss)  # raises if anything in it synchronises
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            depth.append([t.grad.double().norm().item() for t in kept])  # type: ignore[union-attr]
+            ratios.append({
+                n: ((p.detach() - before[n]).double().norm() / before[n].double().norm()).item()
+                for n, p in model.named_parameters()
+            })
+    steps = [r for r in records_of(path) if r["kind"] == "step"]
+    for record, want, ratio in zip(steps[1:], depth, ratios, strict=True):
+        assert record["depth"]["layers"] == pytest.approx(want, rel=1e-6)
+        assert record["update_ratios"] == pytest.approx(ratio, rel=1e-5)
+
+
+def train_step_of(
+    model: nn.TransformerEncoder, opt: torch.optim.Optimizer, x: torch.Tensor,
+    kept: list[torch.Tensor],
+) -> torch.Tensor:
+    """Forward through the layers by hand, keeping each layer's input for its .grad."""
+    h = x.requires_grad_()
+    for layer in model.layers:
+        h.retain_grad()
+        kept.append(h)
+        h = layer(h)
+    loss = h.pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    return loss

@@ -44,6 +44,9 @@ class Finding:
     #: the cause this finding belongs to; findings that share it are one problem (one
     #: card, one count). None: the problem is ``code:subject``
     problem: str | None = None
+    #: judgements in a row without the condition before ``cleared``, instead of
+    #: ``clear_after`` (a spike clears when the value is back in its band)
+    clear_after: int | None = None
 
 
 class Detector:

@@ -35,6 +35,7 @@ from .hotspot import HotspotDetector
 from .nogradient import NoGradientDetector
 from .nonfinite import NonfiniteDetector
 from .slowdown import SlowdownDetector
+from .spike import SpikeDetector
 from .thresholds import resolve
 from .vanishing import VanishingDetector
 
@@ -46,6 +47,7 @@ DETECTORS: tuple[type[Detector], ...] = (
     GraphGrowthDetector,
     SlowdownDetector,
     HotspotDetector,
+    SpikeDetector,
 )
 
 
@@ -186,7 +188,7 @@ class DiagnosisEngine:
         state.misses += 1
         if state.first_miss_step is None:
             state.first_miss_step = step
-        if state.misses < int(self.config["clear_after"]):
+        if state.misses < (state.finding.clear_after or int(self.config["clear_after"])):
             return None
         del self._active[key]
         cleared = Finding(

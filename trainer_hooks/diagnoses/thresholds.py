@@ -88,6 +88,20 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     # hotspot
     "hotspot_share": (0.4, "a module is a hotspot when it takes this fraction of the forward pass"),
     "hotspot_min_calls": (4, "and runs at least this many times per step (a Python loop)"),
+    # spike
+    "spike_window": (100, "recorded values in the rolling band of the loss and of each block"),
+    "spike_min_history": (20, "values in the band before it judges anything"),
+    "spike_z": (
+        6.0,
+        "a spike is at least this robust z-score above the median: (x - median) / (1.4826 MAD), "
+        "on logarithms when the values are positive",
+    ),
+    "spike_min_rise": (0.5, "and at least this many times the median's size above the median"),
+    "spike_over_max": (
+        4.0,
+        "or, for positive values, at least this many times the largest value in the band",
+    ),
+    "spike_clear_after": (3, "judgements in a row back in band before a spike is cleared"),
 }
 
 

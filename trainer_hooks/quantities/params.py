@@ -68,9 +68,10 @@ class ParamNorms(Quantity):
     name = "param_norms"
     heavy = True
 
-    def __init__(self, scaler: Any = None) -> None:
+    def __init__(self, scaler: Any = None, select: Callable[[str], bool] | None = None) -> None:
         super().__init__()
         self.scaler = scaler
+        self.select = select  # include=/exclude= of watch(), on parameter names
         self._names: list[str] = []
         self._params: list[nn.Parameter] = []
         # (index into self._params, gate names) for every packed recurrent weight
@@ -92,7 +93,7 @@ class ParamNorms(Quantity):
     def attach(self, model: nn.Module) -> None:
         index: dict[int, int] = {}
         for name, p in model.named_parameters():
-            if p.requires_grad:
+            if p.requires_grad and (self.select is None or self.select(name)):
                 index[id(p)] = len(self._params)
                 self._names.append(name)
                 self._params.append(p)

@@ -20,6 +20,7 @@ recurrent module is reported under its class name (``"LSTM"``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -102,8 +103,14 @@ class RecurrentTimesteps(Quantity):
     name: ClassVar[str] = "timesteps"
     heavy: ClassVar[bool] = True
 
-    def __init__(self, cells: list[CellSpec] | None = None, exact_hidden: bool | int = False):
+    def __init__(
+        self,
+        cells: list[CellSpec] | None = None,
+        exact_hidden: bool | int = False,
+        select: Callable[[str], bool] | None = None,
+    ):
         super().__init__()
+        self.select = select  # include=/exclude= of watch(), on module names
         if isinstance(exact_hidden, bool):
             every = 1 if exact_hidden else 0
         elif isinstance(exact_hidden, int) and exact_hidden >= 0:
@@ -135,6 +142,8 @@ class RecurrentTimesteps(Quantity):
         named_cells = resolve_cells(model, self.cell_specs)
         for name, module in model.named_modules():
             label = name or type(module).__name__
+            if self.select is not None and not self.select(label):
+                continue
             if isinstance(module, FUSED_TYPES):
                 fused = FusedCapture(self, module, label)
                 self._fused.append(fused)

@@ -277,7 +277,7 @@ def _supervise(
 
     print(tunnel_hint(int(demo.url.rsplit(":", 1)[1])))
     print(flush=True)
-    # Pairs (a bug and its twin) run side by side, one scenario after the other: eight
+    # Pairs (a bug and its twin) run side by side, one scenario after the other: ten
     # torch processes at once would spend the first minute importing on a small box.
     pairs = [demo.trainers[i : i + 2] for i in range(0, len(demo.trainers), 2)]
     pending = list(pairs)

@@ -74,8 +74,11 @@ def websocket_problem(ws: WebSocket, state: AppState, write: bool) -> str | None
                 "a wrong one" if token else "none"
             )
         elif not write and not can_read(state.settings, token):
-            problem = "expected a view token (the dashboard's cookie, ?token= or Authorization:" \
-                " Bearer), got " + ("a wrong one" if token else "none")
+            problem = (
+                "expected a view token (the dashboard's cookie, the gradwatch.token.<base64url>"
+                " subprotocol, ?token= or Authorization: Bearer), got "
+                + ("a wrong one" if token else "none")
+            )
     return problem
 
 

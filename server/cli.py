@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import getpass
 import json
 import os
 import secrets
@@ -21,6 +20,8 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .hints import tunnel_hint
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -40,15 +41,6 @@ def _run_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args)
-
-
-def tunnel_hint(port: int) -> str:
-    """How to open a loopback dashboard from another machine (an SSH tunnel)."""
-    return (
-        "  hint, if your browser is on another machine: ssh -N -L "
-        f"{port}:127.0.0.1:{port} {getpass.getuser()}@{socket.gethostname()}"
-        f" there, then open http://127.0.0.1:{port}/ (docs/REMOTE.md)"
-    )
 
 
 def port_in_use(host: str, port: int) -> str | None:

@@ -129,8 +129,6 @@ def stored_floats(values: list[Any], scalar: Callable[[Any], Any]) -> list[Any]:
             return values
     except TypeError:
         pass
-    from .rows import scalar_out  # rows builds on this module
-
     return [v if v - v == 0 else scalar(scalar_out(v)) for v in values]
 
 
@@ -289,3 +287,12 @@ def _named_keys(names: list[str], keys: set[tuple[str, str, str]]) -> None:
     for name in names:
         family, owner, key = split_name(name)
         keys.add((family, owner, "" if family == "profile" else key))
+
+
+def scalar_out(value: Any) -> Any:
+    """A stored number as the protocol writes it: non-finite floats become strings."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        if value != value:
+            return "NaN"
+        return "Infinity" if value > 0 else "-Infinity"
+    return value

@@ -29,7 +29,7 @@ from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
 
 from ..columns import floats
 from .archive import TABLE as ARCHIVE_TABLE
-from .chunks import Chunks, add_block
+from .chunks import Chunks, add_block, scalar_out  # noqa: F401 (read as rows.scalar_out)
 from .chunks import schema as chunk_schema
 from .named import NamedBuilder, NamedGroup
 from .named import schema as named_schema
@@ -323,12 +323,3 @@ def split_batch(
     out.last_step = last_step if last_step >= 0 else None
     out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out
-
-
-def scalar_out(value: Any) -> Any:
-    """A stored number as the protocol writes it: non-finite floats become strings."""
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        if value != value:
-            return "NaN"
-        return "Infinity" if value > 0 else "-Infinity"
-    return value

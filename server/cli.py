@@ -97,7 +97,9 @@ def database_problem(settings: Any) -> str | None:
     folder = os.path.dirname(path)
     if not os.access(folder, os.W_OK):
         return f"--db {path}: its folder {folder} is not writable (SQLite keeps -wal beside it)"
-    return None
+    from .store.tables import layout_problem  # another storage layout: what to do
+
+    return layout_problem(path)
 
 
 def token_problem(settings: Any, loopback: bool) -> str | None:

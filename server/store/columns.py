@@ -1,26 +1,21 @@
-"""Rollups of a batch computed column by column (the writer's path; store/rollups.py).
+"""Rollups of a group of series computed column by column, where a value is not a
+finite number (the writer's path for numpy matrices is store/set_rollups.py).
 
-A batch's named scalars arrive as one value list per record in the order of a name
-set (store/named.py), its plain fields as the columns of its ``steps`` rows. Records
-sharing a name set share their steps, so the block boundaries of every level are
-found once per group of records, and each series' min and max per block is a C-level
-``min()``/``max()`` over a slice of its column (transposed with ``zip``), instead of
-one Python tuple per (series, step, value) sorted and cut per series. The result is
-row for row what :func:`gradwatch.server.store.rollups.aggregate` gives for the same
-values (tests/server/test_named_scalars.py compares them): ties keep the earliest
-step, then the earliest record of the batch; values order as ``key`` orders them.
+A chunk's series share their steps, so the block boundaries of every level are found
+once per group, and each series' min and max per block is a C-level ``min()``/``max()``
+over a slice of its column. Ties keep the earliest step; values order as ``key``
+(the backend's order, store/rollups.py) orders them.
 
 Example:
-    >>> rows = aggregate_columns([Group([3, 70, 65], [0, 1, 2], [7], [(2.0, 5.0, 1.0)])],
-    ...                          rollups.sqlite_key)
-    >>> sorted(r for r in rows if r[1] == 6)
-    [(7, 6, 0, 3, 2.0, 3, 2.0, 1), (7, 6, 1, 65, 1.0, 70, 5.0, 2)]
+    >>> group = Group([3, 70, 65], [0, 1, 2], [7], [(2.0, "NaN", 1.0)])
+    >>> [row for row in set_blocks(group, rollups.sqlite_key) if row[0] == 6]
+    [(6, 0, 1, 3, 3, [3, 2.0, 3, 2.0]), (6, 1, 2, 65, 70, [65, 1.0, 70, 'NaN'])]
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,37 +32,11 @@ class Group:
     order: Sequence[int]
     series: Sequence[int]
     columns: Sequence[Sequence[Any]]
-    # The kind of each series (store/set_rollups.py) when the group's rollups are kept
-    # as one row per set of series; empty: one row per series.
+    # The kind of each series (store/set_rollups.py): "q" int64, "d" float64.
     kinds: str = ""
     # Or the values as one numpy array, ``matrix[i, k]`` of series k at ``steps[i]``
     # (all finite, one dtype; ``columns`` is then empty).
     matrix: Any = None
-
-
-# (series, level, block) -> [min_step, min_v, max_step, max_v, n, min_order, max_order]
-_Blocks = dict[tuple[int, int, int], list[Any]]
-
-
-def aggregate_columns(groups: Iterable[Group], key: rollups.Key) -> list[tuple[Any, ...]]:
-    """Rollup rows ``(series, level, block, min_step, min_v, max_step, max_v, n)`` of
-    every level (for :data:`gradwatch.server.store.rollups.UPSERT`)."""
-    groups = [g for g in groups if g.steps]
-    # A series in one group only (nearly all) goes straight out; one in several name
-    # sets of the batch has its blocks merged.
-    seen: set[int] = set()
-    shared: set[int] = set()
-    for group in groups:
-        for series in group.series:
-            if series in seen:
-                shared.add(series)
-            seen.add(series)
-    out: list[tuple[Any, ...]] = []
-    merged: _Blocks = {}
-    for group in groups:
-        _add_group(out, merged, shared, group, key)
-    out.extend((s, lv, blk, b[0], b[1], b[2], b[3], b[4]) for (s, lv, blk), b in merged.items())
-    return out
 
 
 # (level, block, first finest block, last + 1, number of values)
@@ -131,32 +100,6 @@ def set_blocks(group: Group, key: rollups.Key) -> list[tuple[int, int, int, int,
     return out
 
 
-def _add_group(
-    out: list[tuple[Any, ...]], merged: _Blocks, shared: set[int], group: Group, key: rollups.Key
-) -> None:
-    steps, order, columns, fine, spans = _spans(group)
-    for series, column in zip(group.series, columns, strict=True):
-        lows, highs, rank = _extremes(column, fine, key)
-        for level, block, k, m, count in spans:
-            if m - k == 1:
-                lo, hi = lows[k], highs[k]
-            else:
-                # The extremes of a run of blocks are among theirs; min()/max() keep the
-                # first of equal ones, the earliest step.
-                lo, hi = min(lows[k:m], key=rank), max(highs[k:m], key=rank)
-            if series not in shared:
-                out.append(
-                    (series, level, block, steps[lo], column[lo], steps[hi], column[hi], count)
-                )
-                continue
-            row = [steps[lo], column[lo], steps[hi], column[hi], count, order[lo], order[hi]]
-            previous = merged.get((series, level, block))
-            if previous is None:
-                merged[series, level, block] = row
-            else:
-                _merge(previous, row, key)
-
-
 def _extremes(
     column: Sequence[Any], fine: list[tuple[int, int]], key: rollups.Key
 ) -> tuple[list[int], list[int], Callable[[int], Any]]:
@@ -186,15 +129,3 @@ def _extremes(
         lows.append(min(range(i, j), key=rank))
         highs.append(max(range(i, j), key=rank))
     return lows, highs, rank
-
-
-def _merge(into: list[Any], row: list[Any], key: rollups.Key) -> None:
-    """Fold another group's block into ``into``: the lower (higher) value wins, then
-    the earlier step, then the earlier record of the batch."""
-    into[4] += row[4]
-    lo_new, lo_old = key(row[1]), key(into[1])
-    if lo_new < lo_old or (lo_new == lo_old and (row[0], row[5]) < (into[0], into[5])):
-        into[0], into[1], into[5] = row[0], row[1], row[5]
-    hi_new, hi_old = key(row[3]), key(into[3])
-    if hi_new > hi_old or (hi_new == hi_old and (row[2], row[6]) < (into[2], into[6])):
-        into[2], into[3], into[6] = row[2], row[3], row[6]

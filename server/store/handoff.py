@@ -81,7 +81,7 @@ def encode_batch(batch: Batch, session: str) -> tuple[dict[str, Any], list[bytes
     parts.append(records)
     blocks = []
     for block in batch.columns:
-        fields = [name for name in CHUNK_FIELDS if getattr(block, name) is not None]
+        fields = [name for name in CHUNK_FIELDS if getattr(block, name, None) is not None]
         parts.append(block.step.i64)
         for name in fields:
             column = getattr(block, name)

@@ -22,22 +22,24 @@ from gradwatch.protocol.messages import ALERT, END, NONFINITE_STRINGS
 
 from ..columns import records_json
 from ..settings import Settings
-from . import pgfeed, rollups, rows
+from . import pgfeed, rollups, tables
 from .base import Store
 
-# aggregate_columns gives one row per (series, level, block): one statement may
-# upsert them all (a key twice would be refused).
-_ROLLUPS_UNNEST = rollups.UPSERT.replace(
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-    "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[],"
-    " %s::float8[], %s::bigint[], %s::float8[], %s::bigint[])",
+# Binary COPY of each chunk table: its columns' PostgreSQL types (store/chunks.py).
+_COPY_TYPES = {
+    "step_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "text", "bytea", "bytea",
+                    "text"],
+    "named_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "int8", "int8", "bytea",
+                     "bytea"],
+    "series_chunks": ["text", "int8", "text", "text", "text", "int8", "int8", "int8", "int8",
+                      "int8", "bytea", "bytea"],
+}
+# Transaction-level locks on rollup sets (another replica may write the same set):
+# keyed by schema and id, taken in id order so two writers never wait on each other.
+_LOCK_SETS = (
+    "SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '/' || x::text, 7))"
+    " FROM (SELECT x FROM unnest(%s::bigint[]) AS x ORDER BY x) AS ids"
 )
-
-
-_TIMESTEPS_COPY = (
-    "COPY timesteps (run_id, rank, step, module, series, n, data) FROM STDIN (FORMAT BINARY)"
-)
-_TIMESTEP_TYPES = ["text", "int8", "int8", "text", "text", "int8", "bytea"]
 
 
 class PostgresStore(Store):
@@ -82,18 +84,26 @@ class PostgresStore(Store):
         with conn.cursor() as cur:
             # Serialise schema creation between servers starting at once.
             cur.execute("SELECT pg_advisory_xact_lock(4242424242)")
-            for statement in rows.schema(
+            ddl = tables.statements(
                 number="DOUBLE PRECISION",
                 integer="BIGINT",
                 blob="BYTEA",
                 serial="BIGSERIAL PRIMARY KEY",
-            ):
-                cur.execute(statement)
+                clustered="",
+            )
+            cur.execute(
+                "SELECT table_name FROM information_schema.tables"
+                " WHERE table_schema = current_schema()"
+            )
+            found = {str(r[0]) for r in cur.fetchall()}
+            cur.execute("SELECT current_schema()")
+            schema = str(cur.fetchone()[0])
+            where = f"PostgreSQL database {conn.info.dbname}, schema {schema}"
+            tables.create_or_check(cur, where, found, ddl)
             cur.execute(pgfeed.LIVE_TABLE)
             cur.execute(pgfeed.LIVE_STORAGE)
             cur.execute(pgfeed.LIVE_INDEX)
-            cur.execute("SELECT current_schema()")
-            self.channel = pgfeed.channel_for(str(cur.fetchone()[0]))
+            self.channel = pgfeed.channel_for(schema)
         conn.commit()
 
     # The writer thread runs these inside the transaction of the hello or batch, so the
@@ -119,22 +129,19 @@ class PostgresStore(Store):
             cur.execute(pgfeed.PRUNE, (pgfeed.RETAIN_S,))
         return True
 
-    # The ~180 rollup rows of a batch as one statement of arrays: 43 instead of 74 us
-    # per record with executemany (BENCHMARKS.md, "Ingest: packed named scalars").
-    def _upsert_rollups(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
-        columns: list[list[Any]] = [list(column) for column in zip(*found, strict=True)]
-        for at in (4, 6):  # min_v, max_v: a count (an int) among floats
-            columns[at] = [float(v) for v in columns[at]]
-        cur.execute(_ROLLUPS_UNNEST, columns)
-
-    # Binary COPY: ~2.3x faster than executemany for 200 rows of 1 KB blobs (98 -> 42
-    # us per record, BENCHMARKS.md "Ingest"). `timesteps` has no unique key to conflict
-    # on, so COPY's lack of ON CONFLICT changes nothing.
-    def _insert_timesteps(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
-        with cur.copy(_TIMESTEPS_COPY) as copy:
-            copy.set_types(_TIMESTEP_TYPES)
-            for row in found:
+    # Binary COPY of the chunk rows: one round trip per table and batch, no SQL parsed
+    # per row (BENCHMARKS.md, "Ingest"). The chunks' primary key is a guard never
+    # expected to fire (a uid is unique per run, rank and session).
+    def _insert_rows(
+        self, cur: Any, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+    ) -> None:
+        with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(_COPY_TYPES[table])
+            for row in rows:
                 copy.write_row(row)
+
+    def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
+        cur.execute(_LOCK_SETS, (set_ids,))
 
     def alive(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken

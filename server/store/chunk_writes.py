@@ -1,40 +1,31 @@
-"""The writer thread's scalar work for one batch: packed named rows and rollups.
+"""The writer thread's work for one batch's chunks: their rows, and their rollups.
 
-Mixed into :class:`gradwatch.server.store.base.Store`. Each name set of a batch
-(store/named.py) becomes one id in ``named_sets`` and one row per record in
-``named_scalars``; each name and each plain ``steps`` column keeps its ``series`` id,
-and the rollups of all of them are computed column-wise (store/columns.py) and
-upserted in one ``executemany``.
+Mixed into :class:`gradwatch.server.store.base.Store`. A batch's chunks
+(store/chunks.py) are inserted as they are (PostgreSQL copies them, store/postgres.py);
+each name set gets an id in ``named_sets`` and each series (a plain field, a named
+scalar, the step numbers) one in ``series``; the rollups of every chunk's series are
+kept one row per set of series and block (store/set_rollups.py), merged with the row
+of that block already stored, once per transaction.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from itertools import chain, repeat
+from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
 
-from . import named, rollups, rows
-from .chunks import INT_FIELDS, NAMED_CHUNK_INSERT
-from .columns import Group, aggregate_columns, set_blocks
+from . import named, rollups
+from .chunks import INT_FIELDS, TABLES, Chunks, scalar_out
+from .columns import Group, set_blocks
 from .set_rollups import SET_INSERT, Layout, array_blocks, kind_of, merge, merge_arrays
 
-# (index in a `steps` row, series name) of the columns the history API serves, and
-# the step numbers themselves (their rollups count the steps of a range).
-ROLLED_COLUMNS = (
-    (rows.STEP_COLUMNS.index("step"), rollups.STEP_SERIES),
-    *((rows.STEP_COLUMNS.index(f), f) for f in rows.SCALAR_FIELDS),
-)
-_STEP = rows.STEP_COLUMNS.index("step")
-_UID = rows.STEP_COLUMNS.index("uid")
 
+class ChunkWrites:
+    """Chunk rows and rollups; the Store supplies SQL, ``scalar_in`` and the caches."""
 
-class ScalarWrites:
-    """Packed named scalars and rollups; the Store supplies SQL and series ids."""
-
-    value_key = staticmethod(rollups.sqlite_key)
     # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
     # Only the writer thread touches them; both are forgotten after a rollback.
     _series_ids: dict[tuple[tuple[str, int], str], int]
@@ -43,9 +34,7 @@ class ScalarWrites:
     _keys_written: set[tuple[str, str, str, str]]
     # The rollup groups of the transaction being written.
     _rollups_pending: list[Group]
-    # Series of chunks roll up one row per set of series (store/set_rollups.py); the
-    # set layouts this writer knows, by series ids.
-    set_rollups = False
+    # The set layouts this writer knows, by series ids.
     _set_layouts: dict[tuple[int, ...], Layout]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
     _written: int = 0
@@ -58,6 +47,8 @@ class ScalarWrites:
 
     def scalar_in(self, value: Any) -> Any:
         raise NotImplementedError
+
+    value_key = staticmethod(rollups.sqlite_key)
 
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
@@ -102,74 +93,59 @@ class ScalarWrites:
             found = self._name_sets[key, names] = (set_id, series)
         return found
 
-    def _write_scalars(self, cur: Any, batch: Any, split: rows.SplitBatch) -> None:
-        run_id, rank = batch.run_id, batch.rank
-        chunked = split.chunks.named if split.chunks is not None else []
-        if split.named or chunked:
-            self._written = written = max(time.time_ns(), self._written + 1)
-        if chunked:
-            cur.executemany(
-                self.sql(NAMED_CHUNK_INSERT),
-                [
-                    (*row[:5], written, self._name_set(cur, run_id, rank, names)[0], *row[5:])
-                    for names, row in chunked
-                ],
-            )
-        if split.named:
-            packed: list[tuple[Any, ...]] = []
-            for names, group in split.named.items():
-                set_id = self._name_set(cur, run_id, rank, names)[0]
-                packed.extend(
-                    zip(
-                        repeat(run_id),
-                        repeat(rank),
-                        group.steps,
-                        group.uids,
-                        repeat(written),
-                        repeat(set_id),
-                        group.blobs,
-                    )
-                )
-            cur.executemany(self.sql(named.NAMED_INSERT), packed)
-        groups = rollup_groups(
-            split,
-            lambda names: self._name_set(cur, run_id, rank, names)[1],
-            lambda name: self._series(cur, run_id, rank, name),
+    def _insert_rows(
+        self, cur: Any, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """Insert rows into a chunk table (PostgreSQL copies them instead)."""
+        marks = ", ".join("?" for _ in columns)
+        cur.executemany(
+            self.sql(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"),  # noqa: S608
+            rows,
         )
-        for chunk in split.chunks.groups if split.chunks is not None else ():
+
+    def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: Chunks) -> None:
+        """A batch's chunk rows, and its rollup groups for :meth:`_flush_rollups`."""
+        named_rows = []
+        if chunks.named:
+            self._written = written = max(time.time_ns(), self._written + 1)
+            named_rows = [
+                (*row[:5], written, self._name_set(cur, run_id, rank, names)[0], *row[5:])
+                for names, row in chunks.named
+            ]
+        for (table, columns), rows in zip(
+            TABLES, (chunks.steps, named_rows, chunks.series), strict=True
+        ):
+            if rows:
+                self._insert_rows(cur, table, columns, rows)
+        for chunk in chunks.groups:
             if chunk.name_set:
                 ids = self._name_set(cur, run_id, rank, chunk.names)[1]
             else:
                 ids = [self._series(cur, run_id, rank, name) for name in chunk.names]
-            kinds = (
-                "".join(kind_of(name, INT_FIELDS) for name in chunk.names)
-                if self.set_rollups
-                else ""
+            kinds = "".join(kind_of(name, INT_FIELDS) for name in chunk.names)
+            # Upserted once per transaction (_flush_rollups): the batches of one run that
+            # commit together share their coarse blocks, one row each.
+            self._rollups_pending.append(
+                Group(chunk.steps, chunk.uids, ids, chunk.columns, kinds, chunk.matrix)
             )
-            groups.append(Group(chunk.steps, chunk.uids, ids, chunk.columns, kinds, chunk.matrix))
-        # Upserted once per transaction (_flush_rollups): the batches of one run that
-        # commit together share their coarse blocks, one row each instead of one per
-        # batch (the upserts were a fifth of the server's time at 40k records/s).
-        self._rollups_pending.extend(groups)
 
     def _flush_rollups(self, cur: Any) -> None:
-        """Upsert the rollups of every batch of this transaction."""
+        """Write the rollups of every batch of this transaction."""
         if self._rollups_pending:
             groups = joined(self._rollups_pending)
             self._rollups_pending = []  # `groups` may be the very list
-            apart = [g for g in groups if not g.kinds]
-            if apart:
-                self._upsert_rollups(cur, aggregate_columns(apart, self.value_key))
-            together = [g for g in groups if g.kinds]
-            if together:
-                self._write_set_rollups(cur, together)
+            self._write_set_rollups(cur, groups)
+
+    def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
+        """Hold the sets' rows until the commit (PostgreSQL: other replicas may write)."""
 
     def _write_set_rollups(self, cur: Any, groups: list[Group]) -> None:
         """One row per set and block (store/set_rollups.py), merged with the row of
         that block already stored."""
         found: list[tuple[Any, ...]] = []
-        for group in groups:
-            layout = self._set_layout(cur, group)
+        layouts = [self._set_layout(cur, group) for group in groups]
+        self._lock_sets(cur, sorted({layout.id for layout in layouts}))
+        for group, layout in zip(groups, layouts, strict=True):
             if group.matrix is not None:
                 steps = np.fromiter(group.steps, np.int64, len(group.steps))
                 blocks, values = array_blocks(steps, group.matrix)
@@ -220,7 +196,7 @@ class ScalarWrites:
 
     def _stored_value(self, value: float) -> Any:
         """A non-finite float as this backend stores it."""
-        return self.scalar_in(rows.scalar_out(value))
+        return self.scalar_in(scalar_out(value))
 
     def _set_layout(self, cur: Any, group: Group) -> Layout:
         key = tuple(group.series)
@@ -263,10 +239,6 @@ class ScalarWrites:
                 found[level, block] = tuple(row)
         return found
 
-    # PostgreSQL sends them as one statement of arrays (store/postgres.py).
-    def _upsert_rollups(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
-        cur.executemany(self.sql(rollups.UPSERT), found)
-
 
 def joined(groups: list[Group]) -> list[Group]:
     """Groups of the same series (one run's batches in one transaction) as one group:
@@ -288,7 +260,7 @@ def joined(groups: list[Group]) -> list[Group]:
             matrix = np.concatenate([g.matrix for g in same])
             out.append(Group(steps, order, same[0].series, [], same[0].kinds, matrix))
             continue
-        columns = [_columns(g) for g in same]
+        columns = [g.matrix.T.tolist() if g.matrix is not None else g.columns for g in same]
         out.append(
             Group(
                 steps,
@@ -308,43 +280,3 @@ def _columns(group: Group) -> Sequence[Sequence[Any]]:
     """A group's values as one list per series (a matrix holds finite numbers only,
     stored as they are)."""
     return group.matrix.T.tolist() if group.matrix is not None else group.columns
-
-
-def rollup_groups(
-    split: rows.SplitBatch,
-    set_series: Callable[[tuple[str, ...]], list[int]],
-    series_of: Callable[[str], int],
-) -> list[Group]:
-    """A batch's series as column groups for :func:`aggregate_columns`: one per name
-    set (``set_series``: the series id of each of its names), one for the plain
-    ``steps`` columns every record has, one for each column with gaps (``series_of``:
-    a name's series id, asked only for columns that have values)."""
-    groups = [
-        # One tuple per name, transposed in C.
-        Group(group.steps, group.uids, set_series(names), list(zip(*group.values, strict=True)))
-        for names, group in split.named.items()
-    ]
-    if not split.steps:
-        return groups
-    columns = list(zip(*split.steps, strict=True))
-    steps, uids = columns[_STEP], columns[_UID]
-    whole: list[int] = []
-    whole_columns: list[Sequence[Any]] = []
-    for at, name in ROLLED_COLUMNS:
-        values = columns[at]
-        if None not in values:
-            whole.append(series_of(name))
-            whole_columns.append(values)
-            continue
-        kept = [i for i, v in enumerate(values) if v is not None]
-        if kept:
-            groups.append(
-                Group(
-                    [steps[i] for i in kept],
-                    [uids[i] for i in kept],
-                    [series_of(name)],
-                    [[values[i] for i in kept]],
-                )
-            )
-    groups.append(Group(steps, uids, whole, whole_columns))
-    return groups

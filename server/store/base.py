@@ -86,6 +86,7 @@ class Store(ChunkWrites, Reads, Archive, ABC):
         self._name_sets = {}
         self._keys_written = set()
         self._rollups_pending = []
+        self._rows_pending = {}
         self._set_layouts = {}
         writer = self.connect()
         try:
@@ -196,9 +197,9 @@ class Store(ChunkWrites, Reads, Archive, ABC):
 
     def _write_group(self, conn: Any, group: list[Any]) -> None:
         try:
-            self._rollups_pending.clear()
+            self._discard_pending()
             results = [self._apply(conn, op, payload) for op, payload, _ in group]
-            self._flush_rollups(conn.cursor())
+            self._flush(conn.cursor())
             conn.commit()
         except Exception:
             # Retried one by one, each with its own verdict; on a lost connection each
@@ -215,9 +216,9 @@ class Store(ChunkWrites, Reads, Archive, ABC):
     def _write_one(self, conn: Any, item: Any) -> None:
         op, payload, future = item
         try:
-            self._rollups_pending.clear()
+            self._discard_pending()
             result = self._apply(conn, op, payload)
-            self._flush_rollups(conn.cursor())
+            self._flush(conn.cursor())
             conn.commit()
         except Exception as error:
             with contextlib.suppress(Exception):  # a lost connection is reported below

@@ -32,7 +32,8 @@ class ChunkWrites:
     _name_sets: dict[tuple[tuple[str, int], tuple[str, ...]], tuple[int, list[int]]]
     # run_keys rows this writer wrote (run_id, family, key, sub).
     _keys_written: set[tuple[str, str, str, str]]
-    # The rollup groups of the transaction being written.
+    # The chunk rows (by table) and rollup groups of the transaction being written.
+    _rows_pending: dict[str, list[tuple[Any, ...]]]
     _rollups_pending: list[Group]
     # The set layouts this writer knows, by series ids.
     _set_layouts: dict[tuple[int, ...], Layout]
@@ -104,7 +105,7 @@ class ChunkWrites:
         )
 
     def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: Chunks) -> None:
-        """A batch's chunk rows, and its rollup groups for :meth:`_flush_rollups`."""
+        """A batch's chunk rows and rollup groups, written by :meth:`_flush`."""
         named_rows = []
         if chunks.named:
             self._written = written = max(time.time_ns(), self._written + 1)
@@ -112,25 +113,31 @@ class ChunkWrites:
                 (*row[:5], written, self._name_set(cur, run_id, rank, names)[0], *row[5:])
                 for names, row in chunks.named
             ]
-        for (table, columns), rows in zip(
-            TABLES, (chunks.steps, named_rows, chunks.series), strict=True
-        ):
-            if rows:
-                self._insert_rows(cur, table, columns, rows)
+        for (table, _), rows in zip(TABLES, (chunks.steps, named_rows, chunks.series), strict=True):
+            self._rows_pending.setdefault(table, []).extend(rows)
         for chunk in chunks.groups:
             if chunk.name_set:
                 ids = self._name_set(cur, run_id, rank, chunk.names)[1]
             else:
                 ids = [self._series(cur, run_id, rank, name) for name in chunk.names]
             kinds = "".join(kind_of(name, INT_FIELDS) for name in chunk.names)
-            # Upserted once per transaction (_flush_rollups): the batches of one run that
-            # commit together share their coarse blocks, one row each.
+            # Written once per transaction (_flush): the batches of one run that commit
+            # together share their coarse blocks, one row each.
             self._rollups_pending.append(
                 Group(chunk.steps, chunk.uids, ids, chunk.columns, kinds, chunk.matrix)
             )
 
-    def _flush_rollups(self, cur: Any) -> None:
-        """Write the rollups of every batch of this transaction."""
+    def _discard_pending(self) -> None:
+        self._rows_pending.clear()
+        self._rollups_pending.clear()
+
+    def _flush(self, cur: Any) -> None:
+        """Write the chunk rows and rollups of every batch of this transaction: one
+        insert (PostgreSQL: one COPY) per table, not one per batch."""
+        for table, columns in TABLES:
+            rows = self._rows_pending.pop(table, None)
+            if rows:
+                self._insert_rows(cur, table, columns, rows)
         if self._rollups_pending:
             groups = joined(self._rollups_pending)
             self._rollups_pending = []  # `groups` may be the very list
@@ -141,21 +148,25 @@ class ChunkWrites:
 
     def _write_set_rollups(self, cur: Any, groups: list[Group]) -> None:
         """One row per set and block (store/set_rollups.py), merged with the row of
-        that block already stored."""
-        found: list[tuple[Any, ...]] = []
+        that block already stored (read in one query for every set)."""
         layouts = [self._set_layout(cur, group) for group in groups]
         self._lock_sets(cur, sorted({layout.id for layout in layouts}))
+        computed: list[tuple[Layout, list[Any], Any]] = []
         for group, layout in zip(groups, layouts, strict=True):
             if group.matrix is not None:
                 steps = np.fromiter(group.steps, np.int64, len(group.steps))
-                blocks, values = array_blocks(steps, group.matrix)
-                stored = self._stored_set_rows(cur, layout.id, blocks)
-                found.extend(self._array_rows(layout, blocks, values, stored))
+                computed.append((layout, *array_blocks(steps, group.matrix)))
+            else:
+                computed.append((layout, set_blocks(group, self.value_key), None))
+        stored = self._stored_set_rows(cur, [(c[0].id, c[1]) for c in computed])
+        found: list[tuple[Any, ...]] = []
+        for layout, blocks, values in computed:
+            old_rows = stored.get(layout.id, {})
+            if values is not None:
+                found.extend(self._array_rows(layout, blocks, values, old_rows))
                 continue
-            with_values = set_blocks(group, self.value_key)
-            stored = self._stored_set_rows(cur, layout.id, with_values)
-            for level, block, n, lo, hi, row in with_values:
-                old = stored.get((level, block))
+            for level, block, n, lo, hi, row in blocks:
+                old = old_rows.get((level, block))
                 if old is not None:
                     row = merge(layout.unpack(old[3], self._stored_value), row, self.value_key)
                     n, lo, hi = n + old[0], min(lo, old[1]), max(hi, old[2])
@@ -219,24 +230,31 @@ class ChunkWrites:
         return layout
 
     def _stored_set_rows(
-        self, cur: Any, set_id: int, blocks: list[tuple[Any, ...]]
-    ) -> dict[tuple[int, int], tuple[Any, ...]]:
-        """(level, block) -> (n, step_lo, step_hi, data) of the stored rows of these
-        blocks: one range query per level."""
-        found: dict[tuple[int, int], tuple[Any, ...]] = {}
-        for level in rollups.LEVELS:
-            at = [b[1] for b in blocks if b[0] == level]
-            if not at:
-                continue
-            cur.execute(
-                self.sql(
-                    "SELECT block, n, step_lo, step_hi, data FROM set_rollups"
-                    " WHERE set_id = ? AND level = ? AND block >= ? AND block <= ?"
-                ),
-                (set_id, level, min(at), max(at)),
-            )
-            for block, *row in cur.fetchall():
-                found[level, block] = tuple(row)
+        self, cur: Any, sets: list[tuple[int, list[tuple[Any, ...]]]]
+    ) -> dict[int, dict[tuple[int, int], tuple[Any, ...]]]:
+        """set id -> (level, block) -> (n, step_lo, step_hi, data) of the stored rows
+        of these blocks (``sets``: each set's blocks, ``(level, block, ...)``), read
+        in one query: one block range per set and level."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for set_id, blocks in sets:
+            for level in rollups.LEVELS:
+                at = [b[1] for b in blocks if b[0] == level]
+                if at:
+                    clauses.append("(set_id = ? AND level = ? AND block >= ? AND block <= ?)")
+                    params += (set_id, level, min(at), max(at))
+        found: dict[int, dict[tuple[int, int], tuple[Any, ...]]] = {}
+        if not clauses:
+            return found
+        cur.execute(
+            self.sql(
+                "SELECT set_id, level, block, n, step_lo, step_hi, data FROM set_rollups"  # noqa: S608
+                f" WHERE {' OR '.join(clauses)}"
+            ),
+            params,
+        )
+        for set_id, level, block, *row in cur.fetchall():
+            found.setdefault(set_id, {})[level, block] = tuple(row)
         return found
 
 

@@ -24,6 +24,7 @@ from ..columns import records_json
 from ..settings import Settings
 from . import pgfeed, rollups, tables
 from .base import Store
+from .handoff import batch_of, frame_bytes
 
 # Binary COPY of each chunk table: its columns' PostgreSQL types (store/chunks.py).
 _COPY_TYPES = {
@@ -54,6 +55,8 @@ class PostgresStore(Store):
         self.replica = uuid.uuid4().hex[:16]
         self.channel = pgfeed.channel_for("public")
         self._pruned = 0.0
+        # (run_id, rank, seq, urgent, frame) of the batches of the open transaction.
+        self._live_pending: list[tuple[Any, ...]] = []
         super().__init__(settings)
 
     def listener(self, deliver: Callable[[pgfeed.Delivery], None]) -> pgfeed.Listener:
@@ -61,21 +64,28 @@ class PostgresStore(Store):
         return pgfeed.Listener(self.settings.db, self.channel, self.replica, deliver)
 
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
-        """``(id, run_id, rank, seq, records)`` of stored live batches, by row id."""
-        return self.query(
-            "SELECT id, run_id, rank, seq, records FROM live_batches WHERE id = ANY(?)",
-            (list(ids),),
-        )
+        """``(id, run_id, rank, seq, records)`` of stored live batches, by row id; the
+        records are the JSON array a live message carries (server/columns.py)."""
+        return [
+            (*row[:4], records_json(batch_of(bytes(row[4]))), *row[5:])
+            for row in self.query(
+                "SELECT id, run_id, rank, seq, frame FROM live_batches WHERE id = ANY(?)",
+                (list(ids),),
+            )
+        ]
 
     def live_rows_since(self, seconds: float) -> list[tuple[Any, ...]]:
         """``(id, run_id, rank, seq, records, urgent)`` other replicas stored in the last
         ``seconds``, in the order they were stored (a LISTEN connection came back)."""
-        return self.query(
-            "SELECT id, run_id, rank, seq, records, urgent FROM live_batches"
-            " WHERE created >= clock_timestamp() - make_interval(secs => ?) AND replica <> ?"
-            " ORDER BY id",
-            (seconds, self.replica),
-        )
+        return [
+            (*row[:4], records_json(batch_of(bytes(row[4]))), *row[5:])
+            for row in self.query(
+                "SELECT id, run_id, rank, seq, frame, urgent FROM live_batches WHERE"
+                " created >= clock_timestamp() - make_interval(secs => ?) AND replica <> ?"
+                " ORDER BY id",
+                (seconds, self.replica),
+            )
+        ]
 
     def connect(self) -> Any:
         return psycopg.connect(self.settings.db, autocommit=False)
@@ -115,14 +125,10 @@ class PostgresStore(Store):
     def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
         if not super()._write_batch(cur, batch, session):
             return False
-        records = records_json(batch)
         # As ingest decides for its own viewers: the runs list updates at once.
         urgent = any(r.kind in (END, ALERT) for r in batch.records)
-        cur.execute(
-            pgfeed.ANNOUNCE_BATCH,
-            (self.replica, batch.run_id, batch.rank, batch.seq, urgent, records,
-             self.channel, self.replica, batch.run_id, urgent),
-        )
+        frame = frame_bytes(batch, session)
+        self._live_pending.append((batch.run_id, batch.rank, batch.seq, urgent, frame))
         now = time.monotonic()
         if now - self._pruned > pgfeed.PRUNE_EVERY_S:
             self._pruned = now
@@ -139,6 +145,19 @@ class PostgresStore(Store):
             copy.set_types(_COPY_TYPES[table])
             for row in rows:
                 copy.write_row(row)
+
+    def _discard_pending(self) -> None:
+        super()._discard_pending()
+        self._live_pending.clear()
+
+    def _flush(self, cur: Any) -> None:
+        super()._flush(cur)
+        if self._live_pending:
+            columns = [list(c) for c in zip(*self._live_pending, strict=True)]
+            self._live_pending.clear()
+            cur.execute(
+                pgfeed.ANNOUNCE_BATCHES, (self.replica, *columns, self.channel, self.replica)
+            )
 
     def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
         cur.execute(_LOCK_SETS, (set_ids,))

@@ -12,15 +12,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from . import named, rollups
-from .chunks import INT_FIELDS, TABLES, Chunks, scalar_out
-from .columns import Group, set_blocks
-from .set_rollups import SET_INSERT, Layout, array_blocks, kind_of, merge, merge_arrays
+from .chunks import INT_FIELDS, TABLES, Chunks
+from .set_rollups import SET_INSERT, Layout, array_blocks, kind_of, merge_arrays
+
+
+@dataclass
+class Group:
+    """One chunk's series for the rollups: their ids, kinds (store/set_rollups.py) and
+    values, ``matrix[i, k]`` of series k at ``steps[i]``."""
+
+    steps: list[int]
+    series: tuple[int, ...]
+    kinds: str
+    matrix: Any
 
 
 class ChunkWrites:
@@ -39,6 +50,8 @@ class ChunkWrites:
     _set_layouts: dict[tuple[int, ...], Layout]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
     _written: int = 0
+    # The backend: "sqlite" or "postgresql" (how non-finite values order).
+    kind: ClassVar[str]
 
     def sql(self, text: str) -> str:
         raise NotImplementedError
@@ -123,9 +136,7 @@ class ChunkWrites:
             kinds = "".join(kind_of(name, INT_FIELDS) for name in chunk.names)
             # Written once per transaction (_flush): the batches of one run that commit
             # together share their coarse blocks, one row each.
-            self._rollups_pending.append(
-                Group(chunk.steps, chunk.uids, ids, chunk.columns, kinds, chunk.matrix)
-            )
+            self._rollups_pending.append(Group(chunk.steps, tuple(ids), kinds, chunk.matrix))
 
     def _discard_pending(self) -> None:
         self._rows_pending.clear()
@@ -151,66 +162,28 @@ class ChunkWrites:
         that block already stored (read in one query for every set)."""
         layouts = [self._set_layout(cur, group) for group in groups]
         self._lock_sets(cur, sorted({layout.id for layout in layouts}))
-        computed: list[tuple[Layout, list[Any], Any]] = []
-        for group, layout in zip(groups, layouts, strict=True):
-            if group.matrix is not None:
-                steps = np.fromiter(group.steps, np.int64, len(group.steps))
-                computed.append((layout, *array_blocks(steps, group.matrix)))
-            else:
-                computed.append((layout, set_blocks(group, self.value_key), None))
+        computed = [
+            (layout, *array_blocks(np.array(group.steps, np.int64), group.matrix, self.kind))
+            for group, layout in zip(groups, layouts, strict=True)
+        ]
         stored = self._stored_set_rows(cur, [(c[0].id, c[1]) for c in computed])
         found: list[tuple[Any, ...]] = []
         for layout, blocks, values in computed:
             old_rows = stored.get(layout.id, {})
-            if values is not None:
-                found.extend(self._array_rows(layout, blocks, values, old_rows))
-                continue
-            for level, block, n, lo, hi, row in blocks:
-                old = old_rows.get((level, block))
-                if old is not None:
-                    row = merge(layout.unpack(old[3], self._stored_value), row, self.value_key)
-                    n, lo, hi = n + old[0], min(lo, old[1]), max(hi, old[2])
-                found.append((layout.id, level, block, n, lo, hi, layout.pack(row)))
+            again = [at for at, b in enumerate(blocks) if (b[0], b[1]) in old_rows]
+            if again:
+                data = b"".join(bytes(old_rows[blocks[at][:2]][3]) for at in again)
+                old = np.frombuffer(data, values.dtype).reshape(len(again), -1)
+                values[again] = merge_arrays(old, values[again], self.kind)
+            for at, (level, block, n, lo, hi) in enumerate(blocks):
+                old_row = old_rows.get((level, block))
+                if old_row is not None:
+                    n, lo, hi = n + old_row[0], min(lo, old_row[1]), max(hi, old_row[2])
+                found.append((layout.id, level, block, n, lo, hi, values[at].tobytes()))
         cur.executemany(self.sql(SET_INSERT), found)
 
-    def _array_rows(
-        self,
-        layout: Layout,
-        blocks: list[tuple[int, int, int, int, int]],
-        values: np.ndarray,
-        stored: dict[tuple[int, int], tuple[Any, ...]],
-    ) -> list[tuple[Any, ...]]:
-        """Rows of one numpy group, the stored rows of its blocks merged in at once
-        (one by one, in the backend's order, where a stored row is not finite)."""
-        again = [at for at, b in enumerate(blocks) if (b[0], b[1]) in stored]
-        merged = None
-        if again:
-            old = np.frombuffer(
-                b"".join(stored[blocks[at][:2]][3] for at in again), values.dtype
-            ).reshape(len(again), -1)
-            merged = merge_arrays(old, values[again])
-            if merged is not None:
-                values[again] = merged
-        out = []
-        for at, (level, block, n, lo, hi) in enumerate(blocks):
-            row: Any = values[at]
-            old_row = stored.get((level, block))
-            if old_row is not None:
-                if merged is None:
-                    flat = [v for record in row.tolist() for v in record]
-                    previous = layout.unpack(old_row[3], self._stored_value)
-                    row = merge(previous, flat, self.value_key)
-                n, lo, hi = n + old_row[0], min(lo, old_row[1]), max(hi, old_row[2])
-            data = layout.pack(row) if isinstance(row, list) else row.tobytes()
-            out.append((layout.id, level, block, n, lo, hi, data))
-        return out
-
-    def _stored_value(self, value: float) -> Any:
-        """A non-finite float as this backend stores it."""
-        return self.scalar_in(scalar_out(value))
-
     def _set_layout(self, cur: Any, group: Group) -> Layout:
-        key = tuple(group.series)
+        key = group.series
         layout = self._set_layouts.get(key)
         if layout is None:
             text = ",".join(map(str, key))
@@ -260,41 +233,20 @@ class ChunkWrites:
 
 def joined(groups: list[Group]) -> list[Group]:
     """Groups of the same series (one run's batches in one transaction) as one group:
-    aggregating them apart and merging their shared blocks cost ~4x more (the merge
-    is per block in Python; one group's blocks are min()/max() over slices)."""
+    one array_blocks call instead of one per batch and a merge of their shared blocks."""
     by_series: dict[tuple[tuple[int, ...], str], list[Group]] = {}
     for group in groups:
-        by_series.setdefault((tuple(group.series), group.kinds), []).append(group)
+        by_series.setdefault((group.series, group.kinds), []).append(group)
     if len(by_series) == len(groups):
         return groups
-    out = []
-    for same in by_series.values():
-        if len(same) == 1:
-            out.append(same[0])
-            continue
-        steps = list(chain.from_iterable(g.steps for g in same))
-        order = list(chain.from_iterable(g.order for g in same))
-        if all(g.matrix is not None for g in same):
-            matrix = np.concatenate([g.matrix for g in same])
-            out.append(Group(steps, order, same[0].series, [], same[0].kinds, matrix))
-            continue
-        columns = [g.matrix.T.tolist() if g.matrix is not None else g.columns for g in same]
-        out.append(
-            Group(
-                steps,
-                order,
-                same[0].series,
-                [
-                    list(chain.from_iterable(c[k] for c in columns))
-                    for k in range(len(same[0].series))
-                ],
-                same[0].kinds,
-            )
+    return [
+        same[0]
+        if len(same) == 1
+        else Group(
+            list(chain.from_iterable(g.steps for g in same)),
+            same[0].series,
+            same[0].kinds,
+            np.concatenate([g.matrix for g in same]),
         )
-    return out
-
-
-def _columns(group: Group) -> Sequence[Sequence[Any]]:
-    """A group's values as one list per series (a matrix holds finite numbers only,
-    stored as they are)."""
-    return group.matrix.T.tolist() if group.matrix is not None else group.columns
+        for same in by_series.values()
+    ]

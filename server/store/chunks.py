@@ -76,18 +76,14 @@ def schema(integer: str, blob: str, clustered: str) -> list[str]:
 
 @dataclass
 class ColumnGroup:
-    """Records of one chunk for the rollups: ``columns[k]`` holds the values (as the
-    backend stores them) of the series named ``names[k]``; ``name_set`` is set for
-    the named scalars (their series ids come with the set)."""
+    """Records of one chunk for the rollups: ``matrix[i, k]`` (all int64 or all
+    float64) is the value of the series named ``names[k]`` at ``steps[i]``;
+    ``name_set`` is set for the named scalars (their series ids come with the set)."""
 
     steps: list[int]
-    uids: range
     names: tuple[str, ...]
-    columns: list[list[Any]]
+    matrix: Any
     name_set: bool = False
-    # Or the values as one numpy array, ``matrix[i, k]`` of series k at
-    # ``steps[i]``, all int64 or all finite float64 (``columns`` then empty).
-    matrix: Any = None
 
 
 @dataclass
@@ -137,7 +133,6 @@ def add_block(
     run_id: str,
     rank: int,
     uid: int,
-    scalar: Callable[[Any], Any],
     keys: set[tuple[str, str, str]],
 ) -> tuple[int, int]:
     """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
@@ -164,7 +159,7 @@ def add_block(
             keys.add(("timesteps", module, series))
     notes = getattr(block, "notes", None)
     chunks = cuts(steps)
-    out.groups.extend(_array_groups(steps, block.step.i64, chunks, uid, rolled, named, scalar))
+    out.groups.extend(_array_groups(steps, block.step.i64, chunks, rolled, named))
     for start, stop in chunks:
         n = stop - start
         first = uid + 1 + start
@@ -198,14 +193,11 @@ def _array_groups(
     steps: list[int],
     step_bytes: bytes,
     chunks: list[tuple[int, int]],
-    uid: int,
     rolled: _Rolled,
     named: Any,
-    scalar: Callable[[Any], Any],
 ) -> list[ColumnGroup]:
     """Each chunk's rollup groups as numpy matrices of one dtype (store/set_rollups.py):
-    the int columns with the steps, the float columns, the named scalars; a group
-    with a value that is not finite goes as lists (the backend's order decides)."""
+    the int columns with the steps, the float columns, the named scalars."""
     n = len(steps)
     ints_ = [(name, data) for name, data in rolled if name in INT_FIELDS]
     floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
@@ -222,17 +214,11 @@ def _array_groups(
     if named is not None:
         matrix = np.frombuffer(named.f64, "<f8").reshape(n, len(named.names))
         matrices.append((tuple(named.names), matrix, True))
-    groups: list[ColumnGroup] = []
-    for start, stop in chunks:
-        part, uids = steps[start:stop], range(uid + 1 + start, uid + 1 + stop)
-        for names, matrix, name_set in matrices:
-            values = matrix[start:stop]
-            if values.dtype.kind == "f" and not np.isfinite(values).all():
-                columns = [stored_floats(c, scalar) for c in values.T.tolist()]
-                groups.append(ColumnGroup(part, uids, names, columns, name_set))
-            else:
-                groups.append(ColumnGroup(part, uids, names, [], name_set, values))
-    return groups
+    return [
+        ColumnGroup(steps[start:stop], names, matrix[start:stop], name_set)
+        for start, stop in chunks
+        for names, matrix, name_set in matrices
+    ]
 
 
 def _named_keys(names: list[str], keys: set[tuple[str, str, str]]) -> None:

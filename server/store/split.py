@@ -133,7 +133,7 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
         blocks.append((block, uid))
         uid += block.n
     for block, first in blocks:
-        step, epoch = add_block(out.chunks, block, run_id, rank, first, scalar, out.keys)
+        step, epoch = add_block(out.chunks, block, run_id, rank, first, out.keys)
         last_step, last_epoch = max(last_step, step), max(last_epoch, epoch)
     out.last_step = last_step if last_step >= 0 else None
     out.last_epoch = last_epoch if last_epoch >= 0 else None

@@ -14,9 +14,8 @@ from gradwatch.server.downsample import minmax
 from gradwatch.server.schema import parse_message
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
-from gradwatch.server.store.columns import Group, set_blocks
 from gradwatch.server.store.rollups import LEVELS, merge_buckets, sqlite_key
-from gradwatch.server.store.set_rollups import ROW_DTYPES
+from gradwatch.server.store.set_rollups import ROW_DTYPES, array_blocks
 
 
 def _store_run(store, run: str, steps: list[int], values: list, batch_sizes: list[int]) -> None:
@@ -129,10 +128,13 @@ def test_history_reads_the_rollups_not_the_chunks(gradwatch_db, store_sql):
 
 
 def test_rollup_rows_keep_the_earliest_step_of_equal_extremes():
-    group = Group([5, 3, 4, 6], [0, 1, 2, 3], [1], [(2.0, 2.0, "NaN", "NaN")])
-    rows = set_blocks(group, sqlite_key)
-    assert [r for r in rows if r[0] == LEVELS[0]] == [(LEVELS[0], 0, 4, 3, 6, [3, 2.0, 4, "NaN"])]
-    assert [r[0] for r in rows] == list(LEVELS)
+    for order in ("sqlite", "postgresql"):
+        matrix = np.array([[2.0], [2.0], [np.nan], [np.nan]])
+        found, rows = array_blocks(np.array([5, 3, 4, 6]), matrix, order)
+        assert found[0] == (LEVELS[0], 0, 4, 3, 6)
+        ((lo_step, lo, hi_step, hi),) = rows[0].tolist()
+        assert (lo_step, lo, hi_step) == (3, 2.0, 4) and hi != hi
+        assert [f[0] for f in found] == list(LEVELS)
 
 
 def test_history_of_repeating_values_keeps_the_earliest_step_of_each_extreme(gradwatch_db):

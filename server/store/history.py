@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from ..downsample import bucket_width
 from . import rollups, set_rollups
@@ -36,6 +36,9 @@ class HistoryReads(NamedReads):
 
     # How this backend orders stored values (min/max); PostgreSQL has its own.
     value_key = staticmethod(rollups.sqlite_key)
+
+    # The backend: "sqlite" or "postgresql" (how its stored values order).
+    kind: ClassVar[str]
 
     def scalar_fields(self, run_id: str) -> list[str]:
         raise NotImplementedError
@@ -186,17 +189,10 @@ class HistoryReads(NamedReads):
             if inner:
                 shift = (width.bit_length() - 1) - level
                 span = (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1)
-                merged = rollups.merge_buckets(
-                    [
-                        (block, *set_rollups.series_at(data, at, kind, self._stored_scalar))
-                        for at, kind, block, data in self.query(set_rollups.SERIES_ROWS, span)
-                    ],
-                    shift,
-                    self.value_key,
+                rows = self.query(set_rollups.SERIES_ROWS, span)
+                found.update(
+                    set_rollups.bucket_extremes(rows, shift, self.kind, self._stored_scalar)
                 )
-                for lo_step, lo_v, hi_step, hi_v in merged.values():
-                    found[lo_step] = lo_v
-                    found[hi_step] = hi_v
         if raw:
             bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
             found.update(raw_extremes(bounds))

@@ -200,3 +200,39 @@ def merge_arrays(old: np.ndarray, new: np.ndarray, order: str) -> np.ndarray:
 def kind_of(name: str, ints: frozenset[str]) -> str:
     """``q`` for the series of int64 columns (and the step numbers), else ``d``."""
     return "q" if name == rollups.STEP_SERIES or name in ints else "d"
+
+
+def bucket_extremes(
+    rows: list[tuple[Any, ...]], shift: int, order: str, stored: Callable[[float], Any]
+) -> list[tuple[int, Any]]:
+    """(step, value) of the min and of the max of each bucket of ``2**shift`` blocks,
+    from the :data:`SERIES_ROWS` rows ``(position, kind, block, data)`` of one series
+    (in one set or several): the lower (higher) value, then the earlier step, in numpy;
+    non-finite floats as the backend stores them (``stored``)."""
+    parts: dict[tuple[int, str, int], tuple[list[int], list[bytes]]] = {}
+    for at, kind, block, data in rows:
+        found = parts.setdefault((at, kind, len(data)), ([], []))
+        found[0].append(block)
+        found[1].append(bytes(data))
+    if not parts:
+        return []
+    blocks = np.concatenate([np.array(b, np.int64) for b, _ in parts.values()])
+    records = np.concatenate(
+        [
+            np.frombuffer(b"".join(d), ROW_DTYPES["i" if kind == "q" else "f"]).reshape(
+                len(d), -1
+            )[:, at]
+            for (at, kind, _), (_, d) in parts.items()
+        ]
+    )
+    buckets = blocks >> shift
+    out: list[tuple[int, Any]] = []
+    for step, value, sign in (("ls", "lv", 1), ("hs", "hv", -1)):
+        keys = order_keys(records[value], order)
+        ranked = np.lexsort((records[step], sign * keys, buckets))
+        first = ranked[np.flatnonzero(np.diff(buckets[ranked], prepend=-1))]
+        values = records[value][first].tolist()
+        if records[value].dtype.kind == "f":
+            values = [v if v - v == 0 else stored(v) for v in values]
+        out.extend(zip(records[step][first].tolist(), values, strict=True))
+    return out

@@ -1,5 +1,5 @@
 """Rollups and buckets computed in Python and numpy: the set rows written for a batch
-(store/set_rollups.py, store/columns.py), merged per series as history merges them,
+(store/set_rollups.py), merged per series as history merges them,
 equal a brute-force reference over the same values; and the min/max of edge and fine
 buckets read from the chunks equal the reference too."""
 

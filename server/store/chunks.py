@@ -141,8 +141,8 @@ def add_block(
     their values are finite (store/set_rollups.py)."""
     steps = ints(block.step.i64)
     last_epoch = max(ints(block.epoch.i64)) if block.epoch is not None else 0
-    present = [(name, getattr(block, name, None)) for name in CHUNK_FIELDS]
-    present = [(name, column) for name, column in present if column is not None]
+    columns = [(name, getattr(block, name, None)) for name in CHUNK_FIELDS]
+    present: list[tuple[str, Any]] = [(n, c) for n, c in columns if c is not None]
     raw = [column.i64 if name in INT_FIELDS else column.f64 for name, column in present]
     fields = json.dumps([name for name, _ in present])
     rolled = [

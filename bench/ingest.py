@@ -220,7 +220,7 @@ def breakdown(args: argparse.Namespace, encoding: str) -> dict[str, float]:
     from gradwatch.server.schema import parse_message
     from gradwatch.server.settings import Settings
     from gradwatch.server.store import open_store
-    from gradwatch.server.store.rows import split_batch
+    from gradwatch.server.store.split import split_batch
 
     run_id = str(uuid.uuid4())
     texts = encode_batches(run_id, 10, args.batch, args, encoding)
@@ -236,15 +236,15 @@ def breakdown(args: argparse.Namespace, encoding: str) -> dict[str, float]:
         store = open_store(Settings(db=str(Path(folder) / "b.db"), writer_process=False))
         hello = parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": run_id}))
         store.submit_hello(hello).result()
-        # The writer's own rollup step (store/scalar_writes.py), timed where it runs.
-        flush, rollups_s = store._flush_rollups, [0.0]
+        # The writer's own rollup step (store/chunk_writes.py), timed where it runs.
+        flush, rollups_s = store._flush, [0.0]
 
         def timed_flush(cur: Any) -> None:
             began = time.perf_counter()
             flush(cur)
             rollups_s[0] += time.perf_counter() - began
 
-        store._flush_rollups = timed_flush  # type: ignore[method-assign]
+        store._flush = timed_flush  # type: ignore[method-assign]
         t3 = time.perf_counter()
         for b in parsed:
             store.submit_batch(b).result()
@@ -253,9 +253,9 @@ def breakdown(args: argparse.Namespace, encoding: str) -> dict[str, float]:
         rollups_us = rollups_s[0] / n * 1e6
     return {
         "json parse + validate": (t1 - t0) / n * 1e6,
-        "build rows (pack floats, dump JSON)": (t2 - t1) / n * 1e6,
-        "store (rows + SQLite insert + commit)": (t4 - t3) / n * 1e6,
-        "of which history rollups": rollups_us,
+        "build chunks (records to columns)": (t2 - t1) / n * 1e6,
+        "store (chunks + SQLite insert + commit)": (t4 - t3) / n * 1e6,
+        "of which the flush (chunk inserts, rollups)": rollups_us,
         "json.loads alone": _json_loads_us(texts, n),
     }
 
@@ -268,8 +268,8 @@ def _json_loads_us(texts: list[str], n: int) -> float:
 
 
 async def fill_history(url: str, steps: int, columns: bool = True) -> str:
-    """A run of ``steps`` loss-only steps with one spike, sent as columns (stored as
-    chunks) or as records (rows); returns its run id."""
+    """A run of ``steps`` loss-only steps with one spike, sent as columns or as records
+    (both stored as chunks); returns its run id."""
     from gradwatch.protocol.columns import to_columns
 
     run_id = f"history-{'columns' if columns else 'records'}-{uuid.uuid4()}"
@@ -369,6 +369,8 @@ def main() -> None:
     )
     parser.add_argument("--history-steps", type=int, default=1_000_000)
     parser.add_argument("--postgres", default=None, help="also run against this PostgreSQL URL")
+    parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
+    parser.add_argument("--no-breakdown", action="store_true", help="skip the in-process stages")
     parser.add_argument(
         "--pg-workers",
         type=int,
@@ -390,14 +392,15 @@ def main() -> None:
         f" batches and {args.window_bytes / 2**20:g} MiB;"
         f" median of {args.repeat} rounds of {args.records:,} records; {os.cpu_count()} CPUs"
     )
-    for encoding in args.encoding:
+    for encoding in [] if args.no_breakdown else args.encoding:
         stages = breakdown(args, encoding)
         print(
             f"server time per record, {encoding} (in-process): "
             + ", ".join(f"{k} {v:.1f} us" for k, v in stages.items())
         )
-    with tempfile.TemporaryDirectory() as folder:
-        bench_backend("sqlite", str(Path(folder) / "bench.db"), args)
+    if not args.no_sqlite:
+        with tempfile.TemporaryDirectory() as folder:
+            bench_backend("sqlite", str(Path(folder) / "bench.db"), args)
     if args.postgres:
         import psycopg
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import getpass
 import json
 import os
 import secrets
@@ -22,6 +21,8 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .hints import tunnel_hint
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -41,15 +42,6 @@ def _run_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args)
-
-
-def tunnel_hint(port: int) -> str:
-    """How to open a loopback dashboard from another machine (an SSH tunnel)."""
-    return (
-        "  hint, if your browser is on another machine: ssh -N -L "
-        f"{port}:127.0.0.1:{port} {getpass.getuser()}@{socket.gethostname()}"
-        f" there, then open http://127.0.0.1:{port}/ (docs/REMOTE.md)"
-    )
 
 
 def port_in_use(host: str, port: int) -> str | None:
@@ -106,7 +98,9 @@ def database_problem(settings: Any) -> str | None:
     folder = os.path.dirname(path)
     if not os.access(folder, os.W_OK):
         return f"--db {path}: its folder {folder} is not writable (SQLite keeps -wal beside it)"
-    return None
+    from .store.tables import layout_problem  # another storage layout: what to do
+
+    return layout_problem(path)
 
 
 def token_problem(settings: Any, loopback: bool) -> str | None:

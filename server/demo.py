@@ -273,7 +273,7 @@ def _supervise(
     else:
         print("  Showing the runs recorded in the database (no training).")
     print("  Ctrl-C (or kill, or closing the terminal) stops everything.")
-    from .cli import tunnel_hint
+    from .hints import tunnel_hint
 
     print(tunnel_hint(int(demo.url.rsplit(":", 1)[1])))
     print(flush=True)

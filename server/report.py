@@ -29,6 +29,7 @@ from .report_alerts import alerts_html, problem_cards
 from .report_charts import heatmap_figure, line_figures, number, profile_figure
 from .settings import Settings
 from .store import RunNotFound, Store, open_store
+from .store.tables import SchemaMismatch
 
 
 def escape(text: str) -> str:
@@ -174,7 +175,10 @@ def write_report(db: str, ref: str, output: str | Path, rank: int = 0) -> Path:
     settings = Settings(db=db, writer_process=False)  # it only reads: no writer to start
     if settings.db_kind == "sqlite" and not Path(db).is_file():
         raise ReportError(f"expected a gradwatch database at {db!r}, got no such file")
-    store = open_store(settings)
+    try:
+        store = open_store(settings)
+    except SchemaMismatch as error:  # another storage layout: the line says what to do
+        raise ReportError(str(error)) from None
     try:
         html = render_report(store, ref, rank=rank)
     finally:

@@ -30,6 +30,8 @@ from pydantic import (
 
 from gradwatch.protocol import messages as m
 
+from .column_checks import check_batch
+
 FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 Num = Union[FiniteFloat, NonFinite]  # noqa: UP007 (the union is built at runtime)
@@ -206,7 +208,7 @@ class TimestepColumns(_Packed):
 
 class StepColumns(_Packed):
     """Step records of one shape as columns (docs/PROTOCOL.md, ``columns``); the
-    lengths and values are checked by :func:`gradwatch.server.columns.check_block`."""
+    lengths and values are checked by :func:`gradwatch.server.column_checks.check_block`."""
 
     kind: Literal["step"]
     n: Annotated[int, Strict(), Field(ge=1, le=m.MAX_RECORDS_PER_BATCH)]
@@ -392,10 +394,8 @@ def parse_message(text: str | bytes) -> Hello | Batch:
 
 
 def check_columns(message: Hello | Batch) -> Hello | Batch:
-    """The checks of a batch's ``columns`` that pydantic cannot make (server/columns.py)."""
+    """The checks of a batch's ``columns`` that pydantic cannot make (server/column_checks.py)."""
     if isinstance(message, Batch) and message.columns:
-        from .columns import check_batch  # the column checks need this module's models
-
         problem = check_batch(message)
         if problem is not None:
             raise ProtocolError(m.CLOSE_INVALID_DATA, problem)

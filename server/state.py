@@ -26,7 +26,7 @@ class AppState:
         # The live feed from other replicas (a ReplicaFeed on PostgreSQL), else None.
         self.replicas: Any = None
         # The latest step of each live run (GET /metrics, "stalled"), and where alerts go.
-        from .metrics import LiveRuns
+        from .live_runs import LiveRuns
         from .webhooks import Webhooks
         from .write_progress import WriteProgress
 

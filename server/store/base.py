@@ -32,10 +32,10 @@ from concurrent.futures import Future
 from typing import Any, ClassVar
 
 from ..settings import Settings
-from . import chunks, rows
 from .archive import Archive
+from .chunk_writes import ChunkWrites
 from .reads import Reads
-from .scalar_writes import ScalarWrites
+from .split import ALERT_INSERT, EPOCH_INSERT, dumps, split_batch
 
 _STOP = object()
 
@@ -64,7 +64,7 @@ def store_error(error: BaseException) -> StoreError:
     return StoreError(text)
 
 
-class Store(ScalarWrites, Reads, Archive, ABC):
+class Store(ChunkWrites, Reads, Archive, ABC):
     """SQL storage shared by SQLite and PostgreSQL; subclasses supply connections."""
 
     kind: ClassVar[str]
@@ -86,9 +86,14 @@ class Store(ScalarWrites, Reads, Archive, ABC):
         self._name_sets = {}
         self._keys_written = set()
         self._rollups_pending = []
+        self._rows_pending = {}
         self._set_layouts = {}
         writer = self.connect()
-        self.create_schema(writer)
+        try:
+            self.create_schema(writer)
+        except BaseException:
+            writer.close()
+            raise
         self._writer_conn = writer
         self._thread = threading.Thread(
             target=self._write_loop, name="gradwatch-store-writer", daemon=True
@@ -107,7 +112,8 @@ class Store(ScalarWrites, Reads, Archive, ABC):
 
     @abstractmethod
     def create_schema(self, conn: Any) -> None:
-        """Create tables and indexes if missing."""
+        """Create the tables in a new database, or check its layout's version
+        (store/tables.py: SchemaMismatch for another one)."""
 
     @property
     def writer_thread(self) -> threading.Thread:
@@ -191,9 +197,9 @@ class Store(ScalarWrites, Reads, Archive, ABC):
 
     def _write_group(self, conn: Any, group: list[Any]) -> None:
         try:
-            self._rollups_pending.clear()
+            self._discard_pending()
             results = [self._apply(conn, op, payload) for op, payload, _ in group]
-            self._flush_rollups(conn.cursor())
+            self._flush(conn.cursor())
             conn.commit()
         except Exception:
             # Retried one by one, each with its own verdict; on a lost connection each
@@ -210,9 +216,9 @@ class Store(ScalarWrites, Reads, Archive, ABC):
     def _write_one(self, conn: Any, item: Any) -> None:
         op, payload, future = item
         try:
-            self._rollups_pending.clear()
+            self._discard_pending()
             result = self._apply(conn, op, payload)
-            self._flush_rollups(conn.cursor())
+            self._flush(conn.cursor())
             conn.commit()
         except Exception as error:
             with contextlib.suppress(Exception):  # a lost connection is reported below
@@ -248,8 +254,8 @@ class Store(ScalarWrites, Reads, Archive, ABC):
                 now,
                 now,
                 hello.host,
-                rows.dumps(list(model.recurrent)),
-                rows.dumps({mod.name: mod.type for mod in model.modules}),
+                dumps(list(model.recurrent)),
+                dumps({mod.name: mod.type for mod in model.modules}),
             ),
         )
         cur.execute(
@@ -270,22 +276,12 @@ class Store(ScalarWrites, Reads, Archive, ABC):
         )
         if cur.rowcount == 0:
             return False  # a repeat: acknowledged, not stored again
-        split = rows.split_batch(batch, self.scalar_in, session, self.set_rollups)
-        if split.steps:
-            cur.executemany(self.sql(rows.STEP_INSERT), split.steps)
-        # Packed named rows, and the rollups of every series (store/scalar_writes.py).
-        self._write_scalars(cur, batch, split)
-        if split.timesteps:
-            self._insert_timesteps(cur, split.timesteps)
-        if split.chunks is not None:
-            if split.chunks.steps:
-                cur.executemany(self.sql(chunks.STEP_CHUNK_INSERT), split.chunks.steps)
-            if split.chunks.timesteps:
-                cur.executemany(self.sql(chunks.TIMESTEP_CHUNK_INSERT), split.chunks.timesteps)
+        split = split_batch(batch, self.scalar_in, session)
+        self._write_chunks(cur, batch.run_id, batch.rank, split.chunks)
         if split.epochs:
-            cur.executemany(self.sql(rows.EPOCH_INSERT), split.epochs)
+            cur.executemany(self.sql(EPOCH_INSERT), split.epochs)
         if split.alerts:
-            cur.executemany(self.sql(rows.ALERT_INSERT), split.alerts)
+            cur.executemany(self.sql(ALERT_INSERT), split.alerts)
         # A run's keys rarely change: only those this writer has not written yet.
         new_keys = [(batch.run_id, *k) for k in split.keys]
         new_keys = [k for k in new_keys if k not in self._keys_written]
@@ -325,10 +321,6 @@ class Store(ScalarWrites, Reads, Archive, ABC):
             ),
         )
         return True
-
-    def _insert_timesteps(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
-        """The batch's ``timesteps`` rows (PostgreSQL copies them in binary)."""
-        cur.executemany(self.sql(rows.TIMESTEP_INSERT), found)
 
     # ----- reads -------------------------------------------------------------------
     def reader(self) -> Any:

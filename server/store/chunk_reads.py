@@ -1,12 +1,12 @@
-"""Reading the chunks of records that came as columns (store/chunks.py).
+"""Reading the chunks every step record is stored in (store/chunks.py).
 
-Each read of records sent one by one has its chunk half here: the points of a plain
-field, the step count of a range, the named scalars as the packed rows
-store/named_reads.py already reads, and one module's timestep series. A chunk is
+The points of a plain field, the step count of a range, the named scalars as the
+packed rows store/named_reads.py reads, one module's per-step series and the
+records' notes (``timestep_layout``, ``nonfinite``). A chunk is
 found on its ``(run_id, rank, step_lo)`` key: its steps lie within ``SPAN`` steps of
 ``step_lo``. Values come back as the backend stores the same numbers sent as JSON
-(SQLite: the strings ``"NaN"``/``"Infinity"``), so they order, compare and print as
-the rows of records do.
+(SQLite: the strings ``"NaN"``/``"Infinity"``), so they order and compare as the
+rollups do.
 
 Example (any store):
     >>> store.chunk_points("run", 0, 0, 99, "loss")  # doctest: +SKIP
@@ -130,17 +130,18 @@ class ChunkReads:
         out.sort(key=lambda r: (r[0], r[4]))
         return out
 
-    def timestep_chunk_steps(
-        self, run_id: str, module: str, series: str, rank: int, lo: int, hi: int
+    def series_steps(
+        self, family: str, run_id: str, module: str, series: str, rank: int, lo: int, hi: int
     ) -> dict[int, tuple[int, int, int]]:
-        """Each chunked step of one module's series in ``lo..hi``: step -> (the chunk's
-        step_lo, its uid, the step's place in it); the series are not read."""
+        """Each step of one module's series in ``lo..hi``: step -> (the chunk's step_lo,
+        its uid, the step's place in it); the series are not read. A step sent twice
+        is read from its last chunk in (step_lo, uid) order."""
         out: dict[int, tuple[int, int, int]] = {}
         for step_lo, uid, steps in self._chunks(
             "step_lo, uid, steps",
-            "timestep_chunks",
-            "run_id = ? AND module = ? AND series = ? AND rank = ?",
-            (run_id, module, series, rank),
+            "series_chunks",
+            "run_id = ? AND family = ? AND module = ? AND series = ? AND rank = ?",
+            (run_id, family, module, series, rank),
             lo,
             hi,
         ):
@@ -149,20 +150,39 @@ class ChunkReads:
                     out[step] = (step_lo, uid, i)
         return out
 
-    def timestep_chunk_series(
-        self, run_id: str, module: str, series: str, rank: int, where: tuple[int, int, int]
+    def series_row(
+        self, family: str, run_id: str, module: str, series: str, rank: int,
+        where: tuple[int, int, int],
     ) -> bytes:
-        """One step's packed series from its chunk (``where`` from timestep_chunk_steps);
-        the database cuts it out, so a heatmap of 500 steps moves 500 series, not 500
+        """One step's packed series from its chunk (``where`` from series_steps); the
+        database cuts it out, so a heatmap of 500 steps moves 500 series, not 500
         chunks."""
         step_lo, uid, i = where
         ((data,),) = self.query(
             "SELECT substr(data, CAST(? * 8 * len + 1 AS INTEGER), CAST(8 * len AS INTEGER))"
-            " FROM timestep_chunks WHERE run_id = ? AND module = ? AND series = ? AND rank = ?"
-            " AND step_lo = ? AND uid = ?",
-            (i, run_id, module, series, rank, step_lo, uid),
+            " FROM series_chunks WHERE run_id = ? AND family = ? AND module = ?"
+            " AND series = ? AND rank = ? AND step_lo = ? AND uid = ?",
+            (i, run_id, family, module, series, rank, step_lo, uid),
         )
-        return bytes(data)
+        return bytes(data) if data else b""  # SQLite: NULL for a series of no values
+
+    def notes(self, run_id: str, rank: int, lo: int, hi: int) -> dict[int, dict[str, Any]]:
+        """The notes of the records in ``lo..hi`` that have some (store/records.py), by
+        record uid."""
+        out: dict[int, dict[str, Any]] = {}
+        for uid, steps, text in self._chunks(
+            "uid, steps, notes",
+            "step_chunks",
+            "run_id = ? AND rank = ? AND notes IS NOT NULL",
+            (run_id, rank),
+            lo,
+            hi,
+        ):
+            found = zip(ints(bytes(steps)), json.loads(text), strict=True)
+            for i, (step, note) in enumerate(found):
+                if note is not None and lo <= step <= hi:
+                    out[uid + i] = note
+        return out
 
 
 def combined_counts(parts: Sequence[tuple[Any, Any, Any]]) -> tuple[int, Any, Any]:

@@ -1,21 +1,25 @@
-"""Step records that came as columns, stored as columns: one row per *chunk*.
+"""Every step record stored as columns: one row per *chunk* of records.
 
-A block of the wire (docs/PROTOCOL.md, ``columns``) is cut into chunks of records
-in step order spanning fewer than :data:`SPAN` steps (a block of 100 consecutive
-steps is one chunk), and each chunk is ONE row of each table below instead of ~4
-rows per record (``steps``, ``named_scalars`` and two ``timesteps`` rows):
+A block (a wire ``columns`` block, or step records turned into one at ingest:
+store/records.py) is cut into chunks of records in step order spanning fewer than
+:data:`SPAN` steps (a block of 100 consecutive steps is one chunk), and each chunk is
+ONE row of each table below:
 
-- ``step_chunks``: the plain fields, ``fields`` naming the columns of ``data``
-  (n little-endian int64 or float64 values each, in that order);
-- ``named_chunks``: the named scalars, ``data`` n rows of one name set's values;
-- ``timestep_chunks``: one module's series, ``data`` n rows of ``len`` values.
+- ``step_chunks``: the plain fields, ``fields`` naming the columns of ``data`` (n
+  little-endian int64 or float64 values each, in that order), and ``notes``: NULL,
+  or a JSON list of each record's other fields (``nonfinite``, ``timestep_layout``,
+  fields this server does not know), null for a record without;
+- ``named_chunks``: the named scalars, ``data`` n rows of one name set's values
+  (store/named.py); a new family of named scalars is a new prefix of names;
+- ``series_chunks``: one per-step series of a module (``family`` ``timesteps``: a
+  series of float64 per timestep), ``data`` n rows of ``len`` values; a new family
+  of per-step vectors is a new ``family`` value.
 
 Each has the chunk's step numbers (``steps``: n int64), its first step and last
 (``step_lo``, ``step_hi``) and the uid of its first record (the next ones follow).
-Writing 4 rows per record held SQLite ingest near 20,000 records/s; one row per
-chunk is what let it pass 50,000 (BENCHMARKS.md, "Ingest in columns"). Reads merge
-chunks with the rows of records sent one by one (store/chunk_reads.py); the rollups
-of every series are written from the same columns as for records.
+One row per chunk instead of ~4 per record is what let SQLite ingest pass 50,000
+records/s (BENCHMARKS.md, "Ingest"). The rollups of every series come from the same
+columns (store/set_rollups.py).
 """
 
 from __future__ import annotations
@@ -23,37 +27,32 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from gradwatch.protocol.column_shapes import FLOAT_COLUMNS
 from gradwatch.protocol.columns import split_name
 
-from ..columns import INT_COLUMNS, floats, ints
-
-if TYPE_CHECKING:
-    from ..schema import StepColumns
+from ..column_checks import INT_COLUMNS, ints
 
 # A chunk's steps lie within step_lo .. step_lo + SPAN - 1, so the chunks that may
 # hold a step range are found on the (run, rank, step_lo) key alone.
 SPAN = 4096
 # The plain fields a chunk may hold, as in a block; ints decode as int64.
-CHUNK_FIELDS = ("epoch", *FLOAT_COLUMNS, *INT_COLUMNS[1:], "graph_truncated")
-INT_FIELDS = frozenset((*INT_COLUMNS, "graph_truncated"))
+# ``backward_passes`` comes only from records (store/records.py), never on the wire.
+CHUNK_FIELDS = ("epoch", *FLOAT_COLUMNS, *INT_COLUMNS[1:], "graph_truncated", "backward_passes")
+INT_FIELDS = frozenset((*INT_COLUMNS, "graph_truncated", "backward_passes"))
 
-STEP_CHUNK_INSERT = (
-    "INSERT INTO step_chunks (run_id, rank, step_lo, step_hi, uid, n, fields, steps, data)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
-NAMED_CHUNK_INSERT = (
-    "INSERT INTO named_chunks (run_id, rank, step_lo, step_hi, uid, written, names, n,"
-    " steps, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
-TIMESTEP_CHUNK_INSERT = (
-    "INSERT INTO timestep_chunks (run_id, rank, module, series, step_lo, step_hi, uid, n,"
-    " len, steps, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
+# The columns of each table, in the order of its rows (and of PostgreSQL's COPY).
+STEP_COLUMNS = ("run_id", "rank", "step_lo", "step_hi", "uid", "n", "fields", "steps", "data",
+                "notes")
+NAMED_COLUMNS = ("run_id", "rank", "step_lo", "step_hi", "uid", "written", "names", "n",
+                 "steps", "data")
+SERIES_COLUMNS = ("run_id", "rank", "family", "module", "series", "step_lo", "step_hi", "uid",
+                  "n", "len", "steps", "data")
+TABLES = (("step_chunks", STEP_COLUMNS), ("named_chunks", NAMED_COLUMNS),
+          ("series_chunks", SERIES_COLUMNS))
 
 
 def schema(integer: str, blob: str, clustered: str) -> list[str]:
@@ -61,34 +60,30 @@ def schema(integer: str, blob: str, clustered: str) -> list[str]:
     head = f"run_id TEXT NOT NULL, rank {integer} NOT NULL"
     span = f"step_lo {integer} NOT NULL, step_hi {integer} NOT NULL, uid {integer} NOT NULL"
     return [
-        f"CREATE TABLE IF NOT EXISTS step_chunks ({head}, {span}, n {integer} NOT NULL,"
-        f" fields TEXT NOT NULL, steps {blob} NOT NULL, data {blob} NOT NULL,"
+        f"CREATE TABLE step_chunks ({head}, {span}, n {integer} NOT NULL,"
+        f" fields TEXT NOT NULL, steps {blob} NOT NULL, data {blob} NOT NULL, notes TEXT,"
         f" PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
-        f"CREATE TABLE IF NOT EXISTS named_chunks ({head}, {span}, written {integer} NOT NULL,"
+        f"CREATE TABLE named_chunks ({head}, {span}, written {integer} NOT NULL,"
         f" names {integer} NOT NULL, n {integer} NOT NULL, steps {blob} NOT NULL,"
         f" data {blob} NOT NULL, PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
-        f"CREATE TABLE IF NOT EXISTS timestep_chunks ({head}, module TEXT NOT NULL,"
+        f"CREATE TABLE series_chunks ({head}, family TEXT NOT NULL, module TEXT NOT NULL,"
         f" series TEXT NOT NULL, {span}, n {integer} NOT NULL, len {integer} NOT NULL,"
         f" steps {blob} NOT NULL, data {blob} NOT NULL)",
-        "CREATE INDEX IF NOT EXISTS timestep_chunks_lookup"
-        " ON timestep_chunks (run_id, module, series, rank, step_lo)",
+        "CREATE INDEX series_chunks_lookup"
+        " ON series_chunks (run_id, family, module, series, rank, step_lo)",
     ]
 
 
 @dataclass
 class ColumnGroup:
-    """Records of one chunk for the rollups: ``columns[k]`` holds the values (as the
-    backend stores them) of the series named ``names[k]``; ``name_set`` is set for
-    the named scalars (their series ids come with the set)."""
+    """Records of one chunk for the rollups: ``matrix[i, k]`` (all int64 or all
+    float64) is the value of the series named ``names[k]`` at ``steps[i]``;
+    ``name_set`` is set for the named scalars (their series ids come with the set)."""
 
     steps: list[int]
-    uids: range
     names: tuple[str, ...]
-    columns: list[list[Any]]
+    matrix: Any
     name_set: bool = False
-    # With ``arrays``: the values as one numpy array, ``matrix[i, k]`` of series k at
-    # ``steps[i]``, all int64 or all finite float64 (``columns`` then empty).
-    matrix: Any = None
 
 
 @dataclass
@@ -98,7 +93,7 @@ class Chunks:
     steps: list[tuple[Any, ...]] = field(default_factory=list)
     # (names, row without written and set id)
     named: list[tuple[tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
-    timesteps: list[tuple[Any, ...]] = field(default_factory=list)
+    series: list[tuple[Any, ...]] = field(default_factory=list)
     groups: list[ColumnGroup] = field(default_factory=list)
 
 
@@ -129,29 +124,25 @@ def stored_floats(values: list[Any], scalar: Callable[[Any], Any]) -> list[Any]:
             return values
     except TypeError:
         pass
-    from .rows import scalar_out  # rows builds on this module
-
     return [v if v - v == 0 else scalar(scalar_out(v)) for v in values]
 
 
 def add_block(
     out: Chunks,
-    block: StepColumns,
+    block: Any,
     run_id: str,
     rank: int,
     uid: int,
-    scalar: Callable[[Any], Any],
     keys: set[tuple[str, str, str]],
-    arrays: bool = False,
 ) -> tuple[int, int]:
     """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
-    ``uid + 1 ...`` in block order. Returns the block's last step and last epoch.
-    With ``arrays`` the groups hold numpy matrices of one dtype each (ints, floats,
-    named floats) where their values are finite (store/set_rollups.py)."""
+    ``uid + 1 ...`` in block order. Returns the block's last step and last epoch. The
+    groups hold numpy matrices of one dtype each (ints, floats, named floats) where
+    their values are finite (store/set_rollups.py)."""
     steps = ints(block.step.i64)
     last_epoch = max(ints(block.epoch.i64)) if block.epoch is not None else 0
-    present = [(name, getattr(block, name)) for name in CHUNK_FIELDS]
-    present = [(name, column) for name, column in present if column is not None]
+    columns = [(name, getattr(block, name, None)) for name in CHUNK_FIELDS]
+    present: list[tuple[str, Any]] = [(n, c) for n, c in columns if c is not None]
     raw = [column.i64 if name in INT_FIELDS else column.f64 for name, column in present]
     fields = json.dumps([name for name, _ in present])
     rolled = [
@@ -166,17 +157,18 @@ def add_block(
     for module, series_map in (block.timesteps or {}).items():
         for series in series_map:
             keys.add(("timesteps", module, series))
+    notes = getattr(block, "notes", None)
     chunks = cuts(steps)
-    groups = _array_groups if arrays else _list_groups
-    out.groups.extend(groups(steps, block.step.i64, chunks, uid, rolled, named, scalar))
+    out.groups.extend(_array_groups(steps, block.step.i64, chunks, rolled, named))
     for start, stop in chunks:
         n = stop - start
         first = uid + 1 + start
-        part = steps[start:stop]
-        lo, hi = part[0], part[-1]
+        lo, hi = steps[start], steps[stop - 1]
         data = b"".join(d[8 * start : 8 * stop] for d in raw)
         step_bytes = block.step.i64[8 * start : 8 * stop]
-        out.steps.append((run_id, rank, lo, hi, first, n, fields, step_bytes, data))
+        part = notes[start:stop] if notes is not None else None
+        text = json.dumps(part, separators=(",", ":")) if part and any(part) else None
+        out.steps.append((run_id, rank, lo, hi, first, n, fields, step_bytes, data, text))
         if named is not None:
             width = len(named.names)
             data = named.f64[8 * width * start : 8 * width * stop]
@@ -185,20 +177,10 @@ def add_block(
         for module, series_map in (block.timesteps or {}).items():
             for series, column in series_map.items():
                 size = 8 * column.length
-                out.timesteps.append(
-                    (
-                        run_id,
-                        rank,
-                        module,
-                        series,
-                        lo,
-                        hi,
-                        first,
-                        n,
-                        column.length,
-                        step_bytes,
-                        column.f64[size * start : size * stop],
-                    )
+                part_data = column.f64[size * start : size * stop]
+                out.series.append(
+                    (run_id, rank, "timesteps", module, series, lo, hi, first, n,
+                     column.length, step_bytes, part_data)
                 )
     return max(steps), last_epoch
 
@@ -207,53 +189,15 @@ def add_block(
 _Rolled = list[tuple[str, bytes]]
 
 
-def _list_groups(
-    steps: list[int],
-    step_bytes: bytes,
-    chunks: list[tuple[int, int]],
-    uid: int,
-    rolled: _Rolled,
-    named: Any,
-    scalar: Callable[[Any], Any],
-) -> list[ColumnGroup]:
-    """Each chunk's rollup groups as value lists (as the backend stores the values):
-    the plain fields with the steps, and the named scalars."""
-    plain = [
-        (name, ints(data) if name in INT_FIELDS else stored_floats(floats(data), scalar))
-        for name, data in rolled
-    ]
-    width = len(named.names) if named is not None else 0
-    named_values = stored_floats(floats(named.f64), scalar) if named is not None else []
-    groups: list[ColumnGroup] = []
-    for start, stop in chunks:
-        part, uids = steps[start:stop], range(uid + 1 + start, uid + 1 + stop)
-        groups.append(
-            ColumnGroup(
-                part,
-                uids,
-                ("step", *(name for name, _ in plain)),
-                [part, *(values[start:stop] for _, values in plain)],
-            )
-        )
-        if named is not None:
-            flat = named_values[width * start : width * stop]
-            columns = [flat[k::width] for k in range(width)]
-            groups.append(ColumnGroup(part, uids, tuple(named.names), columns, True))
-    return groups
-
-
 def _array_groups(
     steps: list[int],
     step_bytes: bytes,
     chunks: list[tuple[int, int]],
-    uid: int,
     rolled: _Rolled,
     named: Any,
-    scalar: Callable[[Any], Any],
 ) -> list[ColumnGroup]:
     """Each chunk's rollup groups as numpy matrices of one dtype (store/set_rollups.py):
-    the int columns with the steps, the float columns, the named scalars; a group
-    with a value that is not finite goes as lists (the backend's order decides)."""
+    the int columns with the steps, the float columns, the named scalars."""
     n = len(steps)
     ints_ = [(name, data) for name, data in rolled if name in INT_FIELDS]
     floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
@@ -270,17 +214,11 @@ def _array_groups(
     if named is not None:
         matrix = np.frombuffer(named.f64, "<f8").reshape(n, len(named.names))
         matrices.append((tuple(named.names), matrix, True))
-    groups: list[ColumnGroup] = []
-    for start, stop in chunks:
-        part, uids = steps[start:stop], range(uid + 1 + start, uid + 1 + stop)
-        for names, matrix, name_set in matrices:
-            values = matrix[start:stop]
-            if values.dtype.kind == "f" and not np.isfinite(values).all():
-                columns = [stored_floats(c, scalar) for c in values.T.tolist()]
-                groups.append(ColumnGroup(part, uids, names, columns, name_set))
-            else:
-                groups.append(ColumnGroup(part, uids, names, [], name_set, values))
-    return groups
+    return [
+        ColumnGroup(steps[start:stop], names, matrix[start:stop], name_set)
+        for start, stop in chunks
+        for names, matrix, name_set in matrices
+    ]
 
 
 def _named_keys(names: list[str], keys: set[tuple[str, str, str]]) -> None:
@@ -289,3 +227,12 @@ def _named_keys(names: list[str], keys: set[tuple[str, str, str]]) -> None:
     for name in names:
         family, owner, key = split_name(name)
         keys.add((family, owner, "" if family == "profile" else key))
+
+
+def scalar_out(value: Any) -> Any:
+    """A stored number as the protocol writes it: non-finite floats become strings."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        if value != value:
+            return "NaN"
+        return "Infinity" if value > 0 else "-Infinity"
+    return value

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 from collections.abc import Sequence
@@ -49,6 +50,23 @@ def write_frame(out: IO[bytes], head: dict[str, Any], body: Sequence[bytes] = ()
     out.write(_SIZES.pack(len(text), sum(map(len, body))) + text)
     for part in body:
         out.write(part)
+
+
+def frame_bytes(batch: Batch, session: str) -> bytes:
+    """A batch's frame as one bytes object (kept by PostgreSQL for other replicas)."""
+    head, parts = encode_batch(batch, session)
+    head["id"] = 0
+    out = io.BytesIO()
+    write_frame(out, head, parts)
+    return out.getvalue()
+
+
+def batch_of(data: bytes) -> Batch:
+    """The batch of :func:`frame_bytes`."""
+    frame = read_frame(io.BytesIO(data))
+    if frame is None:
+        raise ValueError(f"expected a whole frame, got {len(data)} bytes")
+    return decode_batch(*frame)[1]
 
 
 def read_frame(source: IO[bytes]) -> tuple[dict[str, Any], bytes] | None:
@@ -81,7 +99,7 @@ def encode_batch(batch: Batch, session: str) -> tuple[dict[str, Any], list[bytes
     parts.append(records)
     blocks = []
     for block in batch.columns:
-        fields = [name for name in CHUNK_FIELDS if getattr(block, name) is not None]
+        fields = [name for name in CHUNK_FIELDS if getattr(block, name, None) is not None]
         parts.append(block.step.i64)
         for name in fields:
             column = getattr(block, name)

@@ -1,15 +1,12 @@
-"""Reading named scalars from their packed rows (store/named.py) for ``/steps``.
+"""Reading named scalars from their chunks (store/named.py) for ``/steps``.
 
 A named field's history is the rows of its run and rank in a step range, each
 decoded once and shared by every field of the same query; the field's values are
 one C-level slice per name set (``flat[index::width]``). Where several rows hold the
 same step (a step sent again), the one written last wins, per name. Edge and fine
-buckets take each bucket's min and max in Python with the SQL path's semantics: the
+buckets take each bucket's min and max in Python with the rollups' semantics: the
 backend's value order (``value_key``; values pass through ``scalar_in`` as stored
 values do), the earliest step among equal values.
-
-Runs started before this layout may hold ``scalars`` rows; those are merged in
-(packed rows win), and a run with no packed rows at all is read by SQL as before.
 
 Example (any store):
     >>> store.named_points("run", 0, "param_norms/w", 0, 99, {})  # doctest: +SKIP
@@ -105,7 +102,6 @@ class NamedReads(ChunkReads):
     """Mixed into :class:`gradwatch.server.store.history.HistoryReads`."""
 
     value_key = staticmethod(rollups.sqlite_key)
-    _named_from: float | None = None
 
     def name_sets(self, run_id: str, rank: int) -> dict[int, dict[str, int]]:
         """Each name set of a run and rank: id -> {name: index in its rows}."""
@@ -131,35 +127,22 @@ class NamedReads(ChunkReads):
         hi: int,
         memo: dict[Any, Any],
         sets: dict[int, dict[str, int]] | None = None,
-        series: int | None = None,
-        started: Any = None,
     ) -> Points:
         """(steps, stored values) of a named field in ``lo..hi``: the last row written
-        of each step; ``memo`` shares the decoded rows between the fields of one query.
-        ``series`` and ``started`` let a run older than this layout add its
-        ``scalars`` rows."""
+        of each step; ``memo`` shares the decoded rows between the fields of one query."""
         if sets is None:
             sets = self.name_sets(run_id, rank)
         span = memo.get((lo, hi))
         if span is None:
             span = memo[lo, hi] = self._packed_span(run_id, rank, lo, hi, sets)
         parts = span.columns(name)
-        legacy: list[tuple[Any, ...]] = []
-        if series is not None and self._older_than_packed(started):
-            legacy = self.query(
-                "SELECT step, value FROM scalars WHERE series = ? AND step >= ? AND step <= ?"
-                " ORDER BY step",
-                (series, lo, hi),
-            )
-        if len(parts) == 1 and not span.repeats and not legacy:
+        if len(parts) == 1 and not span.repeats:
             steps, _, values = parts[0]
             return steps, self._stored(values)  # the steps list is shared by the fields
-        if not parts and not legacy:
+        if not parts:
             return [], []
-        # Several name sets, a step sent again, or old rows: the last written wins.
-        latest: dict[int, tuple[tuple[int, int], Any]] = {
-            step: ((-1, -1), value) for step, value in legacy
-        }
+        # Several name sets, or a step sent again: the last written wins.
+        latest: dict[int, tuple[tuple[int, int], Any]] = {}
         for steps, order, values in parts:
             for step, at, value in zip(steps, order, self._stored(values), strict=True):
                 found = latest.get(step)
@@ -176,8 +159,6 @@ class NamedReads(ChunkReads):
         bounds: Sequence[tuple[int, int]],
         memo: dict[Any, Any],
         sets: dict[int, dict[str, int]] | None = None,
-        series: int | None = None,
-        started: Any = None,
     ) -> list[tuple[int, Any]]:
         """(step, value) of the min and the max of each bucket (``bounds``: its first
         and last steps), as :meth:`bucket_extremes` answers them from SQL."""
@@ -190,9 +171,7 @@ class NamedReads(ChunkReads):
         lows: list[tuple[int, Any]] = []
         highs: list[tuple[int, Any]] = []
         for start, end in spans:
-            steps, values = self.named_points(
-                run_id, rank, name, start, end, memo, sets, series, started
-            )
+            steps, values = self.named_points(run_id, rank, name, start, end, memo, sets)
             # The buckets' index ranges, found once per steps list (shared by the
             # fields of one name set); the entry holds the list, so its id stays its own.
             entry = memo.get(("cuts", id(steps), start, end))
@@ -208,55 +187,15 @@ class NamedReads(ChunkReads):
     def _packed_span(
         self, run_id: str, rank: int, lo: int, hi: int, sets: dict[int, dict[str, int]]
     ) -> PackedSpan:
-        where = "WHERE run_id = ? AND rank = ? AND step >= ? AND step <= ?"
-        params: tuple[Any, ...] = (run_id, rank, lo, hi)
-        chunked = self.named_chunk_rows(run_id, rank, lo, hi)
-        if chunked:
-            # Records that came as columns: their rows join the rows of records sent
-            # one by one, in (step, uid) order, each with its write order.
-            found = self.query(
-                f"SELECT step, names, data, written, uid FROM named_scalars {where}",  # noqa: S608
-                params,
-            )
-            merged = sorted([*found, *chunked], key=lambda r: (r[0], r[4]))
-            return PackedSpan([r[:3] for r in merged], sets, [r[3:] for r in merged])
-        columns = "step, names, data"
-        only = None
-        if len(sets) == 1:
-            # One name set (the usual run): its rows without their set id, a quarter
-            # less to fetch. A set created since ``sets`` was read is left out, as
-            # unknown sets are below.
-            (only,) = sets
-            columns, where, params = "step, data", where + " AND names = ?", (*params, only)
-        where += " ORDER BY step, uid"
-        found = self.query(f"SELECT {columns} FROM named_scalars {where}", params)  # noqa: S608
-        span = PackedSpan(found, sets, only=only)
-        if span.repeats:
-            # A step sent again: which row is newest (read apart: the order columns
-            # cost a third more to fetch, and are rarely needed).
-            order = self.query(f"SELECT written, uid FROM named_scalars {where}", params)  # noqa: S608
-            if len(order) == len(found):  # else a write came between: read both again
-                span = PackedSpan(found, sets, order, only)
-            else:
-                both = self.query(
-                    f"SELECT {columns}, written, uid FROM named_scalars {where}",  # noqa: S608
-                    params,
-                )
-                cut = len(columns.split(","))
-                span = PackedSpan([r[:cut] for r in both], sets, [r[cut:] for r in both], only)
-        return span
+        found = self.named_chunk_rows(run_id, rank, lo, hi)
+        if len({r[0] for r in found}) == len(found):  # no step twice: no order needed
+            return PackedSpan([r[:3] for r in found], sets)
+        return PackedSpan([r[:3] for r in found], sets, [r[3:] for r in found])
 
     def _stored(self, values: list[float]) -> list[Any]:
         """Decoded floats as the backend stores numbers (SQLite: "NaN" strings), so they
         order and compare as the stored values and the rollups do."""
         return stored_floats(values, self.scalar_in)
-
-    def _older_than_packed(self, started: Any) -> bool:
-        """Whether a run started before this database kept packed named rows."""
-        if self._named_from is None:
-            found = self.query("SELECT value FROM meta WHERE key = 'named_from'")
-            self._named_from = float(found[0][0]) if found else float("inf")
-        return started is None or float(started) < self._named_from
 
 
 def bucket_extremes(

@@ -7,8 +7,10 @@ when the transaction that stored the batch commits (never for a rolled-back batc
 never before its rows are readable by the other replicas).
 
 A NOTIFY payload is limited to 8000 bytes, smaller than one batch can be, so the
-writer stores the batch's records as the live message carries them (JSON text, in the
-UNLOGGED table ``live_batches``, kept ``RETAIN_S`` seconds) and notifies a pointer:
+writer stores each batch as the writer process's frame (store/handoff.py: its blocks
+as raw bytes; a replica with viewers turns it into the live message's records, the
+writer does no JSON) in the UNLOGGED table ``live_batches``, kept ``RETAIN_S``
+seconds, and notifies a pointer:
 ``{"r": replica, "id": row id, "run": run_id, "u": urgent}``, or
 ``{"r": replica, "run": run_id, "hello": true}`` for a trainer's hello. Every replica
 LISTENs on one channel per schema (:func:`channel_for`) and ignores its own ``r``.
@@ -48,20 +50,21 @@ PING_EVERY_S = 5.0
 LIVE_TABLE = (
     "CREATE UNLOGGED TABLE IF NOT EXISTS live_batches (id BIGSERIAL PRIMARY KEY,"
     " replica TEXT NOT NULL, run_id TEXT NOT NULL, rank BIGINT NOT NULL, seq BIGINT NOT NULL,"
-    " urgent BOOLEAN NOT NULL, records TEXT NOT NULL,"
+    " urgent BOOLEAN NOT NULL, frame BYTEA NOT NULL,"
     " created TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
 )
-# No compression of the records: pglz on 300 KB of JSON took 17 ms per batch, storing
-# it plainly 1.3 ms; the rows live 5 minutes and are never read by history.
-LIVE_STORAGE = "ALTER TABLE live_batches ALTER COLUMN records SET STORAGE EXTERNAL"
+# No compression of the frames: pglz on 300 KB of a batch took 17 ms, storing it
+# plainly 1.3 ms; the rows live 5 minutes and are never read by history.
+LIVE_STORAGE = "ALTER TABLE live_batches ALTER COLUMN frame SET STORAGE EXTERNAL"
 LIVE_INDEX = "CREATE INDEX IF NOT EXISTS live_batches_created ON live_batches (created)"
-# One statement: store the records, then queue the pointer (sent at COMMIT).
-ANNOUNCE_BATCH = (
-    "WITH row AS (INSERT INTO live_batches (replica, run_id, rank, seq, urgent, records)"
-    " VALUES (%s, %s, %s, %s, %s, %s) RETURNING id)"
-    " SELECT pg_notify(%s, json_build_object('r', %s::text, 'id', id, 'run', %s::text,"
-    " 'u', %s::boolean)::text)"
-    " FROM row"
+# One statement per transaction: store its batches, then queue a pointer to each, in
+# the order they were stored (sent at COMMIT).
+ANNOUNCE_BATCHES = (
+    "WITH row AS (INSERT INTO live_batches (replica, run_id, rank, seq, urgent, frame)"
+    " SELECT %s, r, k, s, u, f FROM unnest(%s::text[], %s::bigint[], %s::bigint[],"
+    " %s::boolean[], %b::bytea[]) AS b(r, k, s, u, f) RETURNING id, run_id, urgent)"
+    " SELECT pg_notify(%s, json_build_object('r', %s::text, 'id', id, 'run', run_id,"
+    " 'u', urgent)::text) FROM (SELECT * FROM row ORDER BY id) AS stored"
 )
 ANNOUNCE_HELLO = (
     "SELECT pg_notify(%s, json_build_object('r', %s::text, 'run', %s::text, 'hello', true)::text)"

@@ -22,22 +22,25 @@ from gradwatch.protocol.messages import ALERT, END, NONFINITE_STRINGS
 
 from ..columns import records_json
 from ..settings import Settings
-from . import pgfeed, rollups, rows
+from . import pgfeed, rollups, tables
 from .base import Store
+from .handoff import batch_of, frame_bytes
 
-# aggregate_columns gives one row per (series, level, block): one statement may
-# upsert them all (a key twice would be refused).
-_ROLLUPS_UNNEST = rollups.UPSERT.replace(
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-    "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[],"
-    " %s::float8[], %s::bigint[], %s::float8[], %s::bigint[])",
+# Binary COPY of each chunk table: its columns' PostgreSQL types (store/chunks.py).
+_COPY_TYPES = {
+    "step_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "text", "bytea", "bytea",
+                    "text"],
+    "named_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "int8", "int8", "bytea",
+                     "bytea"],
+    "series_chunks": ["text", "int8", "text", "text", "text", "int8", "int8", "int8", "int8",
+                      "int8", "bytea", "bytea"],
+}
+# Transaction-level locks on rollup sets (another replica may write the same set):
+# keyed by schema and id, taken in id order so two writers never wait on each other.
+_LOCK_SETS = (
+    "SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '/' || x::text, 7))"
+    " FROM (SELECT x FROM unnest(%s::bigint[]) AS x ORDER BY x) AS ids"
 )
-
-
-_TIMESTEPS_COPY = (
-    "COPY timesteps (run_id, rank, step, module, series, n, data) FROM STDIN (FORMAT BINARY)"
-)
-_TIMESTEP_TYPES = ["text", "int8", "int8", "text", "text", "int8", "bytea"]
 
 
 class PostgresStore(Store):
@@ -52,6 +55,8 @@ class PostgresStore(Store):
         self.replica = uuid.uuid4().hex[:16]
         self.channel = pgfeed.channel_for("public")
         self._pruned = 0.0
+        # (run_id, rank, seq, urgent, frame) of the batches of the open transaction.
+        self._live_pending: list[tuple[Any, ...]] = []
         super().__init__(settings)
 
     def listener(self, deliver: Callable[[pgfeed.Delivery], None]) -> pgfeed.Listener:
@@ -59,21 +64,28 @@ class PostgresStore(Store):
         return pgfeed.Listener(self.settings.db, self.channel, self.replica, deliver)
 
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
-        """``(id, run_id, rank, seq, records)`` of stored live batches, by row id."""
-        return self.query(
-            "SELECT id, run_id, rank, seq, records FROM live_batches WHERE id = ANY(?)",
-            (list(ids),),
-        )
+        """``(id, run_id, rank, seq, records)`` of stored live batches, by row id; the
+        records are the JSON array a live message carries (server/columns.py)."""
+        return [
+            (*row[:4], records_json(batch_of(bytes(row[4]))), *row[5:])
+            for row in self.query(
+                "SELECT id, run_id, rank, seq, frame FROM live_batches WHERE id = ANY(?)",
+                (list(ids),),
+            )
+        ]
 
     def live_rows_since(self, seconds: float) -> list[tuple[Any, ...]]:
         """``(id, run_id, rank, seq, records, urgent)`` other replicas stored in the last
         ``seconds``, in the order they were stored (a LISTEN connection came back)."""
-        return self.query(
-            "SELECT id, run_id, rank, seq, records, urgent FROM live_batches"
-            " WHERE created >= clock_timestamp() - make_interval(secs => ?) AND replica <> ?"
-            " ORDER BY id",
-            (seconds, self.replica),
-        )
+        return [
+            (*row[:4], records_json(batch_of(bytes(row[4]))), *row[5:])
+            for row in self.query(
+                "SELECT id, run_id, rank, seq, frame, urgent FROM live_batches WHERE"
+                " created >= clock_timestamp() - make_interval(secs => ?) AND replica <> ?"
+                " ORDER BY id",
+                (seconds, self.replica),
+            )
+        ]
 
     def connect(self) -> Any:
         return psycopg.connect(self.settings.db, autocommit=False)
@@ -82,18 +94,26 @@ class PostgresStore(Store):
         with conn.cursor() as cur:
             # Serialise schema creation between servers starting at once.
             cur.execute("SELECT pg_advisory_xact_lock(4242424242)")
-            for statement in rows.schema(
+            ddl = tables.statements(
                 number="DOUBLE PRECISION",
                 integer="BIGINT",
                 blob="BYTEA",
                 serial="BIGSERIAL PRIMARY KEY",
-            ):
-                cur.execute(statement)
+                clustered="",
+            )
+            cur.execute(
+                "SELECT table_name FROM information_schema.tables"
+                " WHERE table_schema = current_schema()"
+            )
+            found = {str(r[0]) for r in cur.fetchall()}
+            cur.execute("SELECT current_schema()")
+            schema = str(cur.fetchone()[0])
+            where = f"PostgreSQL database {conn.info.dbname}, schema {schema}"
+            tables.create_or_check(cur, where, found, ddl)
             cur.execute(pgfeed.LIVE_TABLE)
             cur.execute(pgfeed.LIVE_STORAGE)
             cur.execute(pgfeed.LIVE_INDEX)
-            cur.execute("SELECT current_schema()")
-            self.channel = pgfeed.channel_for(str(cur.fetchone()[0]))
+            self.channel = pgfeed.channel_for(schema)
         conn.commit()
 
     # The writer thread runs these inside the transaction of the hello or batch, so the
@@ -105,36 +125,42 @@ class PostgresStore(Store):
     def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
         if not super()._write_batch(cur, batch, session):
             return False
-        records = records_json(batch)
         # As ingest decides for its own viewers: the runs list updates at once.
         urgent = any(r.kind in (END, ALERT) for r in batch.records)
-        cur.execute(
-            pgfeed.ANNOUNCE_BATCH,
-            (self.replica, batch.run_id, batch.rank, batch.seq, urgent, records,
-             self.channel, self.replica, batch.run_id, urgent),
-        )
+        frame = frame_bytes(batch, session)
+        self._live_pending.append((batch.run_id, batch.rank, batch.seq, urgent, frame))
         now = time.monotonic()
         if now - self._pruned > pgfeed.PRUNE_EVERY_S:
             self._pruned = now
             cur.execute(pgfeed.PRUNE, (pgfeed.RETAIN_S,))
         return True
 
-    # The ~180 rollup rows of a batch as one statement of arrays: 43 instead of 74 us
-    # per record with executemany (BENCHMARKS.md, "Ingest: packed named scalars").
-    def _upsert_rollups(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
-        columns: list[list[Any]] = [list(column) for column in zip(*found, strict=True)]
-        for at in (4, 6):  # min_v, max_v: a count (an int) among floats
-            columns[at] = [float(v) for v in columns[at]]
-        cur.execute(_ROLLUPS_UNNEST, columns)
-
-    # Binary COPY: ~2.3x faster than executemany for 200 rows of 1 KB blobs (98 -> 42
-    # us per record, BENCHMARKS.md "Ingest"). `timesteps` has no unique key to conflict
-    # on, so COPY's lack of ON CONFLICT changes nothing.
-    def _insert_timesteps(self, cur: Any, found: list[tuple[Any, ...]]) -> None:
-        with cur.copy(_TIMESTEPS_COPY) as copy:
-            copy.set_types(_TIMESTEP_TYPES)
-            for row in found:
+    # Binary COPY of the chunk rows: one round trip per table and batch, no SQL parsed
+    # per row (BENCHMARKS.md, "Ingest"). The chunks' primary key is a guard never
+    # expected to fire (a uid is unique per run, rank and session).
+    def _insert_rows(
+        self, cur: Any, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+    ) -> None:
+        with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(_COPY_TYPES[table])
+            for row in rows:
                 copy.write_row(row)
+
+    def _discard_pending(self) -> None:
+        super()._discard_pending()
+        self._live_pending.clear()
+
+    def _flush(self, cur: Any) -> None:
+        super()._flush(cur)
+        if self._live_pending:
+            columns = [list(c) for c in zip(*self._live_pending, strict=True)]
+            self._live_pending.clear()
+            cur.execute(
+                pgfeed.ANNOUNCE_BATCHES, (self.replica, *columns, self.channel, self.replica)
+            )
+
+    def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
+        cur.execute(_LOCK_SETS, (set_ids,))
 
     def alive(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken

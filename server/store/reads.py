@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..column_checks import floats
 from ..downsample import pick_rows
-from . import rows
+from .chunks import scalar_out
 from .history import PROFILE_KEYS, HistoryReads
+from .split import SCALAR_FIELDS
 
 
 class RunNotFound(KeyError):
@@ -123,7 +125,7 @@ class Reads(HistoryReads):
             (run_id,),
         )
         present = {key for family, key, _ in keys if family == "scalar"}
-        names.extend(f for f in rows.SCALAR_FIELDS if f in present)
+        names.extend(f for f in SCALAR_FIELDS if f in present)
         for family, key, sub in keys:
             if family == "param_norms":
                 names.append(f"param_norms/{key}")
@@ -155,18 +157,8 @@ class Reads(HistoryReads):
         self.run_summary(run_id)
         lo = 0 if start is None else start
         hi = 2**62 if stop is None else stop
-        where = "run_id = ? AND module = ? AND series = ? AND rank = ? AND step >= ? AND step <= ?"
-        params: tuple[Any, ...] = (run_id, module, series, rank, lo, hi)
-        all_steps = [
-            r[0]
-            for r in self.query(
-                f"SELECT DISTINCT step FROM timesteps WHERE {where} ORDER BY step",  # noqa: S608
-                params,
-            )
-        ]
-        chunked = self.timestep_chunk_steps(run_id, module, series, rank, lo, hi)
-        if chunked:
-            all_steps = sorted({*all_steps, *chunked})
+        places = self.series_steps("timesteps", run_id, module, series, rank, lo, hi)
+        all_steps = sorted(places)
         chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
         per_row = max(2, max_cells // max(1, len(chosen)))
         longest = 0
@@ -178,20 +170,16 @@ class Reads(HistoryReads):
 
         by_step: dict[int, list[Any]] = {}
         for step in chosen:
-            place = chunked.get(step)
-            if place is not None:
-                data = self.timestep_chunk_series(run_id, module, series, rank, place)
-                by_step[step] = cut([rows.scalar_out(v) for v in rows.unpack_series(data)])
-        for i in range(0, len(chosen), 500):
-            part = chosen[i : i + 500]
-            marks = ", ".join("?" for _ in part)
-            for step, data in self.query(
-                f"SELECT step, data FROM timesteps WHERE {where} AND step IN ({marks})",  # noqa: S608
-                (*params, *part),
-            ):
-                by_step[step] = cut(
-                    [rows.scalar_out(v) for v in rows.unpack_series(bytes(data))]
-                )
+            data = self.series_row("timesteps", run_id, module, series, rank, places[step])
+            by_step[step] = cut([scalar_out(v) for v in floats(data)])
+        # Each row's timestep_layout for this module (docs/PROTOCOL.md): chain unless
+        # its record said tree.
+        notes = self.notes(run_id, rank, chosen[0], chosen[-1]) if chosen else {}
+        layout = []
+        for step in chosen:
+            _, uid, i = places[step]
+            said = notes.get(uid + i, {}).get("timestep_layout") or {}
+            layout.append(said.get(module, "chain"))
         values = [by_step[s] for s in chosen]
         answer = {
             "module": module,
@@ -200,6 +188,7 @@ class Reads(HistoryReads):
             "steps": chosen,
             "total_steps": len(all_steps),
             "values": values,
+            "layout": layout,
             "max_timesteps": longest,
         }
         if longest > per_row:

@@ -1,29 +1,26 @@
 """Min/max rollups of every scalar series, kept at ingest, so history never scans 1e6 rows.
 
-For each series (a plain ``steps`` column or a named scalar, both with an id in
-``series``) and each level ``L`` of :data:`LEVELS`, the table ``rollups`` holds one row
-per block of ``2**L`` steps (``block = step >> L``): the step and value of the block's
-min and of its max. The history API's buckets are aligned blocks of ``2**k`` steps
-(:func:`gradwatch.server.downsample.bucket_width`), so a bucket is exactly the union of
-``2**(k-L)`` rollup rows of the largest level ``L <= k``: a 1e6-step series answers
-2,000 points from ~1,000 rollup rows instead of 1e6 step rows.
+For each series (a plain field, a named scalar or the step numbers, each with an id
+in ``series``) and each level ``L`` of :data:`LEVELS`, its set's row
+(store/set_rollups.py) holds per block of ``2**L`` steps (``block = step >> L``) the
+step and value of the block's min and of its max. The history API's buckets are
+aligned blocks of ``2**k`` steps (:func:`gradwatch.server.downsample.bucket_width`),
+so a bucket is exactly the union of ``2**(k-L)`` rollup rows of the largest level
+``L <= k``: a 1e6-step series answers 2,000 points from ~1,000 rollup rows.
 
 Ties keep the earliest step, for the min and the max alike (the reference's rule).
 Values order as each backend orders them (``key``): in SQLite numbers before text, so
 the ``"NaN"``/``"Infinity"`` strings win every max; in PostgreSQL NaN above +inf.
 
 Example:
-    >>> rows = aggregate([(7, 3, 2.0), (7, 70, 5.0), (7, 65, 1.0)], sqlite_key)
-    >>> sorted(r for r in rows if r[1] == 6)
-    [(7, 6, 0, 3, 2.0, 3, 2.0, 1), (7, 6, 1, 65, 1.0, 70, 5.0, 2)]
+    >>> level_for(2048), cover(10, 2000)[0]
+    (10, [(6, 1, 30)])
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from operator import itemgetter
 from typing import Any
 
 # Levels 16x apart: a bucket merges at most 16 rows of the level below it, and a batch
@@ -35,23 +32,6 @@ STEP_SERIES = "step"
 
 Key = Callable[[Any], tuple[int, Any]]
 
-UPSERT = (  # noqa: S608 (constant text, no outside input)
-    "INSERT INTO rollups (series, level, block, min_step, min_v, max_step, max_v, n)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (series, level, block) DO UPDATE SET"
-    " n = rollups.n + excluded.n,"
-    " min_step = CASE WHEN {lower} THEN excluded.min_step ELSE rollups.min_step END,"
-    " min_v = CASE WHEN {lower} THEN excluded.min_v ELSE rollups.min_v END,"
-    " max_step = CASE WHEN {higher} THEN excluded.max_step ELSE rollups.max_step END,"
-    " max_v = CASE WHEN {higher} THEN excluded.max_v ELSE rollups.max_v END"
-).format(
-    # Both dialects compare these columns as the reads order them (SQLite: no column
-    # affinity, numbers < text; PostgreSQL: float8 with NaN = NaN above everything).
-    lower="(excluded.min_v < rollups.min_v OR (excluded.min_v = rollups.min_v"
-    " AND excluded.min_step < rollups.min_step))",
-    higher="(excluded.max_v > rollups.max_v OR (excluded.max_v = rollups.max_v"
-    " AND excluded.max_step < rollups.max_step))",
-)
-
 
 def sqlite_key(value: Any) -> tuple[int, Any]:
     """SQLite's order: every number before every text value, text by its bytes."""
@@ -61,70 +41,6 @@ def sqlite_key(value: Any) -> tuple[int, Any]:
 def postgres_key(value: Any) -> tuple[int, Any]:
     """PostgreSQL's float8 order: NaN above +Infinity, all NaNs equal."""
     return (1, 0.0) if isinstance(value, float) and math.isnan(value) else (0, value)
-
-
-def aggregate(values: Iterable[tuple[int, int, Any]], key: Key) -> list[tuple[Any, ...]]:
-    """``(series, step, value)`` rows as rollup rows of every level (for :data:`UPSERT`).
-
-    The finest level is built from the values, each coarser one from the level below,
-    so a batch costs one pass over its values.
-    """
-    level = LEVELS[0]
-    # Grouped by series on the value tuples themselves, then cut into blocks in C
-    # (sort, bisect, min/max with itemgetter keys): building a (series, block) key and
-    # a pair per value cost ~5x more (24 vs 5 us per record of 27 values).
-    per_series: dict[int, list[tuple[int, int, Any]]] = {}
-    for row in values:
-        found = per_series.get(row[0])
-        if found is None:
-            per_series[row[0]] = [row]
-        else:
-            found.append(row)
-    # (series, block) -> [min_step, min_v, max_step, max_v, min_key, max_key, count]
-    blocks: dict[tuple[int, int], list[Any]] = {}
-    for series, rows in per_series.items():
-        rows.sort(key=_STEP)  # already in step order but for a shuffled batch
-        i, n = 0, len(rows)
-        while i < n:
-            block = rows[i][1] >> level
-            j = bisect_left(rows, (block + 1) << level, lo=i, key=_STEP)
-            lo, hi = _extremes(rows[i:j], key)
-            blocks[series, block] = [lo[1], lo[2], hi[1], hi[2], key(lo[2]), key(hi[2]), j - i]
-            i = j
-    out: list[tuple[Any, ...]] = []
-    previous = level
-    for i, level in enumerate(LEVELS):
-        if i:
-            coarser: dict[tuple[int, int], list[Any]] = {}
-            for (series, block), b in blocks.items():
-                at = (series, block >> (level - previous))
-                found_block = coarser.get(at)
-                if found_block is None:
-                    coarser[at] = list(b)
-                else:
-                    _merge(found_block, b[0], b[1], b[4], b[2], b[3], b[5])
-                    found_block[6] += b[6]
-            blocks, previous = coarser, level
-        out.extend((s, level, blk, b[0], b[1], b[2], b[3], b[6]) for (s, blk), b in blocks.items())
-    return out
-
-
-_STEP = itemgetter(1)
-_VALUE = itemgetter(2)
-
-
-def _extremes(part: list[tuple[int, int, Any]], key: Key) -> tuple[Any, Any]:
-    """The rows of the min and the max value of ``part`` (in step order): min() and
-    max() keep the first of equal values, i.e. the earliest step."""
-    try:
-        # NaN (or inf - inf) makes the sum NaN, a string makes it fail: only then do
-        # values need the backend's order; plain numbers compare as they are.
-        total = sum(map(_VALUE, part))
-        if total == total:
-            return min(part, key=_VALUE), max(part, key=_VALUE)
-    except TypeError:
-        pass
-    return min(part, key=lambda r: key(r[2])), max(part, key=lambda r: key(r[2]))
 
 
 def _merge(

@@ -1,40 +1,42 @@
 """Rollups of the series that came together in a chunk, one row per set of series.
 
 A chunk (store/chunks.py) brings ~35 series that share their steps: the plain fields
-and a name set's named scalars. Kept one per series (store/rollups.py), a transaction
-upserted ~10 rollup rows of each (the finest blocks it touched and one per coarser
-level): about one row per record, and a third of SQLite's writer time at 40,000
-records/s (BENCHMARKS.md, "Ingest: rollups per set of series"). Here a chunk's series
-keep ONE row per (set, level, block) together:
+and a name set's named scalars. Kept one row per series, a transaction wrote ~10
+rollup rows of each (the finest blocks it touched and one per coarser level): about
+one row per record. Here a chunk's series keep ONE row per (set, level, block):
 
 - ``rollup_sets``: a set's series ids (``series``, comma-separated, in order) and
   their ``kinds``, one letter each: ``q`` int64 values, ``d`` float64;
 - ``rollup_members``: which sets a series is in, and where;
 - ``set_rollups``: per block, the number of records (``n``), their first and last
   step, and ``data``: per series in set order 32 bytes, ``min_step`` (int64), the min
-  value, ``max_step`` (int64), the max value, as the kind says. Non-finite floats are
-  stored as float64 and read back as the backend stores them (SQLite: the strings
-  "NaN", "Infinity", "-Infinity"), so they order as the per-series rollups do.
+  value, ``max_step`` (int64), the max value, as the kind says (a numpy record of
+  :data:`ROW_DTYPES`). Non-finite floats are stored as float64 and read back as the
+  backend stores them (SQLite: the strings "NaN", "Infinity", "-Infinity").
 
-The same block of a set written again (the next batch of it) is merged with the
-stored row by the per-series rule: the lower (higher) value wins, then the earlier
-step (numpy where both are finite, :func:`merge_arrays`; else :func:`merge`).
-SQLite's writer holds the database's write lock from the chunk inserts before it to
-the commit, so no other write lands in between. Reads (store/history.py) take a
-series' rows from both layouts and merge them per bucket.
+Values are compared by :func:`order_keys`, int64 keys that order floats as the
+backend orders its stored values (non-finite ones included), so every block's
+extremes are numpy argmin/argmax. The same block of a set written again (the next
+batch of it) is merged with the stored row by the same rule: the lower (higher)
+value wins, then the earlier step (:func:`merge_arrays`). SQLite's writer holds the
+database's write lock from the chunk inserts to the commit; PostgreSQL's writer
+locks the set (store/postgres.py): no other write lands in between. Reads
+(store/history.py) merge the rows of a series in several sets per bucket.
 
 Example:
-    >>> layout = Layout(7, "qd")
-    >>> row = layout.pack([3, 3, 70, 70, 3, 2.5, 65, float("inf")])
-    >>> series_at(row, 1, "d", str)
-    (3, 2.5, 65, 'inf')
+    >>> found, rows = array_blocks(np.array([3, 70, 65]), np.array([[2.5], [1.0], [9.0]]),
+    ...                            "sqlite")
+    >>> found[1], rows[1].tolist()
+    ((6, 1, 2, 65, 70), [(70, 1.0, 65, 9.0)])
+    >>> series_at(rows[0].tobytes(), 0, "d", str)
+    (3, 2.5, 3, 2.5)
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -82,26 +84,38 @@ def schema(integer: str, blob: str, serial: str, clustered: str) -> list[str]:
 
 @dataclass
 class Layout:
-    """One set's id and the packing of its rows."""
+    """One set's id and the kind of each of its series (``q`` int64, ``d`` float64)."""
 
     id: int
     kinds: str
-    packing: struct.Struct = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.packing = struct.Struct("<" + "".join(f"q{k}q{k}" for k in self.kinds))
 
-    def pack(self, values: Sequence[Any]) -> bytes:
-        """``min_step, min_v, max_step, max_v`` of each series, values as stored (the
-        strings "NaN" and the infinities become float64 again)."""
-        if any(type(v) is str for v in values):
-            values = [float(v) if type(v) is str else v for v in values]
-        return self.packing.pack(*values)
+# int64 keys of float64 bits: x >= 0 as they are, x < 0 with the other bits flipped.
+_FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
+_INF = np.int64(0x7FF0_0000_0000_0000)
+_NAN = np.int64(0x7FF8_0000_0000_0000)
 
-    def unpack(self, data: bytes, stored: Callable[[float], Any]) -> list[Any]:
-        """Every series' four numbers, non-finite floats as the backend stores them."""
-        values = list(self.packing.unpack(data))
-        return [v if type(v) is int or v - v == 0 else stored(v) for v in values]
+
+def order_keys(values: np.ndarray, order: str) -> np.ndarray:
+    """int64 keys that order float64 ``values`` as the backend orders stored numbers:
+    ``"postgresql"``: -inf < numbers < +inf < NaN (every NaN equal); ``"sqlite"``:
+    numbers < "-Infinity" < "Infinity" < "NaN" (text after numbers, by its bytes).
+    -0.0 and 0.0 are equal, as both backends compare them. int64 values are their keys.
+
+    >>> order_keys(np.array([1.0, -2.0, -0.0, np.inf, -np.inf, np.nan]), "sqlite").argsort()
+    array([1, 2, 0, 4, 3, 5])
+    """
+    if values.dtype.kind != "f":
+        return values
+    bits = (values + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
+    keys = np.where(bits < 0, bits ^ _FLIP, bits)
+    if np.isfinite(values).all():
+        return keys
+    keys[np.isnan(values)] = _NAN
+    if order == "sqlite":  # "-Infinity" and "Infinity" above every number
+        keys[values == -np.inf] = _INF
+        keys[values == np.inf] = _INF + 1
+    return keys
 
 
 def series_at(
@@ -115,35 +129,20 @@ def series_at(
     return lo_step, lo, hi_step, hi
 
 
-def merge(old: list[Any], new: list[Any], key: rollups.Key) -> list[Any]:
-    """Two rows' values of one block (``min_step, min_v, max_step, max_v`` per series),
-    ``new`` written after ``old``: the per-series upsert's rule (the lower value, then
-    the earlier step; the higher value, then the earlier step)."""
-    out = list(old)
-    for at in range(0, len(new), 4):
-        lo_step, lo, hi_step, hi = new[at : at + 4]
-        lo_new, lo_old = key(lo), key(old[at + 1])
-        if lo_new < lo_old or (lo_new == lo_old and lo_step < old[at]):
-            out[at], out[at + 1] = lo_step, lo
-        hi_new, hi_old = key(hi), key(old[at + 3])
-        if hi_new > hi_old or (hi_new == hi_old and hi_step < old[at + 2]):
-            out[at + 2], out[at + 3] = hi_step, hi
-    return out
-
-
 def array_blocks(
-    steps: np.ndarray, matrix: np.ndarray
+    steps: np.ndarray, matrix: np.ndarray, order: str
 ) -> tuple[list[tuple[int, int, int, int, int]], np.ndarray]:
-    """:func:`gradwatch.server.store.columns.set_blocks` in numpy, for a group whose
-    values are all finite numbers of one dtype: ``matrix[i, k]`` is series k's value
-    at ``steps[i]``. Returns each block's ``(level, block, n, first step, last step)``
-    and, row for row, its values: one record of :data:`ROW_DTYPES` per series (the
-    bytes of a row's ``data``). argmin/argmax keep the first of equal values, and the
-    records are in step order (a stable sort where they were not, keeping equal steps
-    in batch order): ties keep the earliest step, as there."""
+    """The rollup rows of a group of series of one dtype: ``matrix[i, k]`` is series
+    k's value at ``steps[i]``, compared by :func:`order_keys` (``order``: the
+    backend's). Returns each block's ``(level, block, n, first step, last step)`` of
+    every level and, row for row, its values: one record of :data:`ROW_DTYPES` per
+    series (the bytes of a row's ``data``). argmin/argmax keep the first of equal
+    values, and the records are in step order (a stable sort where they were not,
+    keeping equal steps in batch order): ties keep the earliest step."""
     if steps.size > 1 and bool((steps[1:] < steps[:-1]).any()):
-        order = np.argsort(steps, kind="stable")
-        steps, matrix = steps[order], matrix[order]
+        perm = np.argsort(steps, kind="stable")
+        steps, matrix = steps[perm], matrix[perm]
+    keys = order_keys(matrix, order)
     finest = rollups.LEVELS[0]
     blocks = steps >> finest
     cuts = (np.flatnonzero(blocks[1:] != blocks[:-1]) + 1).tolist()
@@ -156,7 +155,7 @@ def array_blocks(
     lows = np.empty((len(fine) * len(rollups.LEVELS), matrix.shape[1]), np.intp)
     highs = np.empty_like(lows)
     for f, (i, j) in enumerate(zip(starts, ends, strict=True)):
-        part = matrix[i:j]
+        part = keys[i:j]
         lows[f] = part.argmin(0)
         highs[f] = part.argmax(0)
         lows[f] += i
@@ -173,8 +172,8 @@ def array_blocks(
             # A coarser block's extremes are among its finest blocks'; the first of
             # equal ones is the earliest step.
             lo, hi = lows[k:m], highs[k:m]
-            lows[at] = lo[matrix[lo, columns].argmin(0), columns]
-            highs[at] = hi[matrix[hi, columns].argmax(0), columns]
+            lows[at] = lo[keys[lo, columns].argmin(0), columns]
+            highs[at] = hi[keys[hi, columns].argmax(0), columns]
         first, last = step_list[starts[k]], step_list[ends[m - 1] - 1]
         found.append((level, block, ends[m - 1] - starts[k], first, last))
     lo, hi = lows[: len(found)], highs[: len(found)]
@@ -184,18 +183,16 @@ def array_blocks(
     return found, rows
 
 
-def merge_arrays(old: np.ndarray, new: np.ndarray) -> np.ndarray | None:
-    """:func:`merge` of rows as numpy records (elementwise: one row or many), or None
-    when a stored row holds a non-finite float (then only the backend's order,
-    :func:`merge`, says)."""
-    if old["lv"].dtype.kind == "f" and not (
-        np.isfinite(old["lv"]).all() and np.isfinite(old["hv"]).all()
-    ):
-        return None
+def merge_arrays(old: np.ndarray, new: np.ndarray, order: str) -> np.ndarray:
+    """Rows as numpy records (elementwise: one row or many), ``new`` written after
+    ``old``: the lower value wins, then the earlier step; the higher value, then the
+    earlier step (values compared by :func:`order_keys`)."""
     out = old.copy()
-    low = (new["lv"] < old["lv"]) | ((new["lv"] == old["lv"]) & (new["ls"] < old["ls"]))
+    new_lo, old_lo = order_keys(new["lv"], order), order_keys(old["lv"], order)
+    low = (new_lo < old_lo) | ((new_lo == old_lo) & (new["ls"] < old["ls"]))
     out["ls"][low], out["lv"][low] = new["ls"][low], new["lv"][low]
-    high = (new["hv"] > old["hv"]) | ((new["hv"] == old["hv"]) & (new["hs"] < old["hs"]))
+    new_hi, old_hi = order_keys(new["hv"], order), order_keys(old["hv"], order)
+    high = (new_hi > old_hi) | ((new_hi == old_hi) & (new["hs"] < old["hs"]))
     out["hs"][high], out["hv"][high] = new["hs"][high], new["hv"][high]
     return out
 
@@ -203,3 +200,39 @@ def merge_arrays(old: np.ndarray, new: np.ndarray) -> np.ndarray | None:
 def kind_of(name: str, ints: frozenset[str]) -> str:
     """``q`` for the series of int64 columns (and the step numbers), else ``d``."""
     return "q" if name == rollups.STEP_SERIES or name in ints else "d"
+
+
+def bucket_extremes(
+    rows: list[tuple[Any, ...]], shift: int, order: str, stored: Callable[[float], Any]
+) -> list[tuple[int, Any]]:
+    """(step, value) of the min and of the max of each bucket of ``2**shift`` blocks,
+    from the :data:`SERIES_ROWS` rows ``(position, kind, block, data)`` of one series
+    (in one set or several): the lower (higher) value, then the earlier step, in numpy;
+    non-finite floats as the backend stores them (``stored``)."""
+    parts: dict[tuple[int, str, int], tuple[list[int], list[bytes]]] = {}
+    for at, kind, block, data in rows:
+        found = parts.setdefault((at, kind, len(data)), ([], []))
+        found[0].append(block)
+        found[1].append(bytes(data))
+    if not parts:
+        return []
+    blocks = np.concatenate([np.array(b, np.int64) for b, _ in parts.values()])
+    records = np.concatenate(
+        [
+            np.frombuffer(b"".join(d), ROW_DTYPES["i" if kind == "q" else "f"]).reshape(
+                len(d), -1
+            )[:, at]
+            for (at, kind, _), (_, d) in parts.items()
+        ]
+    )
+    buckets = blocks >> shift
+    out: list[tuple[int, Any]] = []
+    for step, value, sign in (("ls", "lv", 1), ("hs", "hv", -1)):
+        keys = order_keys(records[value], order)
+        ranked = np.lexsort((records[step], sign * keys, buckets))
+        first = ranked[np.flatnonzero(np.diff(buckets[ranked], prepend=-1))]
+        values = records[value][first].tolist()
+        if records[value].dtype.kind == "f":
+            values = [v if v - v == 0 else stored(v) for v in values]
+        out.extend(zip(records[step][first].tolist(), values, strict=True))
+    return out

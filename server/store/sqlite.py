@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..settings import Settings
-from . import rows
+from . import tables
 from .base import Store
 
 # Often enough that the WAL stays a few MB at ~10 MB/s of ingest.
@@ -39,8 +39,6 @@ class SQLiteStore(Store):
     """
 
     kind: ClassVar[str] = "sqlite"
-    # One writer per database file: a set's rollup row is merged in Python safely.
-    set_rollups = True
 
     def __init__(self, settings: Settings) -> None:
         self.path = Path(settings.db)
@@ -73,14 +71,22 @@ class SQLiteStore(Store):
     def create_schema(self, conn: Any) -> None:
         # Numeric columns without a declared type keep "NaN"/"Infinity" strings as text
         # (a REAL column would turn NaN into NULL).
-        for statement in rows.schema(
+        ddl = tables.statements(
             number="",
             integer="INTEGER",
             blob="BLOB",
             serial="INTEGER PRIMARY KEY AUTOINCREMENT",
             clustered=" WITHOUT ROWID",
-        ):
-            conn.execute(statement)
+        )
+        cur = conn.cursor()
+        # BEGIN IMMEDIATE: two processes opening one new file create its tables once.
+        cur.execute("BEGIN IMMEDIATE")
+        found = {r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        try:
+            tables.create_or_check(cur, str(self.path), found, ddl)
+        except BaseException:
+            conn.rollback()
+            raise
         conn.commit()
 
     def scalar_in(self, value: Any) -> Any:

@@ -34,13 +34,11 @@ try:
 except ImportError:  # not on Windows: the pipe keeps its default size
     fcntl = None  # type: ignore[assignment]
 from concurrent.futures import Future
-from dataclasses import replace
-from functools import partial
-from typing import IO, Any
+from typing import Any
 
 from ..settings import Settings
 from .base import StoreDataError, StoreError
-from .handoff import decode_batch, encode_batch, read_frame, write_frame
+from .handoff import encode_batch, read_frame, write_frame
 
 
 class WriterGone(StoreError):
@@ -71,7 +69,7 @@ class ProcessWriter:
 
     def _start(self) -> None:
         child = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-m", "gradwatch.server.store.writer_child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "GRADWATCH_WRITER_SETTINGS": _settings_text(self.settings)},
@@ -201,63 +199,3 @@ def _settings_text(settings: Settings) -> str:
             "group_commit": settings.group_commit,
         }
     )
-
-
-def main() -> None:
-    """The child: frames in on stdin, verdicts out on stdout, in the order of commits."""
-    import json
-
-    from .sqlite import SQLiteStore
-
-    values = json.loads(os.environ["GRADWATCH_WRITER_SETTINGS"])
-    settings = replace(Settings(**values), writer_process=False)
-    source: IO[bytes] = sys.stdin.buffer
-    # The frames own stdout; anything printed by accident goes to stderr instead.
-    out: IO[bytes] = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    out_lock = threading.Lock()
-    store = SQLiteStore(settings)
-
-    def answer(ident: int, future: Future[Any]) -> None:
-        error = future.exception()
-        head: dict[str, Any] = {"id": ident}
-        if error is None:
-            head["result"] = future.result()
-        else:
-            head["error"] = str(error)
-            head["data_error"] = isinstance(error, StoreDataError)
-        with out_lock, contextlib.suppress(OSError, ValueError):
-            write_frame(out, head)
-            # The writer thread's answers leave together after its group (flush_answers).
-            if threading.current_thread() is not writer_thread:
-                out.flush()
-
-    def flush_answers() -> None:
-        with out_lock, contextlib.suppress(OSError, ValueError):
-            out.flush()
-
-    writer_thread = store.writer_thread
-    store.after_group = flush_answers
-
-    from ..schema import Hello
-
-    try:
-        while True:
-            frame = read_frame(source)
-            if frame is None:
-                break
-            head, body = frame
-            future: Future[Any]
-            if head["op"] == "hello":
-                ident = int(head["id"])
-                future = store.submit_hello(Hello.model_validate_json(head["hello"]))
-            else:
-                ident, batch, session = decode_batch(head, body)
-                future = store.submit_batch(batch, session)
-            future.add_done_callback(partial(answer, ident))
-    finally:
-        store.close()  # finishes every queued write (each answered), checkpoints
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
-"""Rollups and buckets computed in Python for the packed named scalars: the column-wise
-rollups of a batch equal rollups.aggregate (the previous writer's), and the min/max
-of edge and fine buckets read from packed rows equal what SQL answers over rows
-holding the same values."""
+"""Rollups and buckets computed in Python and numpy: the set rows written for a batch
+(store/set_rollups.py), merged per series as history merges them,
+equal a brute-force reference over the same values; and the min/max of edge and fine
+buckets read from the chunks equal the reference too."""
 
 from __future__ import annotations
 
@@ -9,15 +9,23 @@ import itertools
 import json
 from typing import Any
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gradwatch.protocol.messages import NONFINITE_STRINGS
 from gradwatch.server.schema import parse_message
-from gradwatch.server.store.columns import aggregate_columns
-from gradwatch.server.store.rollups import STEP_SERIES, aggregate, postgres_key, sqlite_key
-from gradwatch.server.store.rows import INTEGER_FIELDS, SCALAR_FIELDS, split_batch
-from gradwatch.server.store.scalar_writes import rollup_groups
+from gradwatch.server.store.chunks import scalar_out
+from gradwatch.server.store.rollups import (
+    LEVELS,
+    STEP_SERIES,
+    Key,
+    merge_buckets,
+    postgres_key,
+    sqlite_key,
+)
+from gradwatch.server.store.set_rollups import array_blocks
+from gradwatch.server.store.split import INTEGER_FIELDS, SCALAR_FIELDS, split_batch
 
 # A few values that tie, signed zeros, huge ones, the non-finite strings, an integer.
 VALUES = st.one_of(
@@ -29,14 +37,6 @@ VALUES = st.one_of(
 def _norm(value: Any) -> tuple[str, str]:
     """Compares NaN with NaN and tells -0.0 from 0.0 (and 3 from 3.0)."""
     return type(value).__name__, repr(value)
-
-
-def _as_dict(rows: list[tuple[Any, ...]]) -> dict[tuple[int, int, int], tuple[Any, ...]]:
-    out = {}
-    for series, level, block, lo_step, lo, hi_step, hi, n in rows:
-        assert (series, level, block) not in out, "one row per block"
-        out[series, level, block] = (lo_step, _norm(lo), hi_step, _norm(hi), n)
-    return out
 
 
 @st.composite
@@ -68,31 +68,73 @@ def _records(draw: st.DrawFn) -> list[dict[str, Any]]:
     return records
 
 
-def _reference_values(batch: Any, scalar: Any, ids: dict[str, int]) -> list[tuple[Any, ...]]:
-    """(series, step, value) of every series of the batch, in batch order, as the
-    previous writer handed them to rollups.aggregate."""
-    named: list[tuple[Any, ...]] = []
-    plain: list[tuple[Any, ...]] = []
+def _reference_values(batch: Any, scalar: Any) -> list[tuple[str, int, Any]]:
+    """(series, step, value) of every series of the batch, values as stored: named
+    ones and plain floats as float64 (``scalar``: the backend's non-finite values)."""
+    out: list[tuple[str, int, Any]] = []
+
+    def stored(v: Any) -> Any:
+        return scalar(v) if isinstance(v, str) else float(v)
+
     for r in batch.records:
         for p, v in (r.param_norms or {}).items():
-            named.append((f"param_norms/{p}", r.step, scalar(v)))
+            out.append((f"param_norms/{p}", r.step, stored(v)))
         for p, gates in (r.gate_norms or {}).items():
-            named.extend((f"gate_norms/{p}/{g}", r.step, scalar(v)) for g, v in gates.items())
+            out.extend((f"gate_norms/{p}/{g}", r.step, stored(v)) for g, v in gates.items())
         for m, entry in (r.profile or {}).items():
             for key in ("forward_s", "backward_s", "calls"):
                 if getattr(entry, key) is not None:
-                    named.append((f"profile/{m}/{key}", r.step, scalar(getattr(entry, key))))
-    for name in (STEP_SERIES, *SCALAR_FIELDS):
-        for r in batch.records:
+                    out.append((f"profile/{m}/{key}", r.step, stored(getattr(entry, key))))
+        for name in (STEP_SERIES, *SCALAR_FIELDS):
             value = r.step if name == STEP_SERIES else getattr(r, name)
             if value is not None:
-                plain.append((name, r.step, value if name in INTEGER_FIELDS else scalar(value)))
-    return [(ids.setdefault(name, len(ids)), step, value) for name, step, value in named + plain]
+                integral = name == STEP_SERIES or name in INTEGER_FIELDS
+                out.append((name, r.step, value if integral else stored(value)))
+    return out
+
+
+def _reference(values: list[tuple[str, int, Any]], key: Key) -> dict[Any, Any]:
+    """(series, level, block) -> (min step, min, max step, max, n): brute force, ties
+    to the earliest step."""
+    blocks: dict[Any, list[tuple[int, Any]]] = {}
+    for name, step, value in values:
+        for level in LEVELS:
+            blocks.setdefault((name, level, step >> level), []).append((step, value))
+    out = {}
+    for at, points in blocks.items():
+        lo = min(points, key=lambda p: (key(p[1]), p[0]))
+        top = max(key(p[1]) for p in points)
+        hi = min((p for p in points if key(p[1]) == top), key=lambda p: p[0])
+        out[at] = (lo[0], _norm(lo[1]), hi[0], _norm(hi[1]), len(points))
+    return out
+
+
+def _written(batch: Any, scalar: Any, key: Key, order: str) -> dict[Any, Any]:
+    """The set rows the writer computes for the batch's chunks, merged per series and
+    block as history merges the rows of a series in several sets, values read back
+    as the backend stores them."""
+    rows: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+    counts: dict[Any, int] = {}
+
+    def stored(v: Any) -> Any:
+        return v if isinstance(v, int) or v - v == 0 else scalar(scalar_out(v))
+
+    for chunk in split_batch(batch, scalar, "a-session").chunks.groups:
+        found, values = array_blocks(np.array(chunk.steps, np.int64), chunk.matrix, order)
+        for (level, block, n, _, _), row in zip(found, values.tolist(), strict=True):
+            for name, (ls, lv, hs, hv) in zip(chunk.names, row, strict=True):
+                rows.setdefault((name, level), []).append((block, ls, stored(lv), hs, stored(hv)))
+                counts[name, level, block] = counts.get((name, level, block), 0) + n
+    out = {}
+    for (name, level), found_rows in rows.items():
+        for block, (ls, lv, hs, hv) in merge_buckets(found_rows, 0, key).items():
+            out[name, level, block] = (ls, _norm(lv), hs, _norm(hv), counts[name, level, block])
+    return out
 
 
 @settings(max_examples=300, deadline=None)
 @given(records=_records(), postgres=st.booleans(), seq=st.integers(0, 50))
-def test_column_rollups_equal_the_reference_aggregate(records, postgres, seq):
+def test_set_rollups_equal_the_reference(records, postgres, seq):
     batch = parse_message(
         json.dumps({"type": "batch", "run_id": "r", "rank": 0, "seq": seq, "records": records})
     )
@@ -101,21 +143,17 @@ def test_column_rollups_equal_the_reference_aggregate(records, postgres, seq):
         return NONFINITE_STRINGS[v] if isinstance(v, str) else v
 
     scalar, key = (to_pg, postgres_key) if postgres else ((lambda v: v), sqlite_key)
-    ids: dict[str, int] = {}
-    want = aggregate(_reference_values(batch, scalar, ids), key)
-    split = split_batch(batch, scalar, "a-session")
-    got = aggregate_columns(
-        rollup_groups(split, lambda names: [ids[n] for n in names], lambda name: ids[name]),
-        key,
-    )
-    assert _as_dict(got) == _as_dict(want)
+    order = "postgresql" if postgres else "sqlite"
+    want = _reference(_reference_values(batch, scalar), key)
+    assert _written(batch, scalar, key, order) == want
 
 
-def test_python_bucket_extremes_match_the_sql_ones(store_sql, gradwatch_db):
-    """Edge and fine buckets come from the packed rows in Python: each bucket's min and
-    max equal what the SQL path (``bucket_extremes`` over ``scalars`` rows holding the
-    same values) answers, non-finite values, ties and empty buckets included."""
+def test_python_bucket_extremes_match_the_reference(store_sql, gradwatch_db):
+    """Edge and fine buckets come from the chunks in Python: each bucket's min and max
+    equal the reference's (the earliest step of equal values, in the backend's order),
+    non-finite values, ties and empty buckets included."""
     postgres = gradwatch_db.startswith("postgresql")
+    key = postgres_key if postgres else sqlite_key
     store = store_sql.open(gradwatch_db, "x")
     runs = iter(range(10**6))
 
@@ -125,7 +163,7 @@ def test_python_bucket_extremes_match_the_sql_ones(store_sql, gradwatch_db):
         cuts=st.lists(st.integers(0, 400), unique=True, max_size=12),
     )
     def check(points, cuts):
-        run, series = f"b-{next(runs)}", 10**9 + len(cuts) * 1000 + len(points)
+        run = f"b-{next(runs)}"
         store.submit_hello(
             parse_message(json.dumps({"type": "hello", "protocol": 1, "run_id": run}))
         ).result()
@@ -137,33 +175,20 @@ def test_python_bucket_extremes_match_the_sql_ones(store_sql, gradwatch_db):
             [{"kind": "step", "step": s, "param_norms": {"w": points[s]}} for s in steps],
         )
         stored = {
-            s: (NONFINITE_STRINGS[v] if postgres and isinstance(v, str) else v)
+            s: (NONFINITE_STRINGS[v] if postgres else v) if isinstance(v, str) else float(v)
             for s, v in points.items()
         }
-        store_sql.execute(
-            gradwatch_db,
-            [("DELETE FROM scalars WHERE series = ?", (series,))]
-            + [
-                (
-                    "INSERT INTO scalars (series, step, value) VALUES (?, ?, ?)",
-                    (series, s, v if not isinstance(v, int) else float(v)),
-                )
-                for s, v in stored.items()
-            ],
-        )
         edges = sorted({0, 401, *cuts})
         bounds = [(a, b - 1) for a, b in itertools.pairwise(edges) if a <= b - 1]
-        sql = store.bucket_extremes(
-            "scalars",
-            "series = ? AND step >= ? AND step <= ?",
-            (series, 0, 400),
-            "value",
-            bounds,
-        )
+        want = []
+        for a, b in bounds:
+            inside = [(s, v) for s, v in stored.items() if a <= s <= b]
+            if inside:
+                want.append(min(inside, key=lambda p: (key(p[1]), p[0])))
+                top = max(key(v) for _, v in inside)
+                want.append(min((p for p in inside if key(p[1]) == top), key=lambda p: p[0]))
         python = store.named_extremes(run, 0, "param_norms/w", bounds, {})
-        assert sorted((s, _norm(v)) for s, v in python) == sorted(
-            (s, _norm(float(v) if isinstance(v, int) else v)) for s, v in sql
-        )
+        assert sorted((s, _norm(v)) for s, v in python) == sorted((s, _norm(v)) for s, v in want)
 
     try:
         check()

@@ -1,20 +1,14 @@
-"""Named scalars kept as one packed row per step record (store/named.py): a step sent
-again keeps the value written last, a database written in the previous layout
-(``scalars`` rows) still reads, counts stay integers, long name sets store, and
-fields of several name sets read like a brute-force reference.
+"""Named scalars kept as packed rows of a name set (store/named.py): a step sent again
+keeps the value written last, counts stay integers, long name sets store, and fields
+of several name sets read like a brute-force reference.
 (Rollups and Python buckets against their references: test_column_rollups.py.)"""
 
 from __future__ import annotations
 
-import json
-import math
-import struct
 import zlib
 from typing import Any
 
 from gradwatch.server.downsample import bucket_width
-from gradwatch.server.settings import Settings
-from gradwatch.server.store import open_store
 
 
 def _points(answer: dict[str, Any]) -> dict[int, Any]:
@@ -67,97 +61,6 @@ def test_a_step_sent_again_keeps_the_value_written_last(store_sql, gradwatch_db)
         assert full["gate_norms/w/f"]["value"] == [0.5] * 40
         points = _points(store.steps("again", fields=["param_norms/w"], max_points=4))
         assert points[5] == -100.0 and points[6] == 60.0
-    finally:
-        store.close()
-
-
-def _to_old_layout(store_sql: Any, db: str) -> None:
-    """Rewrites the packed rows as the previous version stored them: one ``scalars``
-    row per (series, step), no packed rows, and a database that has kept packed rows
-    only since after every run started."""
-    sets = {
-        set_id: (run, rank, json.loads(names))
-        for set_id, run, rank, names in store_sql.execute(
-            db, [("SELECT id, run_id, rank, names FROM named_sets", ())]
-        )
-    }
-    series = {
-        (run, rank, name): sid
-        for sid, run, rank, name in store_sql.execute(
-            db, [("SELECT id, run_id, rank, name FROM series", ())]
-        )
-    }
-    statements = []
-    for step, set_id, data in store_sql.execute(
-        db, [("SELECT step, names, data FROM named_scalars ORDER BY step, written, uid", ())]
-    ):
-        run, rank, names = sets[set_id]
-        values = struct.unpack(f"<{len(names)}d", bytes(data))
-        for name, value in zip(names, values, strict=True):
-            stored: Any = value
-            if not db.startswith("postgresql") and not math.isfinite(value):
-                stored = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-            if name.endswith("/calls") and not db.startswith("postgresql"):
-                stored = int(value)  # SQLite kept the count as it came
-            statements.append(
-                (
-                    "DELETE FROM scalars WHERE series = ? AND step = ?",
-                    (series[run, rank, name], step),
-                )
-            )
-            statements.append(
-                (
-                    "INSERT INTO scalars (series, step, value) VALUES (?, ?, ?)",
-                    (series[run, rank, name], step, stored),
-                )
-            )
-    statements += [
-        ("DELETE FROM named_scalars", ()),
-        ("DELETE FROM named_sets", ()),
-        ("UPDATE meta SET value = '9e18' WHERE key = 'named_from'", ()),
-    ]
-    store_sql.execute(db, statements)
-
-
-def test_an_old_layout_database_keeps_its_named_history(store_sql, gradwatch_db):
-    """A database written before the packed rows holds ``scalars`` rows: its runs read
-    the same, and a run that goes on after the upgrade merges both (the new rows win)."""
-    fields = ["param_norms/w", "gate_norms/w/f", "profile/m/calls"]
-
-    def record(s: int, w: Any) -> dict[str, Any]:
-        return {
-            "kind": "step",
-            "step": s,
-            "loss": 1.0,
-            "param_norms": {"w": w},
-            "gate_norms": {"w": {"f": float(s % 7)}},
-            "profile": {"m": {"forward_s": 0.1, "calls": s % 5}},
-        }
-
-    store = store_sql.open(gradwatch_db, "old")
-    try:
-        first = [record(s, "NaN" if s == 77 else float(s % 13)) for s in range(300)]
-        store_sql.send(store, "old", 0, first)
-        full = store.steps("old", fields=fields)
-        buckets = store.steps("old", fields=fields, max_points=20)
-    finally:
-        store.close()
-    assert full["fields"]["param_norms/w"]["value"][77] == "NaN"
-    _to_old_layout(store_sql, gradwatch_db)
-    store = open_store(Settings(db=gradwatch_db))
-    try:
-        assert store.steps("old", fields=fields) == full
-        assert store.steps("old", fields=fields, max_points=20) == buckets
-        # The trainer goes on after the upgrade, and sends step 10 again.
-        store_sql.send(store, "old", 1, [record(s, 1000.0 + s) for s in range(300, 400)])
-        store_sql.send(store, "old", 2, [record(10, -5.0)])
-        after = store.steps("old", fields=["param_norms/w"])["fields"]["param_norms/w"]
-        assert after["step"] == list(range(400))
-        want = [float(s % 13) for s in range(300)] + [1000.0 + s for s in range(300, 400)]
-        want[77], want[10] = "NaN", -5.0
-        assert after["value"] == want
-        points = _points(store.steps("old", fields=["param_norms/w"], max_points=8))
-        assert points[77] == "NaN" and points[10] == -5.0 and points[399] == 1399.0
     finally:
         store.close()
 

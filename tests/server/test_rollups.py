@@ -1,11 +1,12 @@
-"""History from the rollups kept at ingest (store/rollups.py) on a real database: the
-answer equals the reference downsampling of the stored rows, whatever the batches."""
+"""History from the rollups kept at ingest (store/set_rollups.py) on a real database:
+the answer equals the reference downsampling of the values sent, whatever the batches."""
 
 from __future__ import annotations
 
 import json
 import random
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +14,8 @@ from gradwatch.server.downsample import minmax
 from gradwatch.server.schema import parse_message
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
-from gradwatch.server.store.rollups import LEVELS, aggregate, merge_buckets, sqlite_key
+from gradwatch.server.store.rollups import LEVELS, merge_buckets, sqlite_key
+from gradwatch.server.store.set_rollups import ROW_DTYPES, array_blocks
 
 
 def _store_run(store, run: str, steps: list[int], values: list, batch_sizes: list[int]) -> None:
@@ -89,46 +91,36 @@ def test_history_from_rollups_equals_the_reference_across_batches_and_ranges(gra
         store.close()
 
 
-def test_history_of_a_run_older_than_the_rollups_is_read_from_its_rows(gradwatch_db):
-    """A database written before rollups existed: its runs have none, and must not be
-    answered from the (empty) rollups."""
-    steps = list(range(0, 200_000, 7))
-    values = [float((s * 7919) % 1000) for s in steps]
-    values[20_000] = 5000.0  # one spike
-    store = open_store(Settings(db=gradwatch_db))
-    try:
-        _store_run(store, "old", steps, values, [5000])
-        want = minmax(steps, values, 200)
-        fast = store.steps("old", fields=["loss"], max_points=200)["fields"]["loss"]
-        assert (fast["step"], fast["value"]) == (list(want[0]), list(want[1]))
-        assert steps[20_000] in fast["step"]
-        # As if it were written by the previous version: no rollups, and a database
-        # that has kept them only since after the run started.
-        _execute(
-            gradwatch_db,
-            [
-                "DELETE FROM rollups",
-                "UPDATE meta SET value = '9e18' WHERE key = 'rollups_from'",
-            ],
-        )
-    finally:
-        store.close()
-    reopened = open_store(Settings(db=gradwatch_db))
-    try:
-        slow = reopened.steps("old", fields=["loss"], max_points=200)["fields"]["loss"]
-        assert slow == fast
-    finally:
-        reopened.close()
-
-
-def test_history_reads_the_rollups_not_the_rows(gradwatch_db):
-    """Guards the fast path: a 2e4-step answer comes from the rollup rows (here made
-    to disagree with the step rows on purpose), not from scanning the steps."""
+def test_history_reads_the_rollups_not_the_chunks(gradwatch_db, store_sql):
+    """Guards the fast path: a 2e4-step answer comes from the set rollup rows (here made
+    to disagree with the chunks on purpose), not from scanning the chunks."""
     steps = list(range(20_000))
     store = open_store(Settings(db=gradwatch_db))
     try:
         _store_run(store, "fast", steps, [1.0] * len(steps), [5000])
-        _execute(gradwatch_db, ["UPDATE rollups SET max_v = 42.0"])
+        found = store_sql.execute(
+            gradwatch_db,
+            [
+                (
+                    "SELECT r.set_id, r.level, r.block, r.data, s.kinds FROM set_rollups r"
+                    " JOIN rollup_sets s ON s.id = r.set_id",
+                    (),
+                )
+            ],
+        )
+        found = [row[:4] for row in found if "q" not in row[4]]  # the sets of floats
+        assert found
+        changed = []
+        for set_id, level, block, data in found:
+            row = np.frombuffer(bytes(data), ROW_DTYPES["f"]).copy()
+            row["hv"] = 42.0
+            changed.append(
+                (
+                    "UPDATE set_rollups SET data = ? WHERE set_id = ? AND level = ? AND block = ?",
+                    (row.tobytes(), set_id, level, block),
+                )
+            )
+        store_sql.execute(gradwatch_db, changed)
         loss = store.steps("fast", fields=["loss"], max_points=100)["fields"]["loss"]
     finally:
         store.close()
@@ -136,29 +128,13 @@ def test_history_reads_the_rollups_not_the_rows(gradwatch_db):
 
 
 def test_rollup_rows_keep_the_earliest_step_of_equal_extremes():
-    rows = aggregate([(1, 5, 2.0), (1, 3, 2.0), (1, 4, "NaN"), (1, 6, "NaN")], sqlite_key)
-    finest = [r for r in rows if r[1] == LEVELS[0]]
-    assert finest == [(1, LEVELS[0], 0, 3, 2.0, 4, "NaN", 4)]
-    assert [r[1] for r in rows] == list(LEVELS)
-
-
-def _execute(db: str, statements: list[str]) -> None:
-    if db.startswith("postgresql"):
-        import psycopg
-
-        with psycopg.connect(db, autocommit=True) as conn:
-            for statement in statements:
-                conn.execute(statement)
-        return
-    import sqlite3
-
-    conn = sqlite3.connect(db)
-    try:
-        for statement in statements:
-            conn.execute(statement)
-        conn.commit()
-    finally:
-        conn.close()
+    for order in ("sqlite", "postgresql"):
+        matrix = np.array([[2.0], [2.0], [np.nan], [np.nan]])
+        found, rows = array_blocks(np.array([5, 3, 4, 6]), matrix, order)
+        assert found[0] == (LEVELS[0], 0, 4, 3, 6)
+        ((lo_step, lo, hi_step, hi),) = rows[0].tolist()
+        assert (lo_step, lo, hi_step) == (3, 2.0, 4) and hi != hi
+        assert [f[0] for f in found] == list(LEVELS)
 
 
 def test_history_of_repeating_values_keeps_the_earliest_step_of_each_extreme(gradwatch_db):

@@ -28,10 +28,10 @@ def _batch(seq: int, steps: int = 50) -> object:
 
 
 def _steps_in_main_file(path: Path) -> int:
-    """Rows of `steps` in the database file itself, ignoring the WAL."""
+    """Step records in the database file itself (their chunks' counts), ignoring the WAL."""
     conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
     try:
-        return int(conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0])
+        return int(conn.execute("SELECT COALESCE(SUM(n), 0) FROM step_chunks").fetchone()[0])
     except sqlite3.DatabaseError:
         return 0  # the table is not in the main file yet
     finally:
@@ -46,7 +46,7 @@ def test_committed_batches_reach_the_database_file_while_the_store_runs(tmp_path
         for seq in range(4):
             assert store.submit_batch(_batch(seq)).result()
         # Nothing commits on this store from here: only the checkpoint thread can move
-        # the 200 rows from the WAL into the file.
+        # the 200 records from the WAL into the file.
         deadline = time.monotonic() + 30
         while _steps_in_main_file(path) < 200 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -54,3 +54,31 @@ def test_bad_values_are_refused_with_what_was_expected(
         parse_message(batch(**fields))
     assert caught.value.code == 1007
     assert caught.value.message.startswith(message), caught.value.message
+
+
+def test_the_server_stores_them_and_the_api_returns_them(gradwatch_server, gradwatch_db, wire):
+    """`backward_passes` reads back as a field of /steps (steps without it: no point),
+    and each heatmap row of /timesteps says its module's `timestep_layout` (absent:
+    chain), beside steps of other shapes in the same batches."""
+    server = gradwatch_server(db=gradwatch_db)
+    run_id = wire.run_id()
+    records = [wire.step(s, length=4) for s in range(6)]
+    records[1]["backward_passes"] = 4
+    records[2]["backward_passes"] = 2
+    records[2]["timestep_layout"] = {"lstm1": "tree", "lstm2": "chain"}
+    records[4]["timestep_layout"] = {"lstm2": "tree"}
+    records[5]["nonfinite"] = {"loss": True}
+    acks = wire.send_run(server, run_id, [records[:3], records[3:]])
+    assert [a["seq"] for a in acks] == [0, 1]
+    steps = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=backward_passes,loss")
+    assert steps["fields"]["backward_passes"] == {"step": [1, 2], "value": [4, 2]}
+    assert steps["fields"]["loss"]["step"] == list(range(6))
+    for module, want in (
+        ("lstm1", ["chain", "chain", "tree", "chain", "chain", "chain"]),
+        ("lstm2", ["chain", "chain", "chain", "chain", "tree", "chain"]),
+    ):
+        heat = wire.get_ok(server, f"/api/runs/{run_id}/timesteps?module={module}&series=input")
+        assert heat["steps"] == list(range(6))
+        assert heat["layout"] == want, module
+    # Listed among the run's fields, so the dashboard's default query includes it.
+    assert "backward_passes" in wire.get_ok(server, f"/api/runs/{run_id}/steps")["fields"]

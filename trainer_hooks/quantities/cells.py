@@ -42,7 +42,7 @@ from torch import nn
 from .calls import F64, accumulate, eager, hook_tensor, in_backward
 
 if TYPE_CHECKING:
-    from .timesteps import RecurrentTimesteps
+    from .owner import CaptureOwner
 
 SERIES = ("hidden", "cell")
 
@@ -61,7 +61,7 @@ def _split_output(output: Any) -> tuple[torch.Tensor | None, torch.Tensor | None
 class CellCapture:
     """The hook on one cell; call k's gradients are read at step end (:meth:`series`)."""
 
-    def __init__(self, owner: RecurrentTimesteps, module: nn.Module, name: str) -> None:
+    def __init__(self, owner: CaptureOwner, module: nn.Module, name: str) -> None:
         self.owner = owner
         self.module = module
         self.name = name

@@ -30,7 +30,7 @@ from .calls import F64, Call, accumulate, eager, hook_tensor, in_backward
 from .unrolled import unrolled_forward
 
 if TYPE_CHECKING:
-    from .timesteps import RecurrentTimesteps
+    from .owner import CaptureOwner
 
 
 def _first_state(hx: Any) -> torch.Tensor | None:
@@ -44,7 +44,7 @@ def _first_state(hx: Any) -> torch.Tensor | None:
 class FusedCapture:
     """The hooks on one fused recurrent module; ``calls`` are this step's calls."""
 
-    def __init__(self, owner: RecurrentTimesteps, module: nn.RNNBase, name: str) -> None:
+    def __init__(self, owner: CaptureOwner, module: nn.RNNBase, name: str) -> None:
         self.owner = owner
         self.module = module
         self.name = name

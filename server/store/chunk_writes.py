@@ -1,0 +1,252 @@
+"""The writer thread's work for one batch's chunks: their rows, and their rollups.
+
+Mixed into :class:`gradwatch.server.store.base.Store`. A batch's chunks
+(store/chunks.py) are inserted as they are (PostgreSQL copies them, store/postgres.py);
+each name set gets an id in ``named_sets`` and each series (a plain field, a named
+scalar, the step numbers) one in ``series``; the rollups of every chunk's series are
+kept one row per set of series and block (store/set_rollups.py), merged with the row
+of that block already stored, once per transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, ClassVar
+
+import numpy as np
+
+from . import named, rollups
+from .chunks import INT_FIELDS, TABLES, Chunks
+from .set_rollups import SET_INSERT, Layout, array_blocks, kind_of, merge_arrays
+
+
+@dataclass
+class Group:
+    """One chunk's series for the rollups: their ids, kinds (store/set_rollups.py) and
+    values, ``matrix[i, k]`` of series k at ``steps[i]``."""
+
+    steps: list[int]
+    series: tuple[int, ...]
+    kinds: str
+    matrix: Any
+
+
+class ChunkWrites:
+    """Chunk rows and rollups; the Store supplies SQL, ``scalar_in`` and the caches."""
+
+    # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
+    # Only the writer thread touches them; both are forgotten after a rollback.
+    _series_ids: dict[tuple[tuple[str, int], str], int]
+    _name_sets: dict[tuple[tuple[str, int], tuple[str, ...]], tuple[int, list[int]]]
+    # run_keys rows this writer wrote (run_id, family, key, sub).
+    _keys_written: set[tuple[str, str, str, str]]
+    # The chunk rows (by table) and rollup groups of the transaction being written.
+    _rows_pending: dict[str, list[tuple[Any, ...]]]
+    _rollups_pending: list[Group]
+    # The set layouts this writer knows, by series ids.
+    _set_layouts: dict[tuple[int, ...], Layout]
+    # The clock of the last batch written: a re-sent step's newest row wins on read.
+    _written: int = 0
+    # The backend: "sqlite" or "postgresql" (how non-finite values order).
+    kind: ClassVar[str]
+
+    def sql(self, text: str) -> str:
+        raise NotImplementedError
+
+    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
+        raise NotImplementedError
+
+    def scalar_in(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    value_key = staticmethod(rollups.sqlite_key)
+
+    def _forget_ids(self) -> None:
+        """Ids (and run_keys) written in a rolled-back transaction are gone."""
+        self._series_ids.clear()
+        self._name_sets.clear()
+        self._keys_written.clear()
+        self._set_layouts.clear()
+
+    def _series(self, cur: Any, run_id: str, rank: int, name: str) -> int:
+        key = (run_id, rank)
+        found = self._series_ids.get((key, name))
+        if found is None:
+            cur.execute(
+                self.sql(self.insert_ignore("series", ("run_id", "rank", "name"))),
+                (run_id, rank, name),
+            )
+            cur.execute(
+                self.sql("SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?"),
+                (run_id, rank, name),
+            )
+            found = self._series_ids[key, name] = int(cur.fetchone()[0])
+        return found
+
+    def _name_set(
+        self, cur: Any, run_id: str, rank: int, names: tuple[str, ...]
+    ) -> tuple[int, list[int]]:
+        """(id in ``named_sets``, series id of each name) of a name set."""
+        key = (run_id, rank)
+        found = self._name_sets.get((key, names))
+        if found is None:
+            digest, text = named.digest(names)
+            cur.execute(
+                self.sql(self.insert_ignore("named_sets", ("run_id", "rank", "digest", "names"))),
+                (run_id, rank, digest, text),
+            )
+            cur.execute(
+                self.sql("SELECT id FROM named_sets WHERE run_id = ? AND rank = ? AND digest = ?"),
+                (run_id, rank, digest),
+            )
+            set_id = int(cur.fetchone()[0])
+            series = [self._series(cur, run_id, rank, name) for name in names]
+            found = self._name_sets[key, names] = (set_id, series)
+        return found
+
+    def _insert_rows(
+        self, cur: Any, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """Insert rows into a chunk table (PostgreSQL copies them instead)."""
+        marks = ", ".join("?" for _ in columns)
+        cur.executemany(
+            self.sql(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"),  # noqa: S608
+            rows,
+        )
+
+    def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: Chunks) -> None:
+        """A batch's chunk rows and rollup groups, written by :meth:`_flush`."""
+        named_rows = []
+        if chunks.named:
+            self._written = written = max(time.time_ns(), self._written + 1)
+            named_rows = [
+                (*row[:5], written, self._name_set(cur, run_id, rank, names)[0], *row[5:])
+                for names, row in chunks.named
+            ]
+        for (table, _), rows in zip(TABLES, (chunks.steps, named_rows, chunks.series), strict=True):
+            self._rows_pending.setdefault(table, []).extend(rows)
+        for chunk in chunks.groups:
+            if chunk.name_set:
+                ids = self._name_set(cur, run_id, rank, chunk.names)[1]
+            else:
+                ids = [self._series(cur, run_id, rank, name) for name in chunk.names]
+            kinds = "".join(kind_of(name, INT_FIELDS) for name in chunk.names)
+            # Written once per transaction (_flush): the batches of one run that commit
+            # together share their coarse blocks, one row each.
+            self._rollups_pending.append(Group(chunk.steps, tuple(ids), kinds, chunk.matrix))
+
+    def _discard_pending(self) -> None:
+        self._rows_pending.clear()
+        self._rollups_pending.clear()
+
+    def _flush(self, cur: Any) -> None:
+        """Write the chunk rows and rollups of every batch of this transaction: one
+        insert (PostgreSQL: one COPY) per table, not one per batch."""
+        for table, columns in TABLES:
+            rows = self._rows_pending.pop(table, None)
+            if rows:
+                self._insert_rows(cur, table, columns, rows)
+        if self._rollups_pending:
+            groups = joined(self._rollups_pending)
+            self._rollups_pending = []  # `groups` may be the very list
+            self._write_set_rollups(cur, groups)
+
+    def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
+        """Hold the sets' rows until the commit (PostgreSQL: other replicas may write)."""
+
+    def _write_set_rollups(self, cur: Any, groups: list[Group]) -> None:
+        """One row per set and block (store/set_rollups.py), merged with the row of
+        that block already stored (read in one query for every set)."""
+        layouts = [self._set_layout(cur, group) for group in groups]
+        self._lock_sets(cur, sorted({layout.id for layout in layouts}))
+        computed = [
+            (layout, *array_blocks(np.array(group.steps, np.int64), group.matrix, self.kind))
+            for group, layout in zip(groups, layouts, strict=True)
+        ]
+        stored = self._stored_set_rows(cur, [(c[0].id, c[1]) for c in computed])
+        found: list[tuple[Any, ...]] = []
+        for layout, blocks, values in computed:
+            old_rows = stored.get(layout.id, {})
+            again = [at for at, b in enumerate(blocks) if (b[0], b[1]) in old_rows]
+            if again:
+                data = b"".join(bytes(old_rows[blocks[at][:2]][3]) for at in again)
+                old = np.frombuffer(data, values.dtype).reshape(len(again), -1)
+                values[again] = merge_arrays(old, values[again], self.kind)
+            for at, (level, block, n, lo, hi) in enumerate(blocks):
+                old_row = old_rows.get((level, block))
+                if old_row is not None:
+                    n, lo, hi = n + old_row[0], min(lo, old_row[1]), max(hi, old_row[2])
+                found.append((layout.id, level, block, n, lo, hi, values[at].tobytes()))
+        cur.executemany(self.sql(SET_INSERT), found)
+
+    def _set_layout(self, cur: Any, group: Group) -> Layout:
+        key = group.series
+        layout = self._set_layouts.get(key)
+        if layout is None:
+            text = ",".join(map(str, key))
+            cur.execute(
+                self.sql(self.insert_ignore("rollup_sets", ("series", "kinds"))),
+                (text, group.kinds),
+            )
+            cur.execute(self.sql("SELECT id, kinds FROM rollup_sets WHERE series = ?"), (text,))
+            set_id, kinds = cur.fetchone()
+            cur.executemany(
+                self.sql(
+                    self.insert_ignore("rollup_members", ("series", "set_id", "position", "kind"))
+                ),
+                [(series, set_id, at, kinds[at]) for at, series in enumerate(key)],
+            )
+            layout = self._set_layouts[key] = Layout(int(set_id), kinds)
+        return layout
+
+    def _stored_set_rows(
+        self, cur: Any, sets: list[tuple[int, list[tuple[Any, ...]]]]
+    ) -> dict[int, dict[tuple[int, int], tuple[Any, ...]]]:
+        """set id -> (level, block) -> (n, step_lo, step_hi, data) of the stored rows
+        of these blocks (``sets``: each set's blocks, ``(level, block, ...)``), read
+        in one query: one block range per set and level."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for set_id, blocks in sets:
+            for level in rollups.LEVELS:
+                at = [b[1] for b in blocks if b[0] == level]
+                if at:
+                    clauses.append("(set_id = ? AND level = ? AND block >= ? AND block <= ?)")
+                    params += (set_id, level, min(at), max(at))
+        found: dict[int, dict[tuple[int, int], tuple[Any, ...]]] = {}
+        if not clauses:
+            return found
+        cur.execute(
+            self.sql(
+                "SELECT set_id, level, block, n, step_lo, step_hi, data FROM set_rollups"  # noqa: S608
+                f" WHERE {' OR '.join(clauses)}"
+            ),
+            params,
+        )
+        for set_id, level, block, *row in cur.fetchall():
+            found.setdefault(set_id, {})[level, block] = tuple(row)
+        return found
+
+
+def joined(groups: list[Group]) -> list[Group]:
+    """Groups of the same series (one run's batches in one transaction) as one group:
+    one array_blocks call instead of one per batch and a merge of their shared blocks."""
+    by_series: dict[tuple[tuple[int, ...], str], list[Group]] = {}
+    for group in groups:
+        by_series.setdefault((group.series, group.kinds), []).append(group)
+    if len(by_series) == len(groups):
+        return groups
+    return [
+        same[0]
+        if len(same) == 1
+        else Group(
+            list(chain.from_iterable(g.steps for g in same)),
+            same[0].series,
+            same[0].kinds,
+            np.concatenate([g.matrix for g in same]),
+        )
+        for same in by_series.values()
+    ]

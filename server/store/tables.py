@@ -1,0 +1,121 @@
+"""The tables of a gradwatch database, and the version of their layout.
+
+Step records live in chunks (store/chunks.py), their rollups one row per set of
+series (store/set_rollups.py); runs, ranks, batches (deduplication), epochs, alerts,
+the keys of each run and archived runs beside them. ``meta`` holds
+``schema_version``: a database of another layout is refused when it is opened, with
+what to do (:class:`SchemaMismatch`), never read half right. There is no migration:
+the trainers' spools hold what they sent, and ``gradwatch upload`` sends it again.
+
+Example:
+    >>> [s.split(" (")[0] for s in statements("", "INTEGER", "BLOB", "INTEGER PRIMARY KEY",
+    ...                                          "")][:3]
+    ['CREATE TABLE meta', 'CREATE TABLE runs', 'CREATE TABLE ranks']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from typing import Any
+
+from .archive import TABLE as ARCHIVE_TABLE
+from .chunks import schema as chunk_schema
+from .set_rollups import schema as set_rollup_schema
+
+# The layout this code reads and writes; any change to a table is a new number.
+SCHEMA_VERSION = 2
+
+
+class SchemaMismatch(RuntimeError):
+    """The database holds another layout than this gradwatch's (one line says what to do)."""
+
+    def __init__(self, where: str, found: str) -> None:
+        super().__init__(
+            f"{where}: the database has storage layout {found}, this gradwatch reads layout"
+            f" {SCHEMA_VERSION}; move it aside (or use another --db) and rebuild it with"
+            " `gradwatch upload` of the trainers' spool"
+        )
+
+
+def statements(number: str, integer: str, blob: str, serial: str, clustered: str) -> list[str]:
+    """CREATE statements for one dialect's column types (a new, empty database)."""
+    return [
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL,"
+        f" world_size {integer} NOT NULL, started {number}, updated {number},"
+        f" last_step {integer}, last_epoch {integer}, alerts {integer} NOT NULL DEFAULT 0,"
+        " host TEXT, recurrent TEXT, modules TEXT)",
+        f"CREATE TABLE ranks (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
+        f" hello TEXT NOT NULL, connected_at {number}, end_status TEXT, end_step {integer},"
+        f" end_t {number}, PRIMARY KEY (run_id, rank))",
+        f"CREATE TABLE batches (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
+        f" session TEXT NOT NULL, seq {integer} NOT NULL, stored_at {number},"
+        " PRIMARY KEY (run_id, rank, session, seq))",
+        # An integer id per (run, rank, name) of every scalar series: its rollups' key.
+        f"CREATE TABLE series (id {serial}, run_id TEXT NOT NULL,"
+        f" rank {integer} NOT NULL, name TEXT NOT NULL, UNIQUE (run_id, rank, name))",
+        # A set of named scalars (store/named.py), found by a digest: a set of many long
+        # names would exceed PostgreSQL's limit on an index entry (~2.7 KB).
+        f"CREATE TABLE named_sets (id {serial}, run_id TEXT NOT NULL,"
+        f" rank {integer} NOT NULL, digest TEXT NOT NULL, names TEXT NOT NULL,"
+        " UNIQUE (run_id, rank, digest))",
+        f"CREATE TABLE epochs (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
+        f" epoch {integer}, step {integer}, t {number}, duration_s {number}, steps {integer},"
+        " data TEXT)",
+        "CREATE INDEX epochs_run_rank ON epochs (run_id, rank, epoch)",
+        f"CREATE TABLE alerts (id {serial}, run_id TEXT NOT NULL,"
+        f" rank {integer} NOT NULL, step {integer}, code TEXT, severity TEXT, state TEXT,"
+        " subject TEXT, data TEXT)",
+        "CREATE INDEX alerts_run ON alerts (run_id, id)",
+        "CREATE TABLE run_keys (run_id TEXT NOT NULL, family TEXT NOT NULL,"
+        " key TEXT NOT NULL, sub TEXT NOT NULL, PRIMARY KEY (run_id, family, key, sub))",
+        ARCHIVE_TABLE.format(number=number),
+        *chunk_schema(integer, blob, clustered),
+        *set_rollup_schema(integer, blob, serial, clustered),
+        "INSERT INTO meta (key, value) VALUES ('schema_version',"  # noqa: S608 (an int)
+        f" '{SCHEMA_VERSION}')",
+    ]
+
+
+def create_or_check(cur: Any, where: str, tables: set[str], ddl: list[str]) -> None:
+    """Create the tables in a database without gradwatch's (``tables``: the names it
+    already has), or check the version of one that has them; SchemaMismatch when it
+    is another."""
+    found = _version(cur, tables)
+    if found is None:
+        for statement in ddl:
+            cur.execute(statement)
+    elif found != str(SCHEMA_VERSION):
+        raise SchemaMismatch(where, found)
+
+
+def _version(cur: Any, tables: set[str]) -> str | None:
+    """The layout version of a database holding ``tables``; None: no gradwatch tables."""
+    if not tables & {"meta", "runs"}:
+        return None
+    if "meta" in tables:
+        cur.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+        row = cur.fetchone()
+        if row is not None:
+            return str(row[0])
+    return "1 (from before versions were kept)"
+
+
+def layout_problem(db: str) -> str | None:
+    """The one line :class:`SchemaMismatch` says for the SQLite file ``db``, or None
+    (no file yet, or this layout): checked before ``gradwatch serve`` says it serves,
+    without opening a store (which would start its writer)."""
+    if db == ":memory:" or not os.path.isfile(db) or os.path.getsize(db) == 0:
+        return None
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        cur = conn.cursor()
+        try:
+            names = {r[0] for r in cur.execute("SELECT name FROM sqlite_master")}
+            found = _version(cur, names)
+        except sqlite3.DatabaseError as error:
+            return f"{db}: not a gradwatch database ({error})"
+    if found is None or found == str(SCHEMA_VERSION):
+        return None
+    return str(SchemaMismatch(db, found))

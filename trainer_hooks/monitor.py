@@ -83,7 +83,7 @@ class Monitor:
         self._epoch_started = self._step_started = time.perf_counter()
         self._epoch_first_step = 0
         self._carry = 0.0  # gradwatch time spent after the last record was made
-        self._record_made = self._left = time.perf_counter()
+        self._record_made = time.perf_counter()
         self._heavy = False
         self._begin_step()
         ref = weakref.ref(self)
@@ -102,16 +102,15 @@ class Monitor:
         if self.closed:
             self._once.warn("step_after_close", "gradwatch: step() after close() is ignored")
             return
-        self._record_made = entered
         try:
             self._record_step(loss, entered)
         except Exception as e:  # never into the training loop
             self._once.warn("step", f"gradwatch: recording a step failed: {type(e).__name__}: {e}")
+            self._record_made = time.perf_counter()
         self.step_index += 1
         self._begin_step()
         # what step() spent after the record's overhead was fixed counts to the next step
-        self._left = time.perf_counter()
-        self._carry = self._left - self._record_made
+        self._carry = time.perf_counter() - self._record_made
 
     def epoch(self) -> None:
         """Close one epoch: sends an ``epoch`` record with its duration and step count."""
@@ -248,19 +247,19 @@ class Monitor:
             if payload:
                 payloads[q.name] = payload
         packed = pack(payloads) if payloads else None
-        self._record_made = time.perf_counter()
-        spent = hooks_cost + self._carry + (self._record_made - entered)
-        overhead = spent / duration if duration > 0 else 0.0
+        made = time.perf_counter()
+        span, self._record_made = made - self._record_made, made
+        spent = hooks_cost + self._carry + (made - entered)
+        # What the hooks slow down that no timer sees (measured against light steps by
+        # the schedule, with a budget) counts too: the field is what training loses.
+        unseen = self.schedule.hidden_s() if self._heavy else 0.0
+        overhead = (spent + unseen) / duration if duration > 0 else 0.0
         record["overhead"] = overhead if math.isfinite(overhead) else 0.0
         self._pipeline.put(Item(record, packed, heavy=self._heavy))
-        # The training's own time since the last step() returned, hooks' timed cost
-        # left out: heavy against light steps, it shows what the hooks slow down unseen.
-        training = entered - self._left - hooks_cost
         self.schedule.observe(
             self.step_index,
             self._heavy,
-            overhead,
-            duration_s=duration,
-            training_s=training,
+            spent,
+            span_s=span,
             background_s=self._pipeline.cpu_per_record(self._heavy),
         )

@@ -84,7 +84,7 @@ class Carrier(nn.Module):
 def run_carrier(path: Path, detach: bool, steps: int = 4) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     model = Carrier(detach)
-    with watch(model, run="carrier", spool=path, diagnose=False) as monitor:
+    with watch(model, run="carrier", every=1, spool=path, diagnose=False) as monitor:
         for _ in range(steps):
             loss = model(torch.randn(5, 1, 3)).pow(2).mean()
             # retain_graph because the next step backpropagates into this graph again;
@@ -153,7 +153,7 @@ class Tree(nn.Module):
 def test_user_named_cell_receiving_state_from_an_earlier_step_is_named(tmp_path: Path) -> None:
     model = Tree()
     path = tmp_path / "tree.jsonl"
-    with watch(model, run="tree", spool=path, cells=["cell"], diagnose=False) as monitor:
+    with watch(model, run="tree", every=1, spool=path, cells=["cell"], diagnose=False) as monitor:
         kept = None
         for _ in range(3):
             root = model(kept)
@@ -171,7 +171,7 @@ def test_user_named_cell_receiving_state_from_an_earlier_step_is_named(tmp_path:
 def test_state_passed_through_a_few_ops_is_still_traced(tmp_path: Path) -> None:
     rnn = nn.GRU(2, 3)
     path = tmp_path / "ops.jsonl"
-    with watch(rnn, run="ops", spool=path, diagnose=False) as monitor:
+    with watch(rnn, run="ops", every=1, spool=path, diagnose=False) as monitor:
         h = None
         for _ in range(3):
             out, h_new = rnn(torch.randn(4, 1, 2), h)
@@ -187,7 +187,7 @@ def run_losses(path: Path, keep_tensor: bool) -> list[dict[str, Any]]:
     model = nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     total: Any = 0.0
-    with watch(model, run="total", spool=path, diagnose=False) as monitor:
+    with watch(model, run="total", every=1, spool=path, diagnose=False) as monitor:
         for _ in range(4):
             loss = model(torch.randn(2, 3)).pow(2).mean()
             opt.zero_grad()
@@ -231,7 +231,7 @@ def test_training_in_another_thread_than_watch_is_checked_there(tmp_path: Path) 
     for _ in range(200):  # give watch()'s thread a high node number
         torch.ones(1, requires_grad=True).mul(2)
     rnn = nn.GRU(2, 3)
-    monitor = watch(rnn, run="thread", spool=path, diagnose=False)
+    monitor = watch(rnn, run="thread", every=1, spool=path, diagnose=False)
 
     def train(detach: bool) -> None:
         h = None

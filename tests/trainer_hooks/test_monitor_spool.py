@@ -56,7 +56,7 @@ def test_spool_holds_hello_then_batches_of_protocol_records(tmp_path: Path) -> N
     torch.manual_seed(0)
     model = Tagger()
     path = tmp_path / "run.jsonl"
-    with watch(model, run="tagger", spool=path, diagnose=False) as monitor:
+    with watch(model, run="tagger", every=1, spool=path, diagnose=False) as monitor:
         losses = train(model, monitor, steps=3, epochs=2)
     messages_ = list(read_spool(path))
     hello = messages_[0]

@@ -204,6 +204,7 @@ class Monitor:
         self._heavy = capture
         for q in self.quantities:
             try:
+                q.heavy_step = capture
                 q.start_step(capture if q.heavy else not self.removed)
             except Exception as e:
                 self._once.warn(f"start:{q.name}", f"gradwatch: {q.name} failed: {e}")

@@ -81,7 +81,7 @@ class _Flush:
 
 _STOP = object()
 #: at most one wake per this many seconds while steps keep coming (see the docstring)
-MIN_GAP_S = 0.005
+MIN_GAP_S = 0.05
 #: the gap between wakes is at least this many times the CPU a wake takes...
 BUSY_RATIO = 50
 #: ...but never longer than this (seconds): what it may add to the live latency

@@ -254,6 +254,7 @@ class Variant:
         self.count = 0
         self.times: list[float] = []
         self.timed_steps: set[int] = set()  # record steps inside timed blocks, not first
+        self.note = ""
 
     def run(self, steps: int, timed: bool) -> float:
         started = time.perf_counter()
@@ -273,6 +274,12 @@ class Variant:
         """(overhead gradwatch reported, share of heavy steps) over the timed steps."""
         if self.spool is None:
             return None
+        schedule = self.monitor.schedule
+        if schedule.budget is not None:
+            heavy_f, light_f = schedule.estimate()
+            extra = schedule.heavy_extra_s() * 1e3
+            self.note = (f"interval {schedule.interval}, heavy step +{extra:.2f} ms "
+                         f"({heavy_f or 0:.1%}), light {light_f:.1%}")
         self.monitor.close()
         records = [r for m in read_spool(self.spool) if m["type"] == "batch"
                    for r in m["records"] if r["kind"] == "step" and r["step"] in self.timed_steps]
@@ -349,6 +356,8 @@ def measure(name: str, rounds: int, steps: int, warmup: int, notes: list[str]) -
             said = heavy = ""
             if got is not None:
                 said, heavy = f"{got[0]:.1%}", f"{got[1]:.0%}"
+            if v.note:
+                notes.append(f"{name}, {torch.get_num_threads()} thread(s), {v.name}: {v.note}")
             lines.append(f"| {name} | {v.name} | {mean * 1e3:.2f} | {med / plain:.3f}x | "
                          f"{mean / plain_mean:.3f}x | {1 - plain_mean / mean:+.1%} | {said} | "
                          f"{heavy} |")

@@ -82,8 +82,9 @@ class Monitor:
         self._pipeline = Pipeline(sink, quantities, diagnoser=diagnoser, once=once)
         self._epoch_started = self._step_started = time.perf_counter()
         self._epoch_first_step = 0
-        self._carry = 0.0  # gradwatch time spent after the last record was made
+        self._carry = 0.0  # gradwatch CPU time spent after the last record was made
         self._record_made = time.perf_counter()
+        self._made_cpu = time.thread_time()
         self._heavy = False
         self._begin_step()
         ref = weakref.ref(self)
@@ -99,18 +100,19 @@ class Monitor:
         non-blocking copy and everything else happens on a background thread.
         """
         entered = time.perf_counter()
+        entered_cpu = time.thread_time()
         if self.closed:
             self._once.warn("step_after_close", "gradwatch: step() after close() is ignored")
             return
         try:
-            self._record_step(loss, entered)
+            self._record_step(loss, entered, entered_cpu)
         except Exception as e:  # never into the training loop
             self._once.warn("step", f"gradwatch: recording a step failed: {type(e).__name__}: {e}")
-            self._record_made = time.perf_counter()
+            self._record_made, self._made_cpu = time.perf_counter(), time.thread_time()
         self.step_index += 1
         self._begin_step()
         # what step() spent after the record's overhead was fixed counts to the next step
-        self._carry = time.perf_counter() - self._record_made
+        self._carry = time.thread_time() - self._made_cpu
 
     def epoch(self) -> None:
         """Close one epoch: sends an ``epoch`` record with its duration and step count."""
@@ -209,7 +211,9 @@ class Monitor:
             except Exception as e:
                 self._once.warn(f"start:{q.name}", f"gradwatch: {q.name} failed: {e}")
 
-    def _record_step(self, loss: torch.Tensor | float | None, entered: float) -> None:
+    def _record_step(
+        self, loss: torch.Tensor | float | None, entered: float, entered_cpu: float
+    ) -> None:
         duration = entered - self._step_started
         self._step_started = entered
         record: dict[str, Any] = {
@@ -248,9 +252,11 @@ class Monitor:
             if payload:
                 payloads[q.name] = payload
         packed = pack(payloads) if payloads else None
-        made = time.perf_counter()
+        made, self._made_cpu = time.perf_counter(), time.thread_time()
         span, self._record_made = made - self._record_made, made
-        spent = hooks_cost + self._carry + (made - entered)
+        # step()'s own part in CPU time: a step() that another process preempted (or
+        # that waited for the GIL, whose holder's CPU is counted apart) costs no more
+        spent = hooks_cost + self._carry + (self._made_cpu - entered_cpu)
         # What the hooks slow down that no timer sees (measured against light steps by
         # the schedule, with a budget) counts too: the field is what training loses.
         unseen = self.schedule.hidden_s() if self._heavy else 0.0

@@ -13,8 +13,10 @@ part of it gradwatch's own timers saw (hooks and ``step()``) and the background
 thread's CPU per record. From these it keeps medians over the last ``WINDOW``
 observations:
 
-- ``H``, what a heavy step costs beyond a light one: its span minus the span of the
-  light step just before it (neighbours, so that a box whose speed drifts over
+- ``H``, what a heavy step costs beyond a light one: the span of the heavy step and
+  of the light step after it (which pays for what the heavy step leaves: freeing its
+  kept gradients, taking hooks off) minus twice the span of the light step before
+  it, itself after a light step (neighbours, so that a box whose speed drifts over
   minutes does not bias it; a median, so that a step another process interrupted
   does not either), plus the background thread's extra CPU for a heavy record. This
   counts what no timer around gradwatch's code sees: ``retain_grad`` and hooks in
@@ -27,9 +29,10 @@ Capturing every ``n``-th step costs ``H / n + c`` a step; the interval is the
 smallest ``n >= every`` with ``H / n + c <= budget * T`` (``max_interval`` when even
 light steps exceed the budget). A loaded box stretches ``T`` and ``H`` alike, so the
 interval does not swing with the load. Until ``MIN_SAMPLES`` pairs have been seen,
-heavy and light steps alternate (steps 0, 2, 4, ...: calibration). With no light
-step for ``PROBE_AFTER`` steps (``every=1`` and a budget that fits), one step is left
-light to compare against. Without a budget nothing is measured or left out.
+every third step is heavy (steps 0, 3, 6, ...: calibration). With no light step for
+``PROBE_AFTER`` steps without a pair to compare (an interval of 1 or 2 leaves no
+light step after a light one), a probe leaves two steps light, then one heavy, then
+one light. Without a budget nothing is measured or left out.
 
 Example:
     >>> s = Schedule(every=2)
@@ -99,7 +102,7 @@ class Schedule:
         self.every = every
         self.budget = None if overhead is None else float(overhead)
         self.max_interval = max_interval
-        self.interval = every if self.budget is None else max(every, 2)
+        self.interval = every if self.budget is None else max(every, 3)
         self._next = 0
         self._last_heavy = 0
         self._last_light = -1
@@ -108,7 +111,13 @@ class Schedule:
         self._unseen: deque[float] = deque(maxlen=n)  # the same, less the timed parts
         self._light_span: deque[float] = deque(maxlen=n)
         self._light_spent: deque[float] = deque(maxlen=n)
-        self._before: tuple[int, float, float] | None = None  # last light (step, span, spent)
+        # light steps since the last one that followed a heavy step: (span, timed part)
+        self._clean: list[tuple[float, float]] = []
+        # a heavy step waiting for the step after it: (step, span, timed part, baseline)
+        self._pending: tuple[int, float, float, tuple[float, float]] | None = None
+        self._previous = -1  # the last step observed
+        self._last_pair = 0  # the step a pair was last completed (or a probe began)
+        self._light_at: set[int] = set()  # steps a probe keeps light
         self._background = {True: 0.0, False: 0.0}
 
     @property
@@ -118,9 +127,14 @@ class Schedule:
 
     def capture(self, step: int) -> bool:
         """True when ``step`` is a heavy step; call once per step, in order."""
+        if step in self._light_at:
+            self._light_at.discard(step)
+            return False
         if step >= self._next:
-            if self.budget is not None and step - self._last_light > self.PROBE_AFTER:
-                self._last_light = step  # a probe: light now, heavy at the next step
+            if self.budget is not None and step - self._last_pair > self.PROBE_AFTER:
+                # a probe: light, light, heavy (step + 2), light
+                self._light_at = {step + 1, step + 3}
+                self._last_pair = step  # one probe at a time
                 return False
             self._last_heavy = step
             self._next = step + self.interval
@@ -143,22 +157,42 @@ class Schedule:
             return
         if background_s is not None and math.isfinite(background_s):
             self._background[heavy] = max(background_s, 0.0)
+        if heavy:
+            self._last_heavy = step
+        else:
+            self._last_light = step
         if span_s is not None and math.isfinite(span_s) and math.isfinite(spent_s):
-            before = self._before
-            if heavy:
-                self._last_heavy = step
-                if before is not None and before[0] == step - 1:
-                    self._extra.append(span_s - before[1])
-                    self._unseen.append((span_s - spent_s) - (before[1] - before[2]))
-            else:
-                self._last_light = step
-                self._before = (step, span_s, spent_s)
-                self._light_span.append(span_s)
-                self._light_spent.append(spent_s)
+            self._pair(step, heavy, span_s, spent_s)
         if not self.calibrating:
             self.interval = self._fit()
         # The interval counts from the last heavy step, whether it grew or shrank.
         self._next = self._last_heavy + self.interval
+
+    def _pair(self, step: int, heavy: bool, span: float, spent: float) -> None:
+        """Compare a heavy step and the light one after it with the clean light steps
+        before it (light steps after a light step: what a step costs without capture)."""
+        pending, self._pending = self._pending, None
+        contiguous = step == self._previous + 1
+        self._previous = step
+        if not contiguous:
+            self._clean = []
+        if heavy:
+            if contiguous and self._clean:
+                base = (statistics.median(c[0] for c in self._clean),
+                        statistics.median(c[1] for c in self._clean))
+                self._pending = (step, span, spent, base)
+            self._clean = []
+            return
+        self._light_span.append(span)
+        self._light_spent.append(spent)
+        if pending is None or pending[0] != step - 1:
+            if contiguous and step - 1 != self._last_heavy:
+                self._clean.append((span, spent))
+            return
+        _, heavy_span, heavy_spent, (base, base_spent) = pending
+        self._last_pair = step
+        self._extra.append(heavy_span + span - 2 * base)
+        self._unseen.append((heavy_span - heavy_spent) + (span - spent) - 2 * (base - base_spent))
 
     def hidden_s(self) -> float:
         """Seconds a heavy step's training takes beyond a light one's that gradwatch's

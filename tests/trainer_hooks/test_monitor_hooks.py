@@ -91,7 +91,7 @@ def test_hooks_never_change_outputs_or_gradients_and_remove_leaves_no_trace(tmp_
 def test_no_grad_and_inference_mode_passes_capture_nothing(tmp_path: Path) -> None:
     model = Seq2Seq()
     path = tmp_path / "eval.jsonl"
-    with watch(model, run="eval", spool=path, profile=True, diagnose=False) as monitor:
+    with watch(model, run="eval", every=1, spool=path, profile=True, diagnose=False) as monitor:
         with torch.no_grad():
             y = model(torch.randn(2, 4, 3))
         assert y.grad_fn is None and not y._backward_hooks
@@ -141,9 +141,9 @@ def test_a_budget_no_interval_fits_uses_the_longest_interval(tmp_path: Path) -> 
         for path in (plain, tight)
     }
     assert heavy[plain] == list(range(30))
-    # calibration alternates heavy and light steps until 5 pairs are measured; then
-    # no interval fits a budget of 1e-9 and the longest one is used
-    assert heavy[tight] == [0, 2, 4, 6, 8, 10]
+    # calibration takes every third step until 5 pairs are measured; then no
+    # interval fits a budget of 1e-9 and the longest one is used
+    assert heavy[tight] == [0, 3, 6, 9, 12, 15]
 
 
 class SlowSink:

@@ -42,11 +42,11 @@ def test_every_n_without_a_budget_captures_exactly_every_nth_step(every: int) ->
     assert picked == list(range(0, 300, every))
 
 
-def test_a_budget_first_alternates_then_fits_the_measured_cost() -> None:
+def test_a_budget_first_calibrates_then_fits_the_measured_cost() -> None:
     s = Schedule(every=1, overhead=0.05)
     # a heavy step 4 ms longer than a 10 ms light one, light steps' own 0.1 ms
     picked = feed(s, range(400), span=(0.014, 0.010), spent=(0.002, 0.0001))
-    assert picked[:5] == [0, 2, 4, 6, 8]  # calibration: heavy and light alternate
+    assert picked[:6] == [0, 3, 6, 9, 12, 15]  # calibration: every third step
     # 0.004 / n + 0.0001 <= 0.05 * 0.010  ->  n >= 10
     assert s.interval == 10
     assert {b - a for a, b in itertools.pairwise(picked[-10:])} == {10}
@@ -67,14 +67,16 @@ def test_heavy_steps_become_rarer_as_their_cost_rises_and_commoner_as_it_falls()
 
 def test_the_interval_holds_on_a_noisy_box() -> None:
     # Spans jitter by ±30 % and one step in ten takes 3x: the medians of neighbour
-    # pairs keep the interval near the noise-free one (10), never at either extreme.
+    # pairs keep the interval near the noise-free one (10), never at either extreme;
+    # the slow steps lean it toward fewer heavy steps (two spans of a pair are heavy
+    # and after, one the baseline's median), the safe side.
     intervals = []
     for seed in range(5):
         s = Schedule(every=1, overhead=0.05)
         feed(s, range(1500), span=(0.014, 0.010), spent=(0.002, 0.0001),
              noise=random.Random(seed))
         intervals.append(s.interval)
-    assert all(6 <= n <= 16 for n in intervals), intervals
+    assert all(8 <= n <= 20 for n in intervals), intervals
 
 
 def test_a_loaded_box_that_slows_everything_alike_keeps_the_interval() -> None:
@@ -86,11 +88,11 @@ def test_a_loaded_box_that_slows_everything_alike_keeps_the_interval() -> None:
 
 def test_a_drifting_box_does_not_bias_the_measured_cost() -> None:
     # The box slows by 10 µs a step (5 ms over the run, more than the 1 ms a heavy
-    # step adds): neighbours are compared, so the estimate stays 1 ms (plus one
-    # step of drift).
+    # step adds): neighbours are compared, so the estimate stays 1 ms (plus a few
+    # steps of drift).
     s = Schedule(every=1, overhead=0.05)
     feed(s, range(500), span=(0.011, 0.010), drift=1e-5)
-    assert s.heavy_extra_s() == pytest.approx(0.001 + 1e-5)
+    assert s.heavy_extra_s() == pytest.approx(0.001, abs=1.5e-4)
 
 
 def test_the_background_threads_cpu_counts_toward_the_budget() -> None:
@@ -130,10 +132,14 @@ def test_a_budget_the_light_steps_already_exceed_uses_the_longest_interval() -> 
 def test_with_a_budget_a_light_probe_step_comes_at_least_every_probe_after_steps() -> None:
     s = Schedule(every=1, overhead=0.5)  # everything fits: every step would be heavy
     picked = feed(s, range(400), span=(0.0101, 0.010))
+    assert s.interval == 1
     light = sorted(set(range(400)) - set(picked))
-    after = [k for k in light if k > 20]  # past the calibration
-    assert after, "no probe step was taken"
-    assert all(b - a == Schedule.PROBE_AFTER + 1 for a, b in itertools.pairwise(after))
+    probes = [k for k in light if k > 30 and k + 1 in light]  # past the calibration
+    assert len(probes) >= 3, light
+    for p in probes:  # light, light, heavy, light
+        assert [k in light for k in range(p, p + 4)] == [True, True, False, True]
+    gaps = {b - a for a, b in itertools.pairwise(probes)}
+    assert gaps == {Schedule.PROBE_AFTER + 4}
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def test_exploding_alert_suggests_a_clip_value_from_the_run(tmp_path: Path) -> N
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     spool = tmp_path / "boom.jsonl"
-    with watch(model, run="boom", spool=spool) as monitor:
+    with watch(model, run="boom", every=1, spool=spool) as monitor:
         for step in range(12):
             scale = 1e4 if step == 10 else 1.0  # one batch with wild inputs
             loss = model(scale * torch.randn(16, 4)).square().mean()

@@ -30,13 +30,18 @@ the block means (robust to a block another process slowed, but blind to a heavy 
 every 20th when blocks are shorter) and as means (what a budget's rare heavy steps
 cost on average), the measured share ``1 - plain / variant`` from the means (what a
 step of that variant spends on monitoring), and beside it the ``overhead`` gradwatch
-reported for the same steps (its records' mean weighted by step time, the first step
-of each block left out: its duration spans the other variants' blocks). ``heavy``
-is the share of those steps that captured the heavy quantities.
+reported for the same steps (the seconds its records say it spent, ``overhead x
+duration_s``, summed over the timed blocks and divided by their measured time: a
+block's first record has a duration that spans the other variants' blocks, its
+seconds do not). ``heavy`` is the share of those steps that captured the heavy
+quantities.
 
 Run: ``python bench/overhead.py`` (both the default torch threads and 1 thread;
 ``--threads 1`` or ``--threads 0`` for one of them, 0 = torch's default), ``--quick``
-(under ~6 minutes on the 2-core VM), ``--only cells lm``, ``--rounds``, ``--steps``.
+(under ~6 minutes on the 2-core VM when other processes leave it be),
+``--only cells lm``, ``--rounds``, ``--steps``, ``--clock cpu`` (this process's CPU
+time instead of the wall clock: steadier when other processes load the box, blind to
+time spent waiting for the GIL).
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ from gradwatch.trainer_hooks import watch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 Step = Callable[[], torch.Tensor]
+#: what the blocks are timed with: the wall clock, or this process's CPU time (--clock)
+CLOCK: list[Callable[[], float]] = [time.perf_counter]
 
 
 # -- workloads ---------------------------------------------------------------------
@@ -253,19 +260,19 @@ class Variant:
         self.spool = spool
         self.count = 0
         self.times: list[float] = []
-        self.timed_steps: set[int] = set()  # record steps inside timed blocks, not first
+        self.timed_steps: set[int] = set()  # record steps inside timed blocks
         self.note = ""
 
     def run(self, steps: int, timed: bool) -> float:
-        started = time.perf_counter()
-        for i in range(steps):
+        started = CLOCK[0]()
+        for _ in range(steps):
             loss = self.step()
             self.after(loss, self.count)
-            if timed and i:
+            if timed:
                 self.timed_steps.add(self.count)
             self.count += 1
         self.drain()
-        elapsed = (time.perf_counter() - started) / steps
+        elapsed = (CLOCK[0]() - started) / steps
         if timed:
             self.times.append(elapsed)
         return elapsed
@@ -285,9 +292,12 @@ class Variant:
                    for r in m["records"] if r["kind"] == "step" and r["step"] in self.timed_steps]
         if not records:
             return None
+        # overhead x duration is the seconds gradwatch says it spent on a step, also on
+        # a block's first step, whose duration spans the other variants' blocks: so the
+        # seconds are summed and divided by the blocks' own measured time
         spent = sum(r["overhead"] * r["duration_s"] for r in records)
         heavy = sum("param_norms" in r for r in records) / len(records)
-        return spent / sum(r["duration_s"] for r in records), heavy
+        return spent / (sum(self.times) * len(records) / len(self.times)), heavy
 
 
 def variants(name: str, stack: ExitStack, tmp: Path, notes: list[str]) -> list[Variant]:
@@ -373,7 +383,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="*", default=[0, 1],
                         help="torch intra-op threads to run with (0: torch's default)")
     parser.add_argument("--only", nargs="*", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall",
+        help="wall: what a user waits (default); cpu: this process's CPU time, both "
+        "threads, steadier on a box other processes load (blind to GIL waits)",
+    )
     args = parser.parse_args(argv)
+    if args.clock == "cpu":
+        CLOCK[0] = time.process_time
     rounds = args.rounds or (5 if args.quick else 15)
     steps = args.steps or (4 if args.quick else 8)
     warmup = 24 if args.quick else 40
@@ -382,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     started = time.perf_counter()
     print(f"torch {torch.__version__}, cpu, {rounds} rounds x {steps} steps per variant "
-          f"after {warmup} warm-up steps, wall clock, medians of block means; "
+          f"after {warmup} warm-up steps, {args.clock} clock; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for threads in args.threads:
         torch.set_num_threads(threads or default_threads)

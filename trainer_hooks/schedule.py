@@ -32,7 +32,8 @@ interval does not swing with the load. Until ``MIN_SAMPLES`` pairs have been see
 every third step is heavy (steps 0, 3, 6, ...: calibration). With no light step for
 ``PROBE_AFTER`` steps without a pair to compare (an interval of 1 or 2 leaves no
 light step after a light one), a probe leaves two steps light, then one heavy, then
-one light. Without a budget nothing is measured or left out.
+one light. Without a budget nothing is left out: the costs are measured where light
+steps come anyway (``every=N``, N >= 3) for the records' ``overhead``.
 
 Example:
     >>> s = Schedule(every=2)
@@ -152,9 +153,8 @@ class Schedule:
         """Feed a finished step: ``spent_s`` is what gradwatch's timers saw on the
         training thread (hooks and ``step()``), ``span_s`` the step's wall time from
         the previous record to this one, ``background_s`` the background thread's
-        recent CPU per record of this kind (heavy or light)."""
-        if self.budget is None:
-            return
+        recent CPU per record of this kind (heavy or light). Without a budget the
+        costs are measured too (for the records' ``overhead``) but change nothing."""
         if background_s is not None and math.isfinite(background_s):
             self._background[heavy] = max(background_s, 0.0)
         if heavy:
@@ -163,7 +163,7 @@ class Schedule:
             self._last_light = step
         if span_s is not None and math.isfinite(span_s) and math.isfinite(spent_s):
             self._pair(step, heavy, span_s, spent_s)
-        if not self.calibrating:
+        if self.budget is not None and not self.calibrating:
             self.interval = self._fit()
         # The interval counts from the last heavy step, whether it grew or shrank.
         self._next = self._last_heavy + self.interval
@@ -196,7 +196,8 @@ class Schedule:
 
     def hidden_s(self) -> float:
         """Seconds a heavy step's training takes beyond a light one's that gradwatch's
-        timers do not see (0 until measured, and without a budget)."""
+        timers do not see (0 until measured; never with ``every=1`` and no budget,
+        which leaves no light step to compare with)."""
         if len(self._unseen) < self.MIN_SAMPLES:
             return 0.0
         return max(0.0, _median(self._unseen))

@@ -111,11 +111,13 @@ def test_what_no_timer_sees_is_the_extra_span_less_the_timed_part() -> None:
     assert s.hidden_s() == pytest.approx(0.005 - 0.0025)
 
 
-def test_without_a_budget_nothing_is_measured() -> None:
+def test_without_a_budget_the_unseen_cost_is_measured_where_light_steps_come() -> None:
     s = Schedule(every=3)
-    feed(s, range(60), span=(0.015, 0.010), spent=(0.003, 0.0))
-    assert s.hidden_s() == 0.0
-    assert s.estimate() == (None, 0.0)
+    assert feed(s, range(60), span=(0.015, 0.010), spent=(0.003, 0.0)) == list(range(0, 60, 3))
+    assert s.hidden_s() == pytest.approx(0.002)  # for the records; the interval stays
+    every_step = Schedule(every=1)
+    feed(every_step, range(60), span=(0.015, 0.010), spent=(0.003, 0.0))
+    assert every_step.hidden_s() == 0.0  # no light step to compare with
 
 
 def test_a_budget_never_captures_more_often_than_every() -> None:

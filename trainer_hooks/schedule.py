@@ -18,9 +18,10 @@ observations:
   kept gradients, taking hooks off) minus twice the span of the light step before
   it, itself after a light step (neighbours, so that a box whose speed drifts over
   minutes does not bias it; a median, so that a step another process interrupted
-  does not either), plus the background thread's extra CPU for a heavy record. This
-  counts what no timer around gradwatch's code sees: ``retain_grad`` and hooks in
-  backward, the hooked call path of each module call, allocations;
+  does not either), at least the difference of the timed parts (steadier where
+  steps are long and noisy), plus the background thread's extra CPU for a heavy
+  record. This counts what no timer around gradwatch's code sees: ``retain_grad``
+  and hooks in backward, the hooked call path of each module call, allocations;
 - ``c``, what a light step costs: its timed part and the background thread's CPU
   for a light record;
 - ``T``, the span of a light step.
@@ -112,6 +113,7 @@ class Schedule:
         self._unseen: deque[float] = deque(maxlen=n)  # the same, less the timed parts
         self._light_span: deque[float] = deque(maxlen=n)
         self._light_spent: deque[float] = deque(maxlen=n)
+        self._heavy_spent: deque[float] = deque(maxlen=n)
         # light steps since the last one that followed a heavy step: (span, timed part)
         self._clean: list[tuple[float, float]] = []
         # a heavy step waiting for the step after it: (step, span, timed part, baseline)
@@ -177,6 +179,7 @@ class Schedule:
         if not contiguous:
             self._clean = []
         if heavy:
+            self._heavy_spent.append(spent)
             if contiguous and self._clean:
                 base = (statistics.median(c[0] for c in self._clean),
                         statistics.median(c[1] for c in self._clean))
@@ -223,9 +226,12 @@ class Schedule:
         return self.heavy_extra_s() / span, light / span
 
     def heavy_extra_s(self) -> float:
-        """Seconds a heavy step costs beyond a light one (median of neighbour pairs,
-        plus the background thread's extra CPU for a heavy record)."""
-        extra = max(0.0, _median(self._extra))
+        """Seconds a heavy step costs beyond a light one: the median of neighbour
+        pairs, but at least what the timers saw (steadier where steps are long and
+        noisy and pairs are few), plus the background thread's extra CPU for a heavy
+        record."""
+        timed = _median(self._heavy_spent) - _median(self._light_spent)
+        extra = max(0.0, _median(self._extra), timed)
         return extra + max(0.0, self._background[True] - self._background[False])
 
     def _fit(self) -> int:

@@ -391,9 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
-    rounds = args.rounds or (5 if args.quick else 15)
-    steps = args.steps or (4 if args.quick else 8)
-    warmup = 24 if args.quick else 40
+    # Long blocks: a schedule measures the wall time between its own records, and the
+    # first step of a block spans the other variants' blocks (one such step in 16 is
+    # an outlier its medians absorb; one in 4 was not)
+    rounds = args.rounds or (4 if args.quick else 10)
+    steps = args.steps or 16
+    warmup = 40 if args.quick else 60
     warnings.filterwarnings("ignore")
     default_threads = torch.get_num_threads()
     notes: list[str] = []

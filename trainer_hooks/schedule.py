@@ -192,10 +192,12 @@ class Schedule:
             if contiguous and step - 1 != self._last_heavy:
                 self._clean.append((span, spent))
             return
-        _, heavy_span, heavy_spent, (base, base_spent) = pending
+        _, heavy_span, heavy_spent, (clean, clean_spent) = pending
         self._last_pair = step
-        self._extra.append(heavy_span + span - 2 * base)
-        self._unseen.append((heavy_span - heavy_spent) + (span - spent) - 2 * (base - base_spent))
+        self._extra.append(heavy_span + span - 2 * clean)
+        self._unseen.append(
+            (heavy_span - heavy_spent) + (span - spent) - 2 * (clean - clean_spent)
+        )
 
     def hidden_s(self) -> float:
         """Seconds a heavy step's training takes beyond a light one's that gradwatch's

@@ -245,9 +245,10 @@ def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
     """
     detached = [g.detach() for g in grads]
     if detached[0].dtype != F64:
-        return torch.stack(torch._foreach_norm(detached, 2, dtype=F64))
+        norms: torch.Tensor = torch.stack(torch._foreach_norm(detached, 2, dtype=F64))
+        return norms
     flat = torch.stack([g.reshape(-1) for g in detached])
-    plain = torch.linalg.vector_norm(flat, dim=1)
+    plain: torch.Tensor = torch.linalg.vector_norm(flat, dim=1)
     if flat.shape[1] == 0:
         return plain
     scale = flat.abs().amax(dim=1, keepdim=True)

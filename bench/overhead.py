@@ -260,11 +260,12 @@ class Variant:
         self.spool = spool
         self.count = 0
         self.times: list[float] = []
+        self.wall_s = 0.0  # wall time of the timed blocks, whatever the clock
         self.timed_steps: set[int] = set()  # record steps inside timed blocks
         self.note = ""
 
     def run(self, steps: int, timed: bool) -> float:
-        started = CLOCK[0]()
+        started, wall = CLOCK[0](), time.perf_counter()
         for _ in range(steps):
             loss = self.step()
             self.after(loss, self.count)
@@ -275,6 +276,7 @@ class Variant:
         elapsed = (CLOCK[0]() - started) / steps
         if timed:
             self.times.append(elapsed)
+            self.wall_s += time.perf_counter() - wall
         return elapsed
 
     def reported(self) -> tuple[float, float] | None:
@@ -292,12 +294,12 @@ class Variant:
                    for r in m["records"] if r["kind"] == "step" and r["step"] in self.timed_steps]
         if not records:
             return None
-        # overhead x duration is the seconds gradwatch says it spent on a step, also on
-        # a block's first step, whose duration spans the other variants' blocks: so the
-        # seconds are summed and divided by the blocks' own measured time
+        # overhead x duration is the (wall) seconds gradwatch says it spent on a step,
+        # also on a block's first step, whose duration spans the other variants'
+        # blocks: so the seconds are summed and divided by the blocks' own wall time
         spent = sum(r["overhead"] * r["duration_s"] for r in records)
         heavy = sum("param_norms" in r for r in records) / len(records)
-        return spent / (sum(self.times) * len(records) / len(self.times)), heavy
+        return spent / self.wall_s, heavy
 
 
 def variants(name: str, stack: ExitStack, tmp: Path, notes: list[str]) -> list[Variant]:

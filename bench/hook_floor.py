@@ -1,6 +1,6 @@
 """The floor under gradwatch's cost on a cell loop: what PyTorch charges for hooks
 that do nothing, and what each of gradwatch's own pieces costs, on the ``cells``
-workload of ``bench/overhead.py`` (an ``nn.LSTMCell(128)`` decoder, 24 calls a step).
+workload of ``bench/overhead.py`` (an ``nn.LSTMCell(64, 128)`` decoder, 24 calls a step).
 
 Two tables from one run:
 
@@ -37,9 +37,10 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import make_step, workload
+from overhead import workload
 
 from gradwatch.trainer_hooks import watch
+from gradwatch.trainer_hooks.quantities.graph import count_nodes
 
 
 def _nop(*args: Any) -> None:
@@ -59,23 +60,24 @@ def _retain(module: nn.Module, args: Any, out: Any) -> None:
 
 
 def whole_steps(rounds: int, steps: int) -> None:
-    base, x, y = workload("cells", torch.device("cpu"))
+    work = workload("cells")
+    base, make_step = work.model, work.make_step
     variants: dict[str, tuple[Callable[[], torch.Tensor], Any]] = {}
     for name in ("plain", "plain (control)"):
-        variants[name] = (make_step(copy.deepcopy(base), x, y), None)
+        variants[name] = (make_step(copy.deepcopy(base)), None)
     model = copy.deepcopy(base)
     model.cell.register_forward_hook(_nop)
-    variants["empty forward hook"] = (make_step(model, x, y), None)
+    variants["empty forward hook"] = (make_step(model), None)
     model = copy.deepcopy(base)
     model.cell.register_forward_hook(_node_hooks)
-    variants["+ 2 empty node hooks/call"] = (make_step(model, x, y), None)
+    variants["+ 2 empty node hooks/call"] = (make_step(model), None)
     model = copy.deepcopy(base)
     model.cell.register_forward_hook(_retain)
-    variants["+ retain_grad on h, c/call"] = (make_step(model, x, y), None)
+    variants["+ retain_grad on h, c/call"] = (make_step(model), None)
     for every in (1, 10):
         model = copy.deepcopy(base)
         monitor = watch(model, run="floor", server=None, spool=os.devnull, every=every)
-        variants[f"gradwatch every={every}"] = (make_step(model, x, y), monitor)
+        variants[f"gradwatch every={every}"] = (make_step(model), monitor)
     times: dict[str, list[float]] = {name: [] for name in variants}
     order = list(variants)
     shuffle = random.Random(0)
@@ -104,16 +106,17 @@ def whole_steps(rounds: int, steps: int) -> None:
 
 
 def pieces() -> None:
-    model, x, y = workload("cells", torch.device("cpu"))
+    work = workload("cells")
+    model = work.model
     monitor = watch(model, run="pieces", server=None, spool=os.devnull, every=1,
                     diagnose=False)
-    step = make_step(model, x, y)
+    step = work.make_step(model)
     for _ in range(3):
         monitor.step(step())
     q = {quantity.name: quantity for quantity in monitor.quantities}
     cell = model.cell
     h = c = torch.zeros(32, 128)
-    args = (model.embed(x[0]), (h, c))
+    args = (torch.randn(32, 64), (h, c))
     # a fresh output per call, as in a loop (a second retain_grad() on one is a no-op)
     outs = iter([cell(*args) for _ in range(50 * 7 + 50)])
     stale, timesteps = q["stale_state"], q["timesteps"]
@@ -137,9 +140,9 @@ def pieces() -> None:
     rows: list[tuple[str, Callable[[], Any], int]] = [
         ("stale-state pre-hook, a later call", lambda: stale._pre_forward(cell, args, {}), 24),  # type: ignore[attr-defined]
         ("cell forward hook (retain_grad on h, c)", forward_hook, 24),
-        ("cell series: float64 norms of 2 x 24", series, 1),
+        ("cell series: norms of 2 x 24 (float64 accumulation)", series, 1),
         ("parameter and gate norms (float64)", q["param_norms"]._norms, 1),  # type: ignore[attr-defined]
-        ("graph walk", lambda: q["graph_nodes"].finish_step(loss), 1),
+        ("graph walk (when it runs: paced)", lambda: count_nodes(loss.grad_fn), 1),
     ]
     print("\n| piece | µs each | per step | µs per step |\n| --- | --- | --- | --- |")
     for name, fn, per_step in rows:

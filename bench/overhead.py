@@ -1,59 +1,53 @@
-r"""What gradwatch costs a training step, side by side with wandb.watch and TensorBoard.
+r"""What gradwatch costs the training steps users run, and what it says it costs.
 
-Two workloads from the reports gradwatch exists for:
+Workloads (CPU, each a full training step: forward, loss, ``zero_grad``, backward,
+optimizer step):
 
-- ``lstm121``: one ``nn.LSTM`` layer over 121 timesteps, batch 121, ``batch_first``,
-  one input feature, a linear head on every step, MSE, Adam (the "first 100 of 121
-  steps get zero gradient" model);
-- ``cells``: an ``nn.LSTMCell`` decoder called once per target token in a Python loop
-  (24 tokens), a linear head per token, Adam;
-- ``gpt`` (with ``--only gpt``): an ``nn.TransformerEncoder`` of 4 layers (width 64,
-  4 heads, causal mask, sequence 32, batch 16), a linear head, MSE, Adam: a stack of
-  blocks, so gradwatch captures its ``depth`` series, and ``update_ratios`` of Adam.
+- ``cells``: an ``nn.LSTMCell(64, 128)`` decoder called once per token in a Python
+  loop, 24 tokens, batch 32, a linear head per token, Adam;
+- ``fused2``: a 2-layer ``nn.LSTM(64, 128)`` over 48 steps, batch 32, a head per step,
+  Adam;
+- ``transformer``: a 4-layer ``nn.TransformerEncoder`` (d=64, 4 heads, feed-forward
+  256), 48 tokens, batch 32, Adam;
+- ``lm``: a 2-layer LSTM language model (vocabulary 2,000, embedding 64, hidden 128),
+  35 tokens, batch 20, cross-entropy over every token, SGD with clipping;
+- the four examples (``examples/``): ``long_lstm`` (121 steps), ``rotation_lstm`` and
+  ``tree_gru`` as their ``--fixed`` twins (the bug variants' steps grow without end,
+  so there is no steady step to compare), ``seq2seq_attention`` with its decoder
+  called once per token (its "bug" is only slow, and the per-call case is the one
+  that costs gradwatch most).
 
-Variants, each on its own copy of the model (same weights), timed in interleaved
-blocks (every round runs one block of every variant, in a shuffled order, so drift and
-noise from other processes hit all of them alike); each block ends by draining the
-variant's own background work (gradwatch's ``monitor.flush()``, the TensorBoard
-writer's ``flush()``), so that work is charged to it and not to the next block; the
-table gives each variant's median step time over the rounds and its ratio to plain
-training, and the ratio of the fastest block to plain's fastest (``min vs min``: on a
-loaded box the steadier estimate of a fixed cost):
+Variants, each on its own copy of the model (same weights): ``plain``; ``plain
+(control)``, a second copy whose distance from 1.000x is this run's noise;
+``gradwatch default``, ``watch(model)`` with no options (heavy quantities under the
+default budget); ``every=1``; ``every=10``; ``wandb.watch(log="all", log_freq=1)``
+offline and TensorBoard ``add_histogram`` of every gradient every step, when
+installed (skipped with a note otherwise). Interleaved blocks: every round runs one
+block of each variant in a shuffled order, and each block ends by draining its own
+background work (``monitor.flush()``), so that work is charged to it. The table gives
+each variant's mean block step time (wall clock), its ratio to plain as medians of
+the block means (robust to a block another process slowed, but blind to a heavy step
+every 20th when blocks are shorter) and as means (what a budget's rare heavy steps
+cost on average), the measured share ``1 - plain / variant`` from the means (what a
+step of that variant spends on monitoring), and beside it the ``overhead`` gradwatch
+reported for the same steps (the seconds its records say it spent, ``overhead x
+duration_s``, summed over the timed blocks and divided by their measured time: a
+block's first record has a duration that spans the other variants' blocks, its
+seconds do not). ``heavy`` is the share of those steps that captured the heavy
+quantities.
 
-- ``plain``: the training step alone; ``plain (control)``, a second copy of it, shows
-  how far apart two identical variants land in this run (the noise floor);
-- ``gradwatch every=1`` / ``every=10``: ``watch(model, server=None, spool=<tmp>)``,
-  ``monitor.step(loss)`` after every step (heavy quantities every step / every 10th);
-- ``wandb.watch``: ``wandb.watch(model, log="all", log_freq=1)`` in offline mode, with
-  ``wandb.log({"loss": ...})`` every step (which is what writes the histograms);
-- ``tensorboard``: ``SummaryWriter.add_histogram`` of every gradient every step.
-
-wandb and TensorBoard are measured when installed (``pip install 'gradwatch[bench]'``)
-and skipped with a note otherwise.
-
-Run: ``python bench/overhead.py`` (``--rounds``, ``--steps``, ``--device cuda``,
-``--only lstm121``; ``--threads`` sets torch's intra-op threads, 1 by default so that
-other processes on a small box disturb the run less; ``--clock cpu`` times this
-process's CPU time instead of the wall clock, steadier on a loaded box but blind to
-wandb's separate service process; ``--no-others`` leaves wandb and TensorBoard out;
-``--budget 0.03 ...`` adds ``watch(..., overhead=F)`` variants and notes the interval
-each budget ended at and the heavy/light cost it estimated).
-
-Before/after in one run (``--baseline DIR``): an older gradwatch, imported under the
-package name ``gwbase``, adds ``gradwatch (baseline) every=N`` variants beside the
-current ones, so both see the same box in the same rounds. Make ``DIR`` with::
-
-    mkdir -p DIR/gwbase && touch DIR/gwbase/__init__.py
-    git archive <commit> trainer_hooks protocol | tar -x -C DIR/gwbase
-    grep -rl 'gradwatch\.' DIR/gwbase \
-        | xargs sed -i 's/gradwatch\.\(protocol\|trainer_hooks\)/gwbase.\1/g'
+Run: ``python bench/overhead.py`` (both the default torch threads and 1 thread;
+``--threads 1`` or ``--threads 0`` for one of them, 0 = torch's default), ``--quick``
+(under ~6 minutes on the 2-core VM when other processes leave it be),
+``--only cells lm``, ``--rounds``, ``--steps``, ``--clock cpu`` (this process's CPU
+time instead of the wall clock: steadier when other processes load the box, blind to
+time spent waiting for the GIL).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import os
 import random
 import statistics
@@ -63,180 +57,283 @@ import time
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from gradwatch.protocol import read_spool
 from gradwatch.trainer_hooks import watch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
 Step = Callable[[], torch.Tensor]
+#: what the blocks are timed with: the wall clock, or this process's CPU time (--clock)
+CLOCK: list[Callable[[], float]] = [time.perf_counter]
 
 
-class Lstm121(nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(1, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(x)
-        return self.head(out)
+# -- workloads ---------------------------------------------------------------------
 
 
 class CellDecoder(nn.Module):
-    def __init__(self, hidden: int, tokens: int) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.embed = nn.Linear(8, hidden)
-        self.cell = nn.LSTMCell(hidden, hidden)
-        self.head = nn.Linear(hidden, 8)
-        self.tokens = tokens
+        self.cell = nn.LSTMCell(64, 128)
+        self.head = nn.Linear(128, 64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = c = x.new_zeros(x.shape[1], self.cell.hidden_size)
+        h = c = x.new_zeros(x.shape[1], 128)
         outs = []
-        for t in range(self.tokens):
-            h, c = self.cell(self.embed(x[t]), (h, c))
+        for t in range(x.shape[0]):
+            h, c = self.cell(x[t], (h, c))
             outs.append(self.head(h))
         return torch.stack(outs)
 
 
-class Gpt(nn.Module):
-    def __init__(self, width: int = 64, layers: int = 4) -> None:
+class Fused2(nn.Module):
+    def __init__(self) -> None:
         super().__init__()
-        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(width, width)
+        self.lstm = nn.LSTM(64, 128, num_layers=2)
+        self.head = nn.Linear(128, 64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
-        return self.head(self.encoder(x, mask=mask, is_causal=True))
+        return self.head(self.lstm(x)[0])
 
 
-def workload(name: str, device: torch.device) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    if name == "gpt":
-        torch.manual_seed(0)
-        model: nn.Module = Gpt()
-        x = torch.randn(16, 32, 64, generator=gen)
-        y = torch.randn(16, 32, 64, generator=gen)
-    elif name == "lstm121":
-        torch.manual_seed(0)
-        model = Lstm121(hidden=64)
-        x = torch.randn(121, 121, 1, generator=gen)
-        y = torch.randn(121, 121, 1, generator=gen)
-    else:
-        torch.manual_seed(0)
-        model = CellDecoder(hidden=128, tokens=24)
-        x = torch.randn(24, 32, 8, generator=gen)
-        y = torch.randn(24, 32, 8, generator=gen)
-    return model.to(device), x.to(device), y.to(device)
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(64, 4, dim_feedforward=256, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+        self.head = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
 
 
-def make_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.MSELoss()
+class LanguageModel(nn.Module):
+    def __init__(self, vocab: int = 2000) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 64)
+        self.lstm = nn.LSTM(64, 128, num_layers=2, dropout=0.2)
+        self.out = nn.Linear(128, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(self.lstm(self.embed(tokens))[0])
+
+
+@dataclass
+class Workload:
+    """A model and a way to build a training step for a copy of it."""
+
+    model: nn.Module
+    make_step: Callable[[nn.Module], Step]
+    options: dict[str, Any] = field(default_factory=dict)  # what watch() must be told
+
+
+def _regression(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                opt: Callable[..., torch.optim.Optimizer] = torch.optim.Adam) -> Step:
+    optimizer = opt(model.parameters(), lr=1e-3)
 
     def step() -> torch.Tensor:
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
         loss.backward()
-        opt.step()
+        optimizer.step()
         return loss
 
     return step
 
 
+def workload(name: str) -> Workload:
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    if name == "cells":
+        x, y = randn(24, 32, 64), randn(24, 32, 64)
+        return Workload(CellDecoder(), lambda m: _regression(m, x, y))
+    if name == "fused2":
+        x, y = randn(48, 32, 64), randn(48, 32, 64)
+        return Workload(Fused2(), lambda m: _regression(m, x, y))
+    if name == "transformer":
+        x, y = randn(32, 48, 64), randn(32, 48, 64)
+        return Workload(Encoder(), lambda m: _regression(m, x, y))
+    if name == "lm":
+        tokens = torch.randint(0, 2000, (36, 20), generator=gen)
+
+        def lm_step(model: nn.Module) -> Step:
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+
+            def step() -> torch.Tensor:
+                logits = model(tokens[:-1])
+                loss = nn.functional.cross_entropy(logits.reshape(-1, 2000), tokens[1:].reshape(-1))
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+                optimizer.step()
+                return loss
+
+            return step
+
+        return Workload(LanguageModel(), lm_step)
+    if name == "long_lstm":
+        import long_lstm
+
+        x, y = long_lstm.batch(32)
+        return Workload(long_lstm.LongLSTM(), lambda m: _regression(m, x, y))
+    if name == "rotation_lstm":
+        import rotation_lstm
+
+        x, y = rotation_lstm.sequence(rotation_lstm.rotation())
+
+        def rotation_step(model: Any) -> Step:
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+            def step() -> torch.Tensor:
+                loss = (model(x) - y).square().sum()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                model.detach()  # the fixed twin
+                return loss
+
+            return step
+
+        return Workload(rotation_lstm.RotationLSTM(), rotation_step)
+    if name == "tree_gru":
+        import tree_gru
+
+        def tree_step(model: Any) -> Step:
+            data = tree_gru.dataset(0, 8, size=9)  # each variant its own trees
+            trees = [t for t, _ in data]
+            labels = torch.tensor([label for _, label in data])
+            optimizer = torch.optim.Adagrad(model.parameters(), lr=0.05)
+
+            def step() -> torch.Tensor:
+                for tree in trees:  # the fixed twin: no state kept across steps
+                    tree.reset()
+                loss = nn.functional.cross_entropy(model(trees), labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                return loss
+
+            return step
+
+        return Workload(tree_gru.TreeGRU(), tree_step, {"cells": ["cell"]})
+    if name == "seq2seq_attention":
+        import seq2seq_attention as s2s
+
+        data = s2s.batch(32)
+
+        def s2s_step(model: Any) -> Step:
+            optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+            return lambda: s2s.train_step(model, optimizer, data, looped=True)
+
+        return Workload(s2s.Seq2Seq(), s2s_step)
+    raise ValueError(f"expected a workload of {WORKLOADS}, got {name!r}")
+
+
+WORKLOADS = ("cells", "fused2", "transformer", "lm", "long_lstm", "rotation_lstm",
+             "tree_gru", "seq2seq_attention")
+
+
+# -- variants ----------------------------------------------------------------------
+
+
 class Variant:
     """One way of training: ``run(n)`` does n steps; setup outside the timed blocks."""
 
-    def __init__(
-        self,
-        name: str,
-        step: Step,
-        after: Callable[[torch.Tensor, int], None],
-        drain: Callable[[], object] = lambda: None,
-    ):
+    def __init__(self, name: str, step: Step, after: Callable[[torch.Tensor, int], None],
+                 drain: Callable[[], object] = lambda: None, monitor: Any = None,
+                 spool: Path | None = None) -> None:
         self.name = name
         self.step = step
         self.after = after
-        # finishes the variant's own background work inside its timed block, so that
-        # it is charged to this variant and not to whichever block runs next
         self.drain = drain
+        self.monitor = monitor
+        self.spool = spool
         self.count = 0
         self.times: list[float] = []
+        self.wall_s = 0.0  # wall time of the timed blocks, whatever the clock
+        self.timed_steps: set[int] = set()  # record steps inside timed blocks
+        self.note = ""
 
-    def run(self, steps: int, sync: Callable[[], None], clock: Callable[[], float]) -> float:
-        sync()
-        started = clock()
+    def run(self, steps: int, timed: bool) -> float:
+        started, wall = CLOCK[0](), time.perf_counter()
         for _ in range(steps):
             loss = self.step()
             self.after(loss, self.count)
+            if timed:
+                self.timed_steps.add(self.count)
             self.count += 1
         self.drain()
-        sync()
-        return (clock() - started) / steps
+        elapsed = (CLOCK[0]() - started) / steps
+        if timed:
+            self.times.append(elapsed)
+            self.wall_s += time.perf_counter() - wall
+        return elapsed
+
+    def reported(self) -> tuple[float, float] | None:
+        """(overhead gradwatch reported, share of heavy steps) over the timed steps."""
+        if self.spool is None:
+            return None
+        schedule = self.monitor.schedule
+        if schedule.budget is not None:
+            heavy_f, light_f = schedule.estimate()
+            extra = schedule.heavy_extra_s() * 1e3
+            self.note = (f"interval {schedule.interval}, heavy step +{extra:.2f} ms "
+                         f"({heavy_f or 0:.1%}), light {light_f:.1%}")
+        self.monitor.close()
+        records = [r for m in read_spool(self.spool) if m["type"] == "batch"
+                   for r in m["records"] if r["kind"] == "step" and r["step"] in self.timed_steps]
+        if not records:
+            return None
+        # overhead x duration is the (wall) seconds gradwatch says it spent on a step,
+        # also on a block's first step, whose duration spans the other variants'
+        # blocks: so the seconds are summed and divided by the blocks' own wall time
+        spent = sum(r["overhead"] * r["duration_s"] for r in records)
+        heavy = sum("param_norms" in r for r in records) / len(records)
+        return spent / self.wall_s, heavy
 
 
-def variants(
-    name: str, device: torch.device, stack: ExitStack, tmp: Path, notes: list[str],
-    others: bool = True, baseline: Callable[..., Any] | None = None,
-    budgets: tuple[float, ...] = (),
-) -> list[Variant]:
-    base, x, y = workload(name, device)
-    found: list[Variant] = []
-
-    def copy_model() -> nn.Module:
-        return copy.deepcopy(base)
-
-    found.append(Variant("plain", make_step(copy_model(), x, y), lambda loss, i: None))
-    # a second plain copy: its ratio is the noise floor of this run
-    found.append(Variant("plain (control)", make_step(copy_model(), x, y), lambda loss, i: None))
-    # the current gradwatch and, with --baseline, the older one: every=1, every=10, and
-    # each budget, all made the same way
-    watchers: list[tuple[str, Callable[..., Any]]] = [("", watch)]
-    if baseline is not None:
-        watchers.append(("(baseline) ", baseline))
-    for label, make in watchers:
-        settings = [("every", 1), ("every", 10), *(("overhead", b) for b in budgets)]
-        for key, value in settings:
-            model = copy_model()
-            tag = f"{label[1:5]}{key}-{value}"
-            monitor = make(
-                model, run=f"bench-{name}-{tag}", server=None,
-                spool=tmp / f"{name}-{tag}.jsonl", **{key: value},
-            )
-            stack.callback(monitor.close)
-            found.append(
-                Variant(f"gradwatch {label}{key}={value:g}", make_step(model, x, y),
-                        lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush)
-            )
-            if key == "overhead" and not label:  # an older schedule may lack estimate()
-                stack.callback(_heavy_note, notes, name, value, monitor)
-    if not others:
-        return found
+def variants(name: str, stack: ExitStack, tmp: Path, notes: list[str]) -> list[Variant]:
+    work = workload(name)
+    found = [Variant(label, work.make_step(copy.deepcopy(work.model)), lambda loss, i: None)
+             for label in ("plain", "plain (control)")]
+    for label, options in (("gradwatch default", {}), ("gradwatch every=1", {"every": 1}),
+                           ("gradwatch every=10", {"every": 10})):
+        model = copy.deepcopy(work.model)
+        spool = tmp / f"{name}-{len(found)}.jsonl"
+        monitor = watch(model, run=f"bench-{name}", spool=spool, **work.options, **options)
+        stack.callback(monitor.close)
+        found.append(Variant(label, work.make_step(model),
+                             lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush,
+                             monitor=monitor, spool=spool))
     try:
         import wandb
     except ImportError:
         notes.append("wandb not installed: skipped (pip install 'gradwatch[bench]')")
     else:
-        model = copy_model()
+        model = copy.deepcopy(work.model)
         os.environ["WANDB_MODE"] = "offline"
         os.environ.setdefault("WANDB_SILENT", "true")
         run = wandb.init(project="gradwatch-bench", dir=str(tmp), name=name, reinit=True)
         stack.callback(run.finish)
         run.watch(model, log="all", log_freq=1)
-        found.append(
-            Variant("wandb.watch log=all", make_step(model, x, y),
-                    lambda loss, i, r=run: r.log({"loss": loss.item()}))
-        )
+        found.append(Variant("wandb.watch log=all", work.make_step(model),
+                             lambda loss, i, r=run: r.log({"loss": loss.item()})))
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         notes.append("tensorboard not installed: skipped (pip install 'gradwatch[bench]')")
     else:
-        model = copy_model()
+        model = copy.deepcopy(work.model)
         writer = SummaryWriter(log_dir=str(tmp / f"tb-{name}"))
         stack.callback(writer.close)
 
@@ -246,89 +343,82 @@ def variants(
                     writer.add_histogram(pname, p.grad, i)
             writer.add_scalar("loss", loss.item(), i)
 
-        found.append(Variant("tensorboard histograms", make_step(model, x, y), histograms,
+        found.append(Variant("tensorboard histograms", work.make_step(model), histograms,
                              drain=writer.flush))
     return found
 
 
-def _heavy_note(notes: list[str], name: str, budget: float, monitor: Any) -> None:
-    heavy, light = monitor.schedule.estimate()
-    notes.append(
-        f"{name}: overhead={budget:g} ended capturing every {monitor.schedule.interval}"
-        f" steps (its estimate of a heavy step: {heavy or 0:.1%} of the step, a light"
-        f" one {light:.1%})"
-    )
-
-
-def measure(
-    name: str, device: torch.device, rounds: int, steps: int, notes: list[str],
-    clock: Callable[[], float], others: bool = True,
-    baseline: Callable[..., Any] | None = None, budgets: tuple[float, ...] = (),
-) -> list[tuple[str, float, float, float]]:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
+def measure(name: str, rounds: int, steps: int, warmup: int, notes: list[str]) -> list[str]:
     with tempfile.TemporaryDirectory() as tmpdir, ExitStack() as stack:
-        found = variants(
-            name, device, stack, Path(tmpdir), notes, others, baseline, budgets
-        )
-        for v in found:  # warm-up: allocator, first-call paths, wandb/tb lazy set-up
-            v.run(3, sync, clock)
+        found = variants(name, stack, Path(tmpdir), notes)
+        for v in found:  # allocator, first calls, the default budget's first estimates
+            v.run(warmup, timed=False)
         shuffle = random.Random(0)
         for _ in range(rounds):
             order = list(found)
-            shuffle.shuffle(order)  # no variant always follows the same one
+            shuffle.shuffle(order)
             for v in order:
-                v.times.append(v.run(steps, sync, clock))
+                v.run(steps, timed=True)
         plain = statistics.median(found[0].times)
-        low = min(found[0].times)
-        return [(v.name, statistics.median(v.times), statistics.median(v.times) / plain,
-                 min(v.times) / low) for v in found]
+        plain_mean = statistics.fmean(found[0].times)
+        lines = []
+        for v in found:
+            med, mean = statistics.median(v.times), statistics.fmean(v.times)
+            got = v.reported()
+            said = heavy = ""
+            if got is not None:
+                said, heavy = f"{got[0]:.1%}", f"{got[1]:.0%}"
+            if v.note:
+                notes.append(f"{name}, {torch.get_num_threads()} thread(s), {v.name}: {v.note}")
+            lines.append(f"| {name} | {v.name} | {mean * 1e3:.2f} | {med / plain:.3f}x | "
+                         f"{mean / plain_mean:.3f}x | {1 - plain_mean / mean:+.1%} | {said} | "
+                         f"{heavy} |")
+        return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=10, help="steps per timed block")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--only", choices=["lstm121", "cells", "gpt"])
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer rounds and steps: under ~6 minutes on the 2-core VM")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="steps per timed block")
+    parser.add_argument("--threads", type=int, nargs="*", default=[0, 1],
+                        help="torch intra-op threads to run with (0: torch's default)")
+    parser.add_argument("--only", nargs="*", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument(
         "--clock", choices=["wall", "cpu"], default="wall",
-        help="wall: perf_counter (what a user waits); cpu: this process's CPU time, all "
-        "threads (steadier on a loaded box; misses wandb's separate service process)",
+        help="wall: what a user waits (default); cpu: this process's CPU time, both "
+        "threads, steadier on a box other processes load (blind to GIL waits)",
     )
-    parser.add_argument("--no-others", action="store_true",
-                        help="leave wandb and TensorBoard out")
-    parser.add_argument("--baseline", metavar="DIR",
-                        help="a folder holding an older gradwatch as package gwbase "
-                        "(see the module docstring): adds its variants beside the current")
-    parser.add_argument("--budget", type=float, nargs="*", default=[], metavar="F",
-                        help="also gradwatch with watch(..., overhead=F) for each F")
     args = parser.parse_args(argv)
-    baseline = None
-    if args.baseline:
-        sys.path.insert(0, str(Path(args.baseline).resolve()))
-        baseline = importlib.import_module("gwbase.trainer_hooks").watch
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if args.clock == "cpu":
+        CLOCK[0] = time.process_time
+    # Long blocks: a schedule measures the wall time between its own records, and the
+    # first step of a block spans the other variants' blocks (one such step in 16 is
+    # an outlier its medians absorb; one in 4 was not)
+    rounds = args.rounds or (4 if args.quick else 10)
+    steps = args.steps or 16
+    warmup = 40 if args.quick else 60
+    warnings.filterwarnings("ignore")
+    default_threads = torch.get_num_threads()
     notes: list[str] = []
-    clock = time.perf_counter if args.clock == "wall" else time.process_time
-    print(f"torch {torch.__version__}, device {device}, threads {args.threads}, "
-          f"clock {args.clock}, {args.rounds} rounds x {args.steps} steps per variant, "
-          "medians of block means")
-    for name in ([args.only] if args.only else ["lstm121", "cells"]):
-        rows = measure(name, device, args.rounds, args.steps, notes, clock,
-                       not args.no_others, baseline, tuple(args.budget))
-        print(f"\n{name}")
-        print(f"| {'variant':<30} | {'step (ms)':>9} | {'vs plain':>8} | {'min vs min':>10} |")
-        print(f"|{'-' * 32}|{'-' * 11}|{'-' * 10}|{'-' * 12}|")
-        for vname, seconds, ratio, low in rows:
-            print(f"| {vname:<30} | {seconds * 1e3:9.3f} | {ratio:7.3f}x | {low:9.3f}x |")
+    started = time.perf_counter()
+    print(f"torch {torch.__version__}, cpu, {rounds} rounds x {steps} steps per variant "
+          f"after {warmup} warm-up steps, {args.clock} clock; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    for threads in args.threads:
+        torch.set_num_threads(threads or default_threads)
+        print(f"\n{torch.get_num_threads()} torch thread(s)"
+              f"{' (the default)' if not threads else ''}\n")
+        print("| workload | variant | step ms (mean) | vs plain (medians) | vs plain (means) "
+              "| measured share | reported overhead | heavy steps |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name in args.only:
+            for line in measure(name, rounds, steps, warmup, notes):
+                print(line, flush=True)
     for note in dict.fromkeys(notes):
         print(f"note: {note}")
+    print(f"\n{time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.1f}")
     return 0
 
 

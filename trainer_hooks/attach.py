@@ -41,7 +41,7 @@ from .quantities.profile import ModuleProfile
 from .quantities.stale import CellSpec, LossRetention, StaleState
 from .quantities.timesteps import RecurrentTimesteps
 from .quantities.updates import UpdateRatios
-from .schedule import Schedule
+from .schedule import DEFAULT_BUDGET, Schedule
 from .select import Selection
 from .warn import WarnOnce
 
@@ -78,7 +78,7 @@ def watch(
     spool: str | os.PathLike[str] | None = None,
     *,
     token: str | None = None,
-    every: int = 1,
+    every: int | None = None,
     overhead: float | None = None,
     profile: bool = False,
     cells: Sequence[CellSpec] | None = None,
@@ -105,10 +105,13 @@ def watch(
             where undelivered batches wait.
         token: ingest token of the server.
         every: capture the heavy quantities (gradient norms, per-timestep norms, graph
-            size, profile) every ``every`` steps; step time, loss, memory and overhead
-            are in every step record.
-        overhead: optional budget as a fraction of step time (``0.02`` = 2 %): heavy
-            captures become rarer when gradwatch's own time would exceed it.
+            size, profile) every ``every`` steps (``every=1``: every step); step time,
+            loss, memory and overhead are in every step record. With neither
+            ``every`` nor ``overhead`` given, heavy quantities are captured as often
+            as a budget of 2 % of step time allows (docs/CAPTURE.md, "Schedule").
+        overhead: a budget as a fraction of step time (``0.02`` = 2 %): heavy
+            captures become rarer as their measured cost rises; ``every`` is then
+            the shortest interval.
         profile: per-module forward/backward time and calls per step (opt-in).
         cells: more modules to treat as recurrent cells called in a loop (modules,
             names from ``named_modules()``, or classes).
@@ -153,7 +156,9 @@ def watch(
     if not isinstance(graph_limit, int) or graph_limit < 1:
         raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
     run_id = run_identity(run_id)  # before any hook: a run id the server refuses raises here
-    schedule = Schedule(every=every, overhead=overhead)
+    if every is None and overhead is None:
+        overhead = DEFAULT_BUDGET  # the default: heavy capture under a budget
+    schedule = Schedule(every=1 if every is None else every, overhead=overhead)
     once = WarnOnce()
     diagnoser = _diagnoser(diagnose, thresholds)
     select = Selection(include, exclude)
@@ -183,8 +188,8 @@ def watch(
     rank, world_size = rank_and_world()
     recurrent = list(getattr(timesteps, "modules", None) or [])
     config = {
-        "every": every,
-        "overhead": overhead,
+        "every": schedule.every,
+        "overhead": schedule.budget,
         "profile": profile,
         "diagnose": diagnose,
         "exact_hidden": exact_hidden,

@@ -82,8 +82,9 @@ class Monitor:
         self._pipeline = Pipeline(sink, quantities, diagnoser=diagnoser, once=once)
         self._epoch_started = self._step_started = time.perf_counter()
         self._epoch_first_step = 0
-        self._carry = 0.0  # gradwatch time spent after the last record was made
-        self._record_made = self._left = time.perf_counter()
+        self._carry = 0.0  # gradwatch CPU time spent after the last record was made
+        self._record_made = time.perf_counter()
+        self._made_cpu = time.thread_time()
         self._heavy = False
         self._begin_step()
         ref = weakref.ref(self)
@@ -99,19 +100,19 @@ class Monitor:
         non-blocking copy and everything else happens on a background thread.
         """
         entered = time.perf_counter()
+        entered_cpu = time.thread_time()
         if self.closed:
             self._once.warn("step_after_close", "gradwatch: step() after close() is ignored")
             return
-        self._record_made = entered
         try:
-            self._record_step(loss, entered)
+            self._record_step(loss, entered, entered_cpu)
         except Exception as e:  # never into the training loop
             self._once.warn("step", f"gradwatch: recording a step failed: {type(e).__name__}: {e}")
+            self._record_made, self._made_cpu = time.perf_counter(), time.thread_time()
         self.step_index += 1
         self._begin_step()
         # what step() spent after the record's overhead was fixed counts to the next step
-        self._left = time.perf_counter()
-        self._carry = self._left - self._record_made
+        self._carry = time.thread_time() - self._made_cpu
 
     def epoch(self) -> None:
         """Close one epoch: sends an ``epoch`` record with its duration and step count."""
@@ -205,11 +206,14 @@ class Monitor:
         self._heavy = capture
         for q in self.quantities:
             try:
+                q.heavy_step = capture
                 q.start_step(capture if q.heavy else not self.removed)
             except Exception as e:
                 self._once.warn(f"start:{q.name}", f"gradwatch: {q.name} failed: {e}")
 
-    def _record_step(self, loss: torch.Tensor | float | None, entered: float) -> None:
+    def _record_step(
+        self, loss: torch.Tensor | float | None, entered: float, entered_cpu: float
+    ) -> None:
         duration = entered - self._step_started
         self._step_started = entered
         record: dict[str, Any] = {
@@ -248,19 +252,21 @@ class Monitor:
             if payload:
                 payloads[q.name] = payload
         packed = pack(payloads) if payloads else None
-        self._record_made = time.perf_counter()
-        spent = hooks_cost + self._carry + (self._record_made - entered)
-        overhead = spent / duration if duration > 0 else 0.0
+        made, self._made_cpu = time.perf_counter(), time.thread_time()
+        span, self._record_made = made - self._record_made, made
+        # step()'s own part in CPU time: a step() that another process preempted (or
+        # that waited for the GIL, whose holder's CPU is counted apart) costs no more
+        spent = hooks_cost + self._carry + (self._made_cpu - entered_cpu)
+        # What the hooks slow down that no timer sees (measured against light steps by
+        # the schedule, with a budget) counts too: the field is what training loses.
+        unseen = self.schedule.hidden_s() if self._heavy else 0.0
+        overhead = (spent + unseen) / duration if duration > 0 else 0.0
         record["overhead"] = overhead if math.isfinite(overhead) else 0.0
         self._pipeline.put(Item(record, packed, heavy=self._heavy))
-        # The training's own time since the last step() returned, hooks' timed cost
-        # left out: heavy against light steps, it shows what the hooks slow down unseen.
-        training = entered - self._left - hooks_cost
         self.schedule.observe(
             self.step_index,
             self._heavy,
-            overhead,
-            duration_s=duration,
-            training_s=training,
+            spent,
+            span_s=span,
             background_s=self._pipeline.cpu_per_record(self._heavy),
         )

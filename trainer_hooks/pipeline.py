@@ -21,10 +21,12 @@ thread too. The thread sends what it found (at most ``max_batch`` records, about
 A wake costs more than the records' own work, and more on a loaded box: on this
 repository's 2-core VM, while a cell loop trains, a wake with nothing to do took
 ~220 µs of this thread's CPU and a 2 µs read of ``/proc/self/statm`` ~90 µs
-(BENCHMARKS.md, "The background thread's wakes"). So the gap between wakes adapts:
-at least ``min_gap``, and at least ``BUSY_RATIO`` times the CPU the recent wakes
-took (so the thread stays near 1/``BUSY_RATIO`` of one core), at most ``MAX_GAP_S``
-(the latency a live viewer sees). Records carry this thread's CPU for them in their
+(BENCHMARKS.md, "The background thread's wakes"), and each wake makes the training
+thread wait for the GIL. So the gap between wakes is ``MIN_GAP_S`` = 50 ms, the most
+a live viewer may wait for it: with 5-25 ms gaps the wakes alone cost a light
+cell-loop step 3-6 % of CPU on the 2-core box, with 50 ms about 1 %. A smaller
+``min_gap`` (tests) adapts: at least ``BUSY_RATIO`` times the CPU the recent wakes
+took, at most ``MAX_GAP_S``. Records carry this thread's CPU for them in their
 ``overhead`` (their own work plus their share of the wake and the send). Memory is
 read once per wake (the records of one wake are milliseconds apart).
 
@@ -81,7 +83,7 @@ class _Flush:
 
 _STOP = object()
 #: at most one wake per this many seconds while steps keep coming (see the docstring)
-MIN_GAP_S = 0.005
+MIN_GAP_S = 0.05
 #: the gap between wakes is at least this many times the CPU a wake takes...
 BUSY_RATIO = 50
 #: ...but never longer than this (seconds): what it may add to the live latency

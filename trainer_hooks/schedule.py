@@ -1,27 +1,40 @@
-"""Which steps capture the heavy quantities: every N-th, stretched to fit a budget.
+"""Which steps capture the heavy quantities: every N-th, or as often as a budget allows.
 
 Cheap fields (step time, loss, memory, overhead) are in every step record. Heavy
 quantities (gradient norms, per-timestep norms, the graph walk, profiling) are
-captured on the steps this schedule picks: every ``every``-th step, and, with an
-overhead budget, less often when gradwatch's own time would exceed that fraction of
-the training time.
+captured on the steps this schedule picks: every ``every``-th step, or, with an
+overhead budget (``watch()``'s default: :data:`DEFAULT_BUDGET`), as often as keeps
+gradwatch's cost within that fraction of the step time.
 
-The budget rule: with ``h`` the overhead fraction of a heavy step and ``c`` that of a
-cheap one, capturing every ``n``-th step costs about ``(h + (n - 1) * c) / n``. The
-interval is the smallest ``n >= every`` that keeps this within the budget, capped at
-``max_interval``.
+The budget works in seconds, from what heavy capture is measured to cost, never from
+a running mean of noisy step times. Per step it is told the step's span (wall time
+from one ``step()`` record to the next: training, hooks and ``step()`` itself), the
+part of it gradwatch's own timers saw (hooks and ``step()``) and the background
+thread's CPU per record. From these it keeps medians over the last ``WINDOW``
+observations:
 
-What ``h`` and ``c`` count: gradwatch's own time on the training thread (hooks and
-``step()``, timed where they run: the record's ``overhead``), the background thread's
-CPU time per record, and, for heavy steps, the slowdown their hooks cause that no
-timer around gradwatch's code can see (``retain_grad`` in backward, the hooked call
-path of each module call, the GIL handed to the background thread). That last part
-is measured, not guessed: the training's own time between two ``step()`` calls, less
-the hooks' timed cost, of each heavy step minus that of the light step just before
-it (the median of the last ``WINDOW`` such pairs; pairs of neighbours, so that a box
-whose speed drifts over minutes does not bias the difference). With a budget and no
-light step for ``PROBE_AFTER`` steps (``every=1`` and a budget that fits), one step
-is left light to compare against.
+- ``H``, what a heavy step costs beyond a light one: the span of the heavy step and
+  of the light step after it (which pays for what the heavy step leaves: freeing its
+  kept gradients, taking hooks off) minus twice the span of the light step before
+  it, itself after a light step (neighbours, so that a box whose speed drifts over
+  minutes does not bias it; a median, so that a step another process interrupted
+  does not either), at least the difference of the timed parts (steadier where
+  steps are long and noisy), plus the background thread's extra CPU for a heavy
+  record. This counts what no timer around gradwatch's code sees: ``retain_grad``
+  and hooks in backward, the hooked call path of each module call, allocations;
+- ``c``, what a light step costs: its timed part and the background thread's CPU
+  for a light record;
+- ``T``, the span of a light step.
+
+Capturing every ``n``-th step costs ``H / n + c`` a step; the interval is the
+smallest ``n >= every`` with ``H / n + c <= budget * T`` (``max_interval`` when even
+light steps exceed the budget). A loaded box stretches ``T`` and ``H`` alike, so the
+interval does not swing with the load. Until ``MIN_SAMPLES`` pairs have been seen,
+every third step is heavy (steps 0, 3, 6, ...: calibration). With no light step for
+``PROBE_AFTER`` steps without a pair to compare (an interval of 1 or 2 leaves no
+light step after a light one), a probe leaves two steps light, then one heavy, then
+one light. Without a budget nothing is left out: the costs are measured where light
+steps come anyway (``every=N``, N >= 3) for the records' ``overhead``.
 
 Example:
     >>> s = Schedule(every=2)
@@ -35,29 +48,37 @@ import math
 import statistics
 from collections import deque
 
+#: the budget ``watch()`` uses when given neither ``every=`` nor ``overhead=``: the
+#: measured cost stays within 3 % with room for the estimate's error
+DEFAULT_BUDGET = 0.02
+
+
+def _median(values: deque[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
 
 class Schedule:
     """Decides per step whether heavy quantities are captured.
 
     Args:
-        every: capture heavy quantities every ``every`` steps (1 = every step).
+        every: capture heavy quantities every ``every`` steps (1 = every step); with
+            a budget, the shortest interval it may use.
         overhead: optional budget, a fraction of step time (``0.02`` = 2 %).
         max_interval: the budget never stretches the interval beyond this
             (default: 1000, or ``every`` when larger).
 
-    Example:
+    Example (a heavy step costs 4 ms more than a light one, 0.1 ms, of 10 ms):
         >>> s = Schedule(every=1, overhead=0.05)
-        >>> s.observe(step=0, heavy=True, fraction=0.20)
-        >>> s.observe(step=1, heavy=False, fraction=0.0)
-        >>> s.interval
-        4
+        >>> for step in range(40):
+        ...     heavy = s.capture(step)
+        ...     s.observe(step, heavy, spent_s=0.0001, span_s=0.014 if heavy else 0.010)
+        >>> s.interval  # 0.004 / n + 0.0001 <= 0.05 * 0.010  ->  n = 10
+        10
     """
 
-    #: weight of the newest observation in the running means
-    SMOOTHING = 0.2
-    #: recent (light, heavy) pairs of neighbouring steps whose training time is compared
+    #: recent observations each median is taken over
     WINDOW = 31
-    #: fewest pairs before the comparison counts
+    #: fewest heavy/light pairs before the measured cost is used (calibration before)
     MIN_SAMPLES = 5
     #: with a budget, a light step at least this often (something to compare against)
     PROBE_AFTER = 64
@@ -83,22 +104,40 @@ class Schedule:
         self.every = every
         self.budget = None if overhead is None else float(overhead)
         self.max_interval = max_interval
-        self.interval = every
+        self.interval = every if self.budget is None else max(every, 3)
         self._next = 0
         self._last_heavy = 0
-        self._heavy_mean: float | None = None
-        self._cheap_mean = 0.0
-        self._duration: float | None = None
         self._last_light = -1
-        self._extra: deque[float] = deque(maxlen=self.WINDOW)
-        self._light_before: tuple[int, float] | None = None  # (step, training seconds)
+        n = self.WINDOW
+        self._extra: deque[float] = deque(maxlen=n)  # heavy span - light span before
+        self._unseen: deque[float] = deque(maxlen=n)  # the same, less the timed parts
+        self._light_span: deque[float] = deque(maxlen=n)
+        self._light_spent: deque[float] = deque(maxlen=n)
+        self._heavy_spent: deque[float] = deque(maxlen=n)
+        # light steps since the last one that followed a heavy step: (span, timed part)
+        self._clean: list[tuple[float, float]] = []
+        # a heavy step waiting for the step after it: (step, span, timed part, baseline)
+        self._pending: tuple[int, float, float, tuple[float, float]] | None = None
+        self._previous = -1  # the last step observed
+        self._last_pair = 0  # the step a pair was last completed (or a probe began)
+        self._light_at: set[int] = set()  # steps a probe keeps light
         self._background = {True: 0.0, False: 0.0}
+
+    @property
+    def calibrating(self) -> bool:
+        """True while the budget has too few heavy/light pairs to go by."""
+        return self.budget is not None and len(self._extra) < self.MIN_SAMPLES
 
     def capture(self, step: int) -> bool:
         """True when ``step`` is a heavy step; call once per step, in order."""
+        if step in self._light_at:
+            self._light_at.discard(step)
+            return False
         if step >= self._next:
-            if self.budget is not None and step - self._last_light > self.PROBE_AFTER:
-                self._last_light = step  # a probe: light now, heavy at the next step
+            if self.budget is not None and step - self._last_pair > self.PROBE_AFTER:
+                # a probe: light, light, heavy (step + 2), light
+                self._light_at = {step + 1, step + 3}
+                self._last_pair = step  # one probe at a time
                 return False
             self._last_heavy = step
             self._next = step + self.interval
@@ -109,77 +148,102 @@ class Schedule:
         self,
         step: int,
         heavy: bool,
-        fraction: float,
-        duration_s: float | None = None,
-        training_s: float | None = None,
+        spent_s: float,
+        span_s: float | None = None,
         background_s: float | None = None,
     ) -> None:
-        """Feed a finished step: ``fraction`` is its timed overhead (the record's
-        ``overhead``), ``duration_s`` its length, ``training_s`` the training's own
-        time in it (between two ``step()`` calls, less the hooks' timed cost), and
-        ``background_s`` the background thread's recent CPU time per record of this
-        kind (heavy or light)."""
-        if self.budget is None or not math.isfinite(fraction):
-            return
-        a = self.SMOOTHING
-        if heavy:
-            self._heavy_mean = fraction if self._heavy_mean is None else (
-                (1 - a) * self._heavy_mean + a * fraction
-            )
-            self._last_heavy = step
-        else:
-            self._cheap_mean = (1 - a) * self._cheap_mean + a * fraction
-            self._last_light = step
-        if duration_s is not None and math.isfinite(duration_s) and duration_s > 0:
-            self._duration = duration_s if self._duration is None else (
-                (1 - a) * self._duration + a * duration_s
-            )
-        if training_s is not None and math.isfinite(training_s):
-            before = self._light_before
-            if not heavy:
-                self._light_before = (step, training_s)
-            elif before is not None and before[0] == step - 1:
-                self._extra.append(training_s - before[1])
+        """Feed a finished step: ``spent_s`` is what gradwatch's timers saw on the
+        training thread (hooks and ``step()``), ``span_s`` the step's wall time from
+        the previous record to this one, ``background_s`` the background thread's
+        recent CPU per record of this kind (heavy or light). Without a budget the
+        costs are measured too (for the records' ``overhead``) but change nothing."""
         if background_s is not None and math.isfinite(background_s):
             self._background[heavy] = max(background_s, 0.0)
-        self.interval = self._fit()
+        if heavy:
+            self._last_heavy = step
+        else:
+            self._last_light = step
+        if span_s is not None and math.isfinite(span_s) and math.isfinite(spent_s):
+            self._pair(step, heavy, span_s, spent_s)
+        if self.budget is not None and not self.calibrating:
+            self.interval = self._fit()
         # The interval counts from the last heavy step, whether it grew or shrank.
         self._next = self._last_heavy + self.interval
 
+    def _pair(self, step: int, heavy: bool, span: float, spent: float) -> None:
+        """Compare a heavy step and the light one after it with the clean light steps
+        before it (light steps after a light step: what a step costs without capture)."""
+        pending, self._pending = self._pending, None
+        contiguous = step == self._previous + 1
+        self._previous = step
+        if not contiguous:
+            self._clean = []
+        if heavy:
+            self._heavy_spent.append(spent)
+            if contiguous and self._clean:
+                base = (statistics.median(c[0] for c in self._clean),
+                        statistics.median(c[1] for c in self._clean))
+                self._pending = (step, span, spent, base)
+            self._clean = []
+            return
+        self._light_span.append(span)
+        self._light_spent.append(spent)
+        if pending is None or pending[0] != step - 1:
+            if contiguous and step - 1 != self._last_heavy:
+                self._clean.append((span, spent))
+            return
+        _, heavy_span, heavy_spent, (clean, clean_spent) = pending
+        self._last_pair = step
+        self._extra.append(heavy_span + span - 2 * clean)
+        self._unseen.append(
+            (heavy_span - heavy_spent) + (span - spent) - 2 * (clean - clean_spent)
+        )
+
+    def hidden_s(self) -> float:
+        """Seconds a heavy step's training takes beyond a light one's that gradwatch's
+        timers do not see (0 until measured; never with ``every=1`` and no budget,
+        which leaves no light step to compare with)."""
+        if len(self._unseen) < self.MIN_SAMPLES:
+            return 0.0
+        return max(0.0, _median(self._unseen))
+
     def estimate(self) -> tuple[float | None, float]:
-        """The overhead fractions ``(h, c)`` of a heavy and a light step that the
-        budget works with (``h`` is None before the first heavy step).
+        """The overhead fractions ``(h, c)`` of a heavy and a light step's span that
+        the budget works with (``h`` is None until measured).
 
         Example:
             >>> s = Schedule(every=1, overhead=0.05)
-            >>> s.observe(step=0, heavy=True, fraction=0.04, duration_s=0.01,
-            ...           background_s=0.002)
-            >>> [round(f, 3) for f in s.estimate() if f is not None]
-            [0.24, 0.0]
+            >>> for step in range(20):
+            ...     heavy = s.capture(step)
+            ...     s.observe(step, heavy, 0.0002, 0.012 if heavy else 0.010)
+            >>> [round(f, 3) for f in s.estimate()]
+            [0.2, 0.02]
         """
-        if self._heavy_mean is None:
-            return None, self._cheap_mean
-        step_s = self._duration
-        if not step_s:
-            return self._heavy_mean, self._cheap_mean
-        heavy = self._heavy_mean + (self._hidden() + self._background[True]) / step_s
-        light = self._cheap_mean + self._background[False] / step_s
-        return heavy, light
+        span = _median(self._light_span)
+        if not span:
+            return None, 0.0
+        light = _median(self._light_spent) + self._background[False]
+        if self.calibrating:
+            return None, light / span
+        return self.heavy_extra_s() / span, light / span
 
-    def _hidden(self) -> float:
-        """Seconds a heavy step's training takes beyond a light one's (0 when unknown)."""
-        if len(self._extra) < self.MIN_SAMPLES:
-            return 0.0
-        return max(0.0, statistics.median(self._extra))
+    def heavy_extra_s(self) -> float:
+        """Seconds a heavy step costs beyond a light one: the median of neighbour
+        pairs, but at least what the timers saw (steadier where steps are long and
+        noisy and pairs are few), plus the background thread's extra CPU for a heavy
+        record."""
+        timed = _median(self._heavy_spent) - _median(self._light_spent)
+        extra = max(0.0, _median(self._extra), timed)
+        return extra + max(0.0, self._background[True] - self._background[False])
 
     def _fit(self) -> int:
         assert self.budget is not None
         heavy, light = self.estimate()
-        if heavy is None or heavy <= self.budget:
-            return self.every
+        if heavy is None:
+            return self.interval
         spare = self.budget - light
         if spare <= 0:
             return self.max_interval
         # the tolerance keeps 0.10 / 0.02 = 5.000000000000001 from becoming 6
-        n = math.ceil((heavy - light) / spare - 1e-9)
+        n = math.ceil(heavy / spare - 1e-9)
         return max(self.every, min(self.max_interval, n))

@@ -197,7 +197,7 @@ WORKER = textwrap.dedent(
     torch.manual_seed(rank)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    with watch(model, run="two-ranks", server=sys.argv[1], diagnose=False) as monitor:
+    with watch(model, run="two-ranks", server=sys.argv[1], every=1, diagnose=False) as monitor:
         for step in range(int(sys.argv[3]) + int(sys.argv[4])):
             if step == int(sys.argv[3]):
                 print("ready", flush=True)

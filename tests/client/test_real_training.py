@@ -43,7 +43,7 @@ def train_long_lstm(
 
         model = LongLSTM()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        with watch(model, run=name, server=server_url) as monitor:
+        with watch(model, run=name, server=server_url, every=1) as monitor:
             for step in range(BEFORE_PAGE + AFTER_PAGE):
                 if step == BEFORE_PAGE and not page_open.wait(60):
                     raise TimeoutError("the dashboard did not open within 60 s")

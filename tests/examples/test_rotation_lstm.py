@@ -23,7 +23,8 @@ def test_rotation_lstm_bug_names_lstm1_and_the_graph_grows(run_example: Any) -> 
 
 def test_rotation_lstm_fixed_twin_raises_nothing(run_example: Any) -> None:
     _, steps, alerts = run_example("rotation_lstm", "--fixed", "--steps", "10")
-    assert len({s["graph_nodes"] for s in steps}) == 1
+    walked = [s["graph_nodes"] for s in steps if "graph_nodes" in s]  # the walk is paced
+    assert len(walked) >= 3 and len(set(walked)) == 1
     # slowdown is judged on step times over hundreds of steps: the false-alarm suite
     # (tests/trainer_hooks/test_false_alarms.py) runs this twin 500 steps under jitter
     assert [a for a in alerts if a["code"] != "slowdown"] == []

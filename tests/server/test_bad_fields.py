@@ -47,7 +47,7 @@ def test_long_names_never_lose_a_run(
     torch.manual_seed(0)
     model = LongNames(module)
     monitor = watch(model, run=run, server=server.url, spool=tmp_path / "out.jsonl",
-                    diagnose=False)
+                    every=1, diagnose=False)
     for _ in range(40):
         loss = model(torch.randn(6, 2, 3)).pow(2).mean()
         loss.backward()
@@ -235,7 +235,7 @@ def test_a_sender_and_a_monitor_say_when_the_server_left_something_out(
         sink.close(timeout=10)
     model = nn.Linear(2, 1)
     monitor = watch(model, run="r", server=server.url, spool=tmp_path / "m.jsonl",
-                    diagnose=False)
+                    every=1, diagnose=False)
     model(torch.randn(3, 2)).sum().backward()
     monitor.step()
     # What no trainer of ours sends, through the monitor's own sink: a count past int64.

@@ -37,7 +37,7 @@ def test_a_live_trainer_is_in_metrics_with_its_last_step_and_leaves_when_it_ends
     server = gradwatch_server()
     model = torch.nn.LSTM(3, 6)
     monitor = watch(model, run="prom", server=server.url, spool=tmp_path / "s.jsonl",
-                    diagnose=False)
+                    every=1, diagnose=False)
     losses = []
     try:
         for _ in range(5):

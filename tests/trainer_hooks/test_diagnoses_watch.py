@@ -32,7 +32,7 @@ def test_nonfinite_alert_names_the_first_bad_parameter_and_step(tmp_path: Path) 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     spool = tmp_path / "nan.jsonl"
-    with watch(model, run="nan", spool=spool) as monitor:
+    with watch(model, run="nan", every=1, spool=spool) as monitor:
         for step in range(6):
             if step == 3:
                 with torch.no_grad():
@@ -68,7 +68,7 @@ def wild_batch_run(tmp_path: Path, optimizer: str) -> list[dict[str, Any]]:
     else:
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
     spool = tmp_path / f"boom-{optimizer}.jsonl"
-    with watch(model, run="boom", spool=spool) as monitor:
+    with watch(model, run="boom", every=1, spool=spool) as monitor:
         for step in range(20):
             scale = 1e4 if step == 10 else 1.0  # one batch with wild inputs
             loss = (model(scale * torch.randn(16, 4)) - 1.0).square().mean()
@@ -155,7 +155,7 @@ def test_diagnose_switch_turns_the_vanishing_alert_on_and_off(
     torch.manual_seed(0)
     model = torch.nn.LSTM(1, 8, batch_first=True)
     spool = tmp_path / "switch.jsonl"
-    with watch(model, run="switch", spool=spool, diagnose=diagnose) as monitor:
+    with watch(model, run="switch", every=1, spool=spool, diagnose=diagnose) as monitor:
         for _ in range(3):  # raised once it held three steps in a row (raise_after)
             out, _ = model(torch.randn(4, 121, 1))
             loss = out[:, -1].sum()  # the loss on the last of 121 timesteps

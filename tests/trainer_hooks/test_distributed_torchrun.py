@@ -28,7 +28,7 @@ WORKER = textwrap.dedent(
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.LSTM(2, 8, batch_first=True))
     # no run_id and no GRADWATCH_RUN_ID: rank 0 chooses one for the whole job
-    with watch(model, run="ddp-torchrun", server=sys.argv[1], diagnose=False) as monitor:
+    with watch(model, run="ddp-torchrun", server=sys.argv[1], every=1, diagnose=False) as monitor:
         for step in range(4):
             torch.manual_seed(100 * rank + step)  # each rank its own data
             out, _ = model(torch.randn(4, 6, 2))

@@ -84,7 +84,7 @@ class Carrier(nn.Module):
 def run_carrier(path: Path, detach: bool, steps: int = 4) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     model = Carrier(detach)
-    with watch(model, run="carrier", spool=path, diagnose=False) as monitor:
+    with watch(model, run="carrier", every=1, spool=path, diagnose=False) as monitor:
         for _ in range(steps):
             loss = model(torch.randn(5, 1, 3)).pow(2).mean()
             # retain_graph because the next step backpropagates into this graph again;
@@ -123,8 +123,9 @@ def test_stale_hidden_state_raises_graph_growth_naming_the_module(tmp_path: Path
 def test_detached_state_raises_nothing_and_the_graph_stays_the_same_size(tmp_path: Path) -> None:
     records = run_carrier(tmp_path / "fixed.jsonl", detach=True)
     assert [r for r in records if r["kind"] == "alert"] == []
-    nodes = [r["graph_nodes"] for r in records if r["kind"] == "step"]
-    assert len(set(nodes[1:])) == 1
+    nodes = [r.get("graph_nodes") for r in records if r["kind"] == "step"]
+    assert nodes[0] is not None and nodes[1] is not None  # the walks before it is steady
+    assert len({n for n in nodes[1:] if n is not None}) == 1
 
 
 class TreeCell(nn.Module):
@@ -153,7 +154,7 @@ class Tree(nn.Module):
 def test_user_named_cell_receiving_state_from_an_earlier_step_is_named(tmp_path: Path) -> None:
     model = Tree()
     path = tmp_path / "tree.jsonl"
-    with watch(model, run="tree", spool=path, cells=["cell"], diagnose=False) as monitor:
+    with watch(model, run="tree", every=1, spool=path, cells=["cell"], diagnose=False) as monitor:
         kept = None
         for _ in range(3):
             root = model(kept)
@@ -171,7 +172,7 @@ def test_user_named_cell_receiving_state_from_an_earlier_step_is_named(tmp_path:
 def test_state_passed_through_a_few_ops_is_still_traced(tmp_path: Path) -> None:
     rnn = nn.GRU(2, 3)
     path = tmp_path / "ops.jsonl"
-    with watch(rnn, run="ops", spool=path, diagnose=False) as monitor:
+    with watch(rnn, run="ops", every=1, spool=path, diagnose=False) as monitor:
         h = None
         for _ in range(3):
             out, h_new = rnn(torch.randn(4, 1, 2), h)
@@ -187,7 +188,7 @@ def run_losses(path: Path, keep_tensor: bool) -> list[dict[str, Any]]:
     model = nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     total: Any = 0.0
-    with watch(model, run="total", spool=path, diagnose=False) as monitor:
+    with watch(model, run="total", every=1, spool=path, diagnose=False) as monitor:
         for _ in range(4):
             loss = model(torch.randn(2, 3)).pow(2).mean()
             opt.zero_grad()
@@ -210,20 +211,35 @@ def test_total_plus_equals_loss_item_is_silent(tmp_path: Path) -> None:
     assert [r for r in records if r["kind"] == "alert"] == []
 
 
-@pytest.mark.parametrize("every", [1, 3])
-def test_graph_nodes_follow_the_schedule(tmp_path: Path, every: int) -> None:
+@pytest.mark.parametrize(("every", "walked"), [(1, [0, 1, 2, 4, 8, 16]), (3, [0, 3, 6, 12])])
+def test_a_steady_graph_is_walked_on_heavy_steps_at_doubling_gaps(
+    tmp_path: Path, every: int, walked: list[int]
+) -> None:
     model = nn.Linear(2, 1)
     path = tmp_path / "g.jsonl"
     with watch(model, run="g", spool=path, every=every, diagnose=False) as monitor:
-        for _ in range(4):
+        for _ in range(20):
             loss = model(torch.ones(1, 2)).sum()
             loss.backward()
             monitor.step(loss)
     steps = [r for r in records_of(path) if r["kind"] == "step"]
     # AddmmBackward0 -> (AccumulateGrad bias, TBackward0 -> AccumulateGrad weight), SumBackward0
-    assert [r.get("graph_nodes") for r in steps] == [
-        5 if r["step"] % every == 0 else None for r in steps
-    ]
+    assert [r["step"] for r in steps if "graph_nodes" in r] == walked
+    assert {r["graph_nodes"] for r in steps if "graph_nodes" in r} == {5}
+
+
+def test_a_graph_that_changes_is_walked_again_at_the_next_heavy_step(tmp_path: Path) -> None:
+    model = nn.Linear(2, 1)
+    path = tmp_path / "g.jsonl"
+    with watch(model, run="g", spool=path, every=1, diagnose=False) as monitor:
+        for step in range(20):
+            loss = model(torch.ones(1, 2)).sum()
+            if step == 13:  # one more op: the step builds one more node
+                loss = loss * 2
+            loss.backward()
+            monitor.step(loss)
+    steps = {r["step"]: r.get("graph_nodes") for r in records_of(path) if r["kind"] == "step"}
+    assert steps[13] == 6 and steps[14] == 5  # walked when built differently, and after
 
 
 def test_training_in_another_thread_than_watch_is_checked_there(tmp_path: Path) -> None:
@@ -231,7 +247,7 @@ def test_training_in_another_thread_than_watch_is_checked_there(tmp_path: Path) 
     for _ in range(200):  # give watch()'s thread a high node number
         torch.ones(1, requires_grad=True).mul(2)
     rnn = nn.GRU(2, 3)
-    monitor = watch(rnn, run="thread", spool=path, diagnose=False)
+    monitor = watch(rnn, run="thread", every=1, spool=path, diagnose=False)
 
     def train(detach: bool) -> None:
         h = None
@@ -257,3 +273,28 @@ def test_training_in_another_thread_than_watch_is_checked_there(tmp_path: Path) 
 def records_of_after_flush(monitor: Any, path: Path) -> list[dict[str, Any]]:
     assert monitor.flush(timeout=30)
     return records_of(path)
+
+
+def test_the_stale_check_is_paced_and_still_catches_state_kept_later(tmp_path: Path) -> None:
+    from gradwatch.trainer_hooks.quantities.stale import MAX_PACE
+
+    path = tmp_path / "late.jsonl"
+    rnn = nn.GRU(2, 3)
+    hooked: list[bool] = []
+    h = None
+    with watch(rnn, run="late", spool=path, diagnose=False) as monitor:
+        stale = next(q for q in monitor.quantities if q.name == "stale_state")
+        for step in range(120):
+            hooked.append(any(getattr(hook, "__self__", None) is stale
+                              for hook in rnn._forward_pre_hooks.values()))
+            out, h_new = rnn(torch.randn(4, 1, 2), h)
+            loss = out.sum()
+            loss.backward(retain_graph=True)
+            h = h_new if step >= 40 else h_new.detach()  # the bug from step 40 on
+            monitor.step(loss)
+    # checked: the first four steps, then doubling gaps (one pre-hook on those only)
+    # (step 1 builds another graph than step 0, which was given no state: from 2 on)
+    assert [s for s, n in enumerate(hooked[:40]) if n] == [0, 1, 2, 3, 4, 5, 7, 11, 19, 35]
+    alerts = [r for r in records_of(path) if r["kind"] == "alert"]
+    assert [(a["subject"], a["evidence"]["steps_back"]) for a in alerts] == [("GRU", 1)]
+    assert 41 <= alerts[0]["step"] <= 41 + MAX_PACE

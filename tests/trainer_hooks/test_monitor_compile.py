@@ -44,7 +44,7 @@ def test_compiled_model_gives_eager_norms_with_every_hook_attached(tmp_path: Pat
     model.zero_grad()
 
     path = tmp_path / "compiled.jsonl"
-    with watch(model, run="compiled", spool=path, profile=True, diagnose=False) as monitor:
+    with watch(model, run="compiled", every=1, spool=path, profile=True, diagnose=False) as monitor:
         compiled = torch.compile(model, backend="aot_eager")
         for _ in range(2):
             model.zero_grad()

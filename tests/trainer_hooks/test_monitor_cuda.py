@@ -45,7 +45,7 @@ def test_cuda_steps_never_synchronise_and_norms_match_autograd(tmp_path: Path) -
     opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=True)
     path = tmp_path / "cuda.jsonl"
     expected: list[dict[str, float]] = []
-    with watch(model, run="cuda", spool=path, diagnose=False) as monitor:
+    with watch(model, run="cuda", every=1, spool=path, diagnose=False) as monitor:
         # step 0 warms up outside the check (cuDNN plans, the pinned-memory pool)
         monitor.step(train_step(model, opt, torch.randn(8, 30, 3, device="cuda")))
         for _ in range(3):

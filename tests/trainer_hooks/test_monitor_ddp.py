@@ -30,7 +30,7 @@ WORKER = textwrap.dedent(
     out_dir = sys.argv[1]
     local, final = [], []
     with watch(model, run="ddp", spool=os.path.join(out_dir, f"rank{rank}.jsonl"),
-               diagnose=False) as monitor:
+               every=1, diagnose=False) as monitor:
         for step in range(3):
             torch.manual_seed(100 * rank + step)  # each rank its own data
             x = torch.randn(8, 3)

@@ -91,7 +91,7 @@ def test_hooks_never_change_outputs_or_gradients_and_remove_leaves_no_trace(tmp_
 def test_no_grad_and_inference_mode_passes_capture_nothing(tmp_path: Path) -> None:
     model = Seq2Seq()
     path = tmp_path / "eval.jsonl"
-    with watch(model, run="eval", spool=path, profile=True, diagnose=False) as monitor:
+    with watch(model, run="eval", every=1, spool=path, profile=True, diagnose=False) as monitor:
         with torch.no_grad():
             y = model(torch.randn(2, 4, 3))
         assert y.grad_fn is None and not y._backward_hooks
@@ -112,7 +112,7 @@ def test_no_grad_and_inference_mode_passes_capture_nothing(tmp_path: Path) -> No
 def test_profile_shows_calls_per_step_and_where_the_time_goes(tmp_path: Path) -> None:
     model = Seq2Seq()
     path = tmp_path / "prof.jsonl"
-    with watch(model, run="prof", spool=path, profile=True, diagnose=False) as monitor:
+    with watch(model, run="prof", every=1, spool=path, profile=True, diagnose=False) as monitor:
         for _ in range(2):
             loss = model(torch.randn(2, 4, 3), steps=9).sum()
             loss.backward()
@@ -127,12 +127,12 @@ def test_profile_shows_calls_per_step_and_where_the_time_goes(tmp_path: Path) ->
         assert profile["Seq2Seq"]["forward_s"] >= profile["decoder"]["forward_s"]
 
 
-def test_overhead_budget_makes_heavy_captures_rarer(tmp_path: Path) -> None:
+def test_a_budget_no_interval_fits_uses_the_longest_interval(tmp_path: Path) -> None:
     model = Seq2Seq()
     plain, tight = tmp_path / "plain.jsonl", tmp_path / "tight.jsonl"
-    for path, budget in ((plain, None), (tight, 1e-9)):
-        with watch(model, run="budget", spool=path, overhead=budget, diagnose=False) as monitor:
-            for _ in range(6):
+    for path, options in ((plain, {"every": 1}), (tight, {"overhead": 1e-9})):
+        with watch(model, run="budget", spool=path, diagnose=False, **options) as monitor:
+            for _ in range(30):
                 loss = model(torch.randn(2, 4, 3)).sum()
                 loss.backward()
                 monitor.step(loss)
@@ -140,8 +140,10 @@ def test_overhead_budget_makes_heavy_captures_rarer(tmp_path: Path) -> None:
         path: [r["step"] for r in records_of(path) if r["kind"] == "step" and "param_norms" in r]
         for path in (plain, tight)
     }
-    assert heavy[plain] == [0, 1, 2, 3, 4, 5]
-    assert heavy[tight] == [0]  # no interval fits a budget of 1e-9: the longest one is used
+    assert heavy[plain] == list(range(30))
+    # calibration takes every third step until 5 pairs are measured; then no
+    # interval fits a budget of 1e-9 and the longest one is used
+    assert heavy[tight] == [0, 3, 6, 9, 12, 15]
 
 
 class SlowSink:

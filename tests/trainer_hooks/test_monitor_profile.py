@@ -50,7 +50,7 @@ def test_seq2seq_backward_times_never_exceed_the_backward_they_are_part_of(
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     path = tmp_path / "s2s.jsonl"
     walls: list[float] = []
-    with watch(model, run="s2s", spool=path, profile=True, diagnose=False) as monitor:
+    with watch(model, run="s2s", every=1, spool=path, profile=True, diagnose=False) as monitor:
         for _ in range(4):
             src, tgt_in, tgt = s2s.batch(16)
             logits = model(src, tgt_in, looped)
@@ -96,7 +96,7 @@ def test_an_embedding_stops_its_clock_at_its_own_gradient_not_at_the_end_of_back
     model = LateEmbedding()
     path = tmp_path / "late.jsonl"
     spans: list[float] = []
-    with watch(model, run="late", spool=path, profile=True, diagnose=False) as monitor:
+    with watch(model, run="late", every=1, spool=path, profile=True, diagnose=False) as monitor:
         for _ in range(3):
             x = torch.randn(100, 16, 16, requires_grad=True)
             loss = model(x, torch.randint(0, 50, (16,)))
@@ -124,7 +124,7 @@ def test_a_module_too_big_to_time_leaves_its_backward_out(tmp_path: Path) -> Non
     deep = nn.Sequential(*[nn.Linear(4, 4) for _ in range(200)])  # 400+ own nodes
     model = nn.Sequential(deep, nn.Linear(4, 1))
     path = tmp_path / "deep.jsonl"
-    with watch(model, run="deep", spool=path, profile=True, diagnose=False) as monitor:
+    with watch(model, run="deep", every=1, spool=path, profile=True, diagnose=False) as monitor:
         loss = model(torch.randn(2, 4)).sum()
         loss.backward()
         monitor.step(loss)

@@ -38,7 +38,8 @@ def test_a_watched_run_streams_to_a_real_server(
     torch.manual_seed(0)
     model = Carrier()
     monitor = watch(
-        model, run="streamed", server=server.url, spool=tmp_path / "outbox.jsonl", diagnose=False
+        model, run="streamed", server=server.url, spool=tmp_path / "outbox.jsonl", every=1,
+        diagnose=False,
     )
     for _ in range(2):
         for _ in range(3):

@@ -59,7 +59,7 @@ def test_param_and_gate_norms_equal_autograd_in_float64(tmp_path: Path) -> None:
     torch.manual_seed(1)
     model = Stack().double()
     path = tmp_path / "run.jsonl"
-    with watch(model, run="norms", spool=path, diagnose=False) as monitor:
+    with watch(model, run="norms", every=1, spool=path, diagnose=False) as monitor:
         loss = model(torch.randn(6, 2, 3, dtype=torch.float64)).pow(2).sum()
         loss.backward()
         monitor.step(loss)
@@ -80,7 +80,7 @@ def test_param_and_gate_norms_equal_autograd_in_float64(tmp_path: Path) -> None:
 def test_float32_norms_of_tiny_gradients_do_not_underflow(tmp_path: Path) -> None:
     model = nn.Linear(4, 1, bias=False)
     path = tmp_path / "run.jsonl"
-    with watch(model, run="tiny", spool=path, diagnose=False) as monitor:
+    with watch(model, run="tiny", every=1, spool=path, diagnose=False) as monitor:
         loss = (model(torch.ones(1, 4)) * 1e-30).sum()
         loss.backward()
         monitor.step(loss)
@@ -92,7 +92,7 @@ def test_float32_norms_of_tiny_gradients_do_not_underflow(tmp_path: Path) -> Non
 def test_nonfinite_names_the_parameters_whose_gradient_broke(tmp_path: Path) -> None:
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
     path = tmp_path / "run.jsonl"
-    with watch(model, run="nan", spool=path, diagnose=False) as monitor:
+    with watch(model, run="nan", every=1, spool=path, diagnose=False) as monitor:
         loss = model(torch.ones(1, 2)).sum()
         loss.backward()
         monitor.step(loss)
@@ -115,7 +115,7 @@ def test_nonfinite_names_the_parameters_whose_gradient_broke(tmp_path: Path) -> 
 def test_gradient_accumulation_reports_the_accumulated_gradient(tmp_path: Path) -> None:
     model = nn.Linear(3, 1)
     path = tmp_path / "run.jsonl"
-    with watch(model, run="accum", spool=path, diagnose=False) as monitor:
+    with watch(model, run="accum", every=1, spool=path, diagnose=False) as monitor:
         for _ in range(3):
             loss = model(torch.randn(2, 3)).pow(2).sum()
             loss.backward()
@@ -129,7 +129,7 @@ def test_retain_graph_second_backward_and_create_graph(tmp_path: Path) -> None:
     model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 1)).double()
     path = tmp_path / "run.jsonl"
     x = torch.randn(4, 3, dtype=torch.float64)
-    with watch(model, run="retain", spool=path, diagnose=False) as monitor:
+    with watch(model, run="retain", every=1, spool=path, diagnose=False) as monitor:
         loss = model(x).pow(2).sum()
         loss.backward(retain_graph=True)
         loss.backward()
@@ -157,7 +157,7 @@ def test_activation_checkpointing_gives_the_same_norms(tmp_path: Path) -> None:
     plain = {n: p.grad.norm().item() for n, p in block.named_parameters()}  # type: ignore[union-attr]
     block.zero_grad()
     path = tmp_path / "run.jsonl"
-    with watch(block, run="ckpt", spool=path, diagnose=False) as monitor:
+    with watch(block, run="ckpt", every=1, spool=path, diagnose=False) as monitor:
         loss = checkpoint(block, x, use_reentrant=False).sum()
         loss.backward()
         monitor.step(loss)
@@ -175,7 +175,7 @@ def test_grad_scaler_norms_are_unscaled(tmp_path: Path) -> None:
     reference = {n: p.grad.norm().item() for n, p in model.named_parameters()}  # type: ignore[union-attr]
     model.zero_grad()
     path = tmp_path / "run.jsonl"
-    with watch(model, run="amp", spool=path, scaler=scaler, diagnose=False) as monitor:
+    with watch(model, run="amp", every=1, spool=path, scaler=scaler, diagnose=False) as monitor:
         for _ in range(2):
             loss = model(x).pow(2).sum()
             opt.zero_grad()
@@ -190,7 +190,7 @@ def test_grad_scaler_norms_are_unscaled(tmp_path: Path) -> None:
 def test_a_quantity_that_fails_is_warned_about_once_and_left_out(tmp_path: Path) -> None:
     model = nn.Linear(2, 1)
     path = tmp_path / "run.jsonl"
-    monitor = watch(model, run="broken", spool=path, diagnose=False)
+    monitor = watch(model, run="broken", every=1, spool=path, diagnose=False)
     params = next(q for q in monitor.quantities if q.name == "param_norms")
 
     def broken(payload: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +227,7 @@ def test_nonfinite_parameters_come_in_backward_order_nearest_the_loss_first(
 ) -> None:
     model = BreaksInBackward()
     path = tmp_path / "run.jsonl"
-    with watch(model, run="nan-order", spool=path, diagnose=False) as monitor:
+    with watch(model, run="nan-order", every=1, spool=path, diagnose=False) as monitor:
         loss = model(torch.ones(1, 2)).sum()
         assert torch.isfinite(loss)
         loss.backward()

@@ -46,7 +46,9 @@ def test_norms_stay_unscaled_while_the_scale_doubles_and_halves_on_overflow(
     model.zero_grad()
     scales = []
     path = tmp_path / "run.jsonl"
-    with watch(model, run="amp-moving", spool=path, scaler=scaler, diagnose=False) as monitor:
+    with watch(
+        model, run="amp-moving", every=1, spool=path, scaler=scaler, diagnose=False
+    ) as monitor:
         for x in inputs:
             scales.append(scaler.get_scale())
             loss = model(x).pow(2).sum()

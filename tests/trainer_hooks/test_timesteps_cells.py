@@ -305,19 +305,49 @@ def test_an_output_changed_in_place_after_the_call_is_warned_about_once(
     assert len(record["timesteps"]["cell"]["hidden"]) == 4
 
 
-def test_a_loop_larger_than_the_row_buffer_gives_the_same_norms(
-    captured_step: Any, monkeypatch: pytest.MonkeyPatch,
+def test_a_float32_loop_gets_the_float64_norms_of_its_float32_gradients(
+    captured_step: Any,
 ) -> None:
-    """Past the kept buffer's size the norms are taken from a fresh stack, unchanged."""
-    from gradwatch.trainer_hooks.quantities import cells
-
+    """Float32 gradients are reduced accumulating in float64: equal, to float64
+    rounding, to the norm of autograd's own gradients cast to float64."""
     torch.manual_seed(8)
-    model = Loop(nn.LSTMCell(3, 5).double())
-    x = torch.randn(6, 2, 3, dtype=F64)
+    model = Loop(nn.LSTMCell(3, 5))
+    x = torch.randn(6, 2, 3)
     kept: list[Any] = []
     model.run(x, kept).backward()
     want = norms([s[0] for s in kept])
-    for limit in (cells.ROW_BUFFER_MAX, 10):  # the kept buffer, then the fresh stack
-        monkeypatch.setattr(cells, "ROW_BUFFER_MAX", limit)
-        record = captured_step(model, lambda: model.run(x).backward())
-        torch.testing.assert_close(series(record, "cell", "hidden"), want, rtol=1e-12, atol=0.0)
+    record = captured_step(model, lambda: model.run(x).backward())
+    torch.testing.assert_close(series(record, "cell", "hidden"), want, rtol=1e-12, atol=0.0)
+
+
+@pytest.mark.parametrize(
+    ("scale", "dtype"),
+    [(1e-300, F64), (1e-200, F64), (1.0, F64), (1e300, F64), (1e-40, torch.float32),
+     (1e-30, torch.float32), (1e30, torch.float32)],
+)
+def test_norms_are_right_down_to_1e_300(scale: float, dtype: torch.dtype) -> None:
+    """Exact to float64 rounding from the largest values to 1e-300 (float64 gradients,
+    scaled) and to float32's subnormals (float32 gradients, float64 accumulation)."""
+    import math
+
+    from gradwatch.trainer_hooks.quantities.cells import grad_norms
+
+    torch.manual_seed(3)
+    grads = [(torch.randn(4, 8, dtype=F64) * scale).to(dtype) for _ in range(3)]
+    want = [
+        scale * math.sqrt(math.fsum((v / scale) ** 2 for v in g.to(F64).flatten().tolist()))
+        for g in grads
+    ]
+    got = grad_norms(grads)
+    assert got.dtype == F64
+    torch.testing.assert_close(got, torch.tensor(want, dtype=F64), rtol=1e-12, atol=0.0)
+
+
+def test_norms_of_zero_and_non_finite_gradients() -> None:
+    from gradwatch.trainer_hooks.quantities.cells import grad_norms
+
+    for dtype in (F64, torch.float32):
+        grads = [torch.zeros(3, dtype=dtype), torch.tensor([1.0, float("inf"), 2.0], dtype=dtype),
+                 torch.tensor([1.0, float("nan"), 2.0], dtype=dtype)]
+        got = grad_norms(grads).tolist()
+        assert got[0] == 0.0 and got[1] == float("inf") and got[2] != got[2]

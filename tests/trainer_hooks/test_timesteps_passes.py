@@ -82,7 +82,7 @@ def test_lbfgs_closure_reports_the_last_evaluation_and_counts_the_passes(
         loss.backward()
         return loss
 
-    with watch(model, run="lbfgs", spool=path, diagnose=False) as monitor:
+    with watch(model, run="lbfgs", every=1, spool=path, diagnose=False) as monitor:
         for _ in range(2):
             evaluations.clear()
             loss = optimizer.step(closure)
@@ -115,7 +115,7 @@ def test_gradient_accumulation_keeps_every_micro_batch_in_call_order(tmp_path: P
     model = CellLoop(hidden=6).double()
     batches = [(torch.randn(2, n, dtype=F64), torch.randn(2, 1, dtype=F64)) for n in (5, 3)]
     path = tmp_path / "accumulate.jsonl"
-    with watch(model, run="accumulate", spool=path, diagnose=False) as monitor:
+    with watch(model, run="accumulate", every=1, spool=path, diagnose=False) as monitor:
         for x, y in batches:
             (model(x) - y).pow(2).mean().backward()  # .grad accumulates
         monitor.step(None)
@@ -135,7 +135,7 @@ def test_a_second_backward_over_a_retained_graph_adds_up_like_grad(tmp_path: Pat
     model = CellLoop(hidden=4).double()
     x, y = torch.randn(3, 6, dtype=F64), torch.randn(3, 1, dtype=F64)
     path = tmp_path / "retain.jsonl"
-    with watch(model, run="retain", spool=path, diagnose=False) as monitor:
+    with watch(model, run="retain", every=1, spool=path, diagnose=False) as monitor:
         loss = (model(x) - y).pow(2).mean()
         loss.backward(retain_graph=True)
         (2 * loss).backward()  # the same graph again: .grad holds 3x one pass
@@ -155,7 +155,7 @@ def test_calls_after_the_last_backward_are_left_out_and_one_pass_sends_no_count(
     model = CellLoop(hidden=4).double()
     x, y = torch.randn(2, 7, dtype=F64), torch.randn(2, 1, dtype=F64)
     path = tmp_path / "after.jsonl"
-    with watch(model, run="after", spool=path, diagnose=False) as monitor:
+    with watch(model, run="after", every=1, spool=path, diagnose=False) as monitor:
         loss = (model(x) - y).pow(2).mean()
         loss.backward()
         model(torch.randn(2, 4, dtype=F64))  # with grad on, never back-propagated
@@ -183,7 +183,7 @@ def test_a_fused_lstm_under_lbfgs_reports_the_last_evaluations_input_gradient(
         return loss
 
     path = tmp_path / "fused.jsonl"
-    with watch(lstm, run="fused", spool=path, diagnose=False) as monitor:
+    with watch(lstm, run="fused", every=1, spool=path, diagnose=False) as monitor:
         monitor.step(optimizer.step(closure))
     (record,) = steps_of(path)
     last = nn.LSTM(2, 5, batch_first=True).double()

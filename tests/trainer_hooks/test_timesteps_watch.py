@@ -81,7 +81,7 @@ def test_watch_with_exact_hidden_adds_the_hidden_series(tmp_path: Path) -> None:
     torch.manual_seed(1)
     model = Model()
     spool = tmp_path / "run.jsonl"
-    with watch(model, run="x", spool=spool, exact_hidden=2, diagnose=False) as monitor:
+    with watch(model, run="x", every=1, spool=spool, exact_hidden=2, diagnose=False) as monitor:
         for _ in range(3):
             loss = model(torch.randn(2, 5, 1))
             loss.backward()

@@ -54,6 +54,9 @@ class Quantity:
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []
         self.capturing = False
+        #: whether this step captures the heavy quantities (set by the Monitor for
+        #: light quantities too: heavy steps build a few more autograd nodes)
+        self.heavy_step = False
         #: seconds this quantity's hooks spent on the training thread since the Monitor
         #: last read it; hooks may add to it (``time.perf_counter()`` deltas) and the
         #: Monitor sums it into the step's ``overhead`` and resets it.

@@ -104,9 +104,19 @@ class ParamNorms(Quantity):
             for local, p in module.named_parameters(recurse=False):
                 if local.startswith(_GATED_PREFIXES) and id(p) in index:
                     self._gated.append((index[id(p)], gates))
-        for i, p in enumerate(self._params):
-            hook = partial(self._on_grad, i)
-            self._handles.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
+        self._arm(True)
+
+    def _arm(self, on: bool) -> None:
+        """Hook the parameters for a heavy step, unhook them for a light one: a hook
+        that only returns still costs autograd a Python call per parameter per
+        backward (a 4-layer transformer has 50 parameters), while adding or removing
+        them happens only where a heavy step follows a light one or back."""
+        if on and not self._handles:
+            for i, p in enumerate(self._params):
+                hook = partial(self._on_grad, i)
+                self._handles.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
+        elif not on and self._handles:
+            super().detach()
 
     def _on_grad(self, index: int, param: torch.Tensor) -> None:
         # After each parameter's gradient is accumulated, in backward order. The first
@@ -208,9 +218,15 @@ class ParamNorms(Quantity):
 
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
+        if self._params:
+            self._arm(capture)
         self._pending = None
         self.passes = self.since_reset = 0
         self._left = []
+
+    def detach(self) -> None:
+        super().detach()
+        self._params = []  # start_step no longer hooks them again
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
         pending, self._pending = self._pending, None

@@ -22,6 +22,16 @@ The check reads the incoming tensor's ``grad_fn`` on every
 call and, on a module's first call in a step, walks at most ``WALK_LIMIT`` nodes
 upstream (the state may have passed through a few ops since it was produced).
 
+Paced by what it detects: the pre-hooks are on the modules only on checked steps
+(a cell loop otherwise pays a hooked call per cell call on every step). Checked are
+the first ``FIRST_CHECKS`` steps, then steps at doubling gaps up to every
+``MAX_PACE``-th, and the step after any structure change: the number of autograd
+nodes a step creates (the loss's node number less the step's mark, read in O(1))
+differs from the step before, or training moved to another thread. A stale state
+built in from the start shows at step 1; one that appears later comes with a
+change in the graph a step builds (a tree keeping last epoch's states builds fewer
+nodes) or is caught within ``MAX_PACE`` steps.
+
 Example:
     >>> import torch
     >>> rnn = torch.nn.RNN(2, 3)
@@ -48,6 +58,10 @@ from .base import Quantity
 
 #: nodes walked upstream of an incoming tensor on a module's first call in a step
 WALK_LIMIT = 32
+#: the first steps are always checked (state carried from step 0 shows at step 1)
+FIRST_CHECKS = 4
+#: the longest gap between two checked steps once nothing changes
+MAX_PACE = 64
 #: a node whose sequence number is this large is a leaf (AccumulateGrad), not an op
 _LEAF_SEQUENCE = 2**63
 
@@ -167,6 +181,16 @@ class StaleState(Quantity):
         self._alerted: set[str] = set()
         self._alerts: list[dict[str, Any]] = []
         self.modules: list[str] = []
+        self._watched: list[nn.Module] = []
+        self._armed = False
+        #: steps checked so far (``checked`` is this step's); the next due and the gap
+        self.checked = 0
+        self.checking = False
+        self._due = 0
+        self._pace = 1
+        # autograd nodes the last light and the last heavy step created (heavy steps'
+        # capture adds a few of its own)
+        self._created: dict[bool, int] = {}
 
     def attach(self, model: nn.Module) -> None:
         for name, module in find_recurrent(model, self.cells):
@@ -174,9 +198,23 @@ class StaleState(Quantity):
             name = name or type(module).__name__
             self._names[id(module)] = name
             self.modules.append(name)
-            self._handles.append(
-                module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
-            )
+            self._watched.append(module)
+        self._arm(True)
+
+    def _arm(self, on: bool) -> None:
+        """Put the pre-hooks on the modules for a checked step, take them off else."""
+        if on and not self._armed:
+            for module in self._watched:
+                self._handles.append(
+                    module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+                )
+        elif not on and self._armed:
+            super().detach()
+        self._armed = on
+
+    def detach(self) -> None:
+        self._arm(False)
+        self._watched = []
 
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
@@ -189,9 +227,19 @@ class StaleState(Quantity):
             self._thread = thread
             self._marks = _StepMarks()
             self._last_loss_node = None
+            self._created = {}
+            self._due, self._pace = self.step, 1
         self._mark = self._marks.start(self.step, self._last_loss_node)
         self._last_loss_node = None
         self._seen_this_step.clear()
+        self.checking = self.step < FIRST_CHECKS or self.step >= self._due
+        if self.checking:
+            self.checked += 1
+            if self.step >= FIRST_CHECKS:
+                self._due = self.step + self._pace
+                self._pace = min(2 * self._pace, MAX_PACE)
+        if self._watched:
+            self._arm(self.checking and len(self._alerted) < len(self._watched))
 
     def _pre_forward(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -273,6 +321,12 @@ class StaleState(Quantity):
         # only its number is needed; holding the node past start_step would keep the graph
         same_thread = threading.get_ident() == self._thread
         self._last_loss_node = node if same_thread else None
+        if node is not None and same_thread and self._mark is not None:
+            created = int(node._sequence_nr()) + 1 - self._mark
+            before = self._created.get(self.heavy_step)
+            if before is not None and created != before:
+                self._due, self._pace = self.step + 1, 1  # the graph changed: check next
+            self._created[self.heavy_step] = created
         alerts, self._alerts = self._alerts, []
         return {"alerts": alerts} if alerts else {}
 

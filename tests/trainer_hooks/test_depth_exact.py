@@ -188,7 +188,7 @@ def test_micro_batches_combine_as_one_batch(tmp_path: Path) -> None:
 
     expected = reference_norms(twin, list(twin.blocks), run)
     path = tmp_path / "run.jsonl"
-    with watch(model, run="depth", spool=path, diagnose=False) as monitor:
+    with watch(model, run="depth", every=1, spool=path, diagnose=False) as monitor:
         for x in xs:  # gradient accumulation: one backward per micro-batch
             model(x).sum().backward()
         monitor.step()
@@ -213,7 +213,7 @@ def test_lbfgs_step_reports_the_last_evaluation(tmp_path: Path) -> None:
         return loss
 
     path = tmp_path / "run.jsonl"
-    with watch(model, run="depth", spool=path, diagnose=False) as monitor:
+    with watch(model, run="depth", every=1, spool=path, diagnose=False) as monitor:
         optimizer.step(closure)
         monitor.step()
     (record,) = steps_of(path)
@@ -267,7 +267,7 @@ def test_grad_scaler_depth_is_unscaled_while_the_scale_moves(tmp_path: Path) -> 
     xs = [torch.randn(4, 3) * (1 + i) for i in range(3)]
     expected = [reference_norms(twin, list(twin.blocks), lambda m, x=x: m(x).sum()) for x in xs]
     path = tmp_path / "run.jsonl"
-    with watch(model, run="depth", spool=path, diagnose=False, scaler=scaler) as monitor:
+    with watch(model, run="depth", every=1, spool=path, diagnose=False, scaler=scaler) as monitor:
         for x in xs:
             loss = model(x).sum()
             opt.zero_grad()

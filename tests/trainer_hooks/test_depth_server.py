@@ -38,7 +38,7 @@ def test_depth_update_ratios_and_spike_reach_a_real_server(
     blocks = [model[1], model[2], model[3]]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = watch(model, run="depth", server=server.url, spool=tmp_path / "outbox.jsonl",
-                    blocks=[{"trunk": blocks}], quiet=True)
+                    blocks=[{"trunk": blocks}], every=1, quiet=True)
     for step in range(30):
         x = torch.randn(16, 2)
         y = x.sum(1, keepdim=True) * (50.0 if step == 25 else 1.0)  # a bad batch at step 25

@@ -52,7 +52,7 @@ def train(path: Path, steps: int, poison: int | None, seed: int) -> None:
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
     w = torch.randn(4, 1)
-    with watch(model, run="spike", spool=path) as monitor:
+    with watch(model, run="spike", every=1, spool=path) as monitor:
         for step in range(steps):
             x = torch.randn(32, 4)
             y = x @ w + 0.1 * torch.randn(32, 1)

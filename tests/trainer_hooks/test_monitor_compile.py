@@ -77,7 +77,7 @@ def test_a_compiled_stack_gets_no_graph_break_from_the_depth_hooks(tmp_path: Pat
     model = Stack()
     x = torch.randn(2, 4)
     path = tmp_path / "compiled.jsonl"
-    with watch(model, run="compiled", spool=path, diagnose=False) as monitor:
+    with watch(model, run="compiled", every=1, spool=path, diagnose=False) as monitor:
         # fullgraph=True refuses any graph break: a hook that broke the graph would raise
         compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
         for _ in range(2):

@@ -129,7 +129,7 @@ def alerts_and_steps(
     torch.manual_seed(0)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     spool = tmp_path / "s2s.jsonl"
-    with watch(model, run="s2s", spool=spool, profile=True) as monitor:
+    with watch(model, run="s2s", every=1, spool=spool, profile=True) as monitor:
         for _ in range(4):
             src = torch.randint(1, 12, (8, 10))
             out = model(src, src.flip(1))

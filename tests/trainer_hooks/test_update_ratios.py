@@ -44,7 +44,7 @@ def test_update_ratios_equal_a_snapshot_around_optimizer_step(
     optimizer = OPTIMIZERS[kind](model.parameters())
     path = tmp_path / "run.jsonl"
     expected: list[dict[str, float]] = []
-    with watch(model, run="ratios", spool=path, diagnose=False) as monitor:
+    with watch(model, run="ratios", every=1, spool=path, diagnose=False) as monitor:
         for step in range(4):
             x = torch.randn(16, 4, dtype=dtype)
             loss = model(x).square().mean()

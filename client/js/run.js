@@ -10,7 +10,7 @@ import { FrameBatcher } from "./batcher.js";
 import { purgeAll } from "./charts.js";
 import { drawAll } from "./lazy.js";
 import { connect } from "./live.js";
-import { heatmapKeys, historySeries, latestFromHistory } from "./history.js";
+import { bySeries, heatmapKeys, historySeries, latestFromHistory } from "./history.js";
 import { fmt, fmtBytes, fmtSeconds, num, seriesValues } from "./num.js";
 import { panel, RollingMedian, specs } from "./panels.js";
 import { Profile } from "./profile.js";
@@ -18,6 +18,8 @@ import { RanksView } from "./ranks.js";
 import { alertCount, CHART_INFO, heatmapPanel, lineSearch, NO_DATA, scalePicker, TrendNote } from "./runparts.js";
 import { LineChart, nonFiniteNote, recordFields } from "./series.js";
 import { state, stats } from "./state.js";
+
+const domOrder = (a, b) => (a.compareDocumentPosition(b) & Node.DOCUMENT_POSITION_FOLLOWING ? -1 : 1);
 
 export class RunView {
   constructor(root, runId, { rank = 0, replay = false } = {}) {
@@ -353,7 +355,14 @@ export class RunView {
     this.heatmaps.set(key, h);
     if (this.noHeat) this.noHeat.remove();
     this.noHeat = null;
-    this.heatGrid.insertBefore(h.panel.section, this.profile.panel.section);
+    // Beside its module's other heatmaps, in their order (a layer's after the input).
+    const later = [...this.heatmaps.values()].filter(({ view }) => view.module === module && bySeries(view.series, series) > 0)
+      .sort((a, b) => bySeries(a.view.series, b.view.series));
+    const siblings = [...this.heatmaps.values()].filter(({ view }) => view.module === module && view !== h.view);
+    const before = later.length ? later[0].panel.section
+      : siblings.length ? siblings.map(({ panel: p }) => p.section).sort(domOrder).pop().nextSibling
+        : this.profile.panel.section;
+    this.heatGrid.insertBefore(h.panel.section, before);
     h.view.setHistory(null);
     if (this.byPanel && this.observer) {
       this.byPanel.set(h.panel.section, h.view);

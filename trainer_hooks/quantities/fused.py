@@ -28,6 +28,7 @@ every layer's input).
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections import OrderedDict
@@ -152,7 +153,7 @@ class FusedCapture:
                 lambda inputs: self._hook_layers(call, x, inputs),
                 lambda e: self.owner.warn_failure("per-layer capture", e),
             )
-            self._split.__enter__()
+            self._split.__enter__()  # type: ignore[no-untyped-call]
         new_x: Any = (
             PackedSequence(probe, x.batch_sizes, x.sorted_indices, x.unsorted_indices)
             if packed
@@ -180,16 +181,12 @@ class FusedCapture:
         for layer, layer_input in enumerate(inputs, start=1):
             name, kept = f"layer{layer}", _Kept()
             call.series[name] = None
-            hook_tensor(layer_input, lambda g, kept=kept: self._on_grad(step, call, kept, g))
+            hook_tensor(layer_input, functools.partial(self._on_grad, step, call, kept))
             if packed:
                 index = self._index_for(x.batch_sizes, layer_input.device)
-                call.finalizers.append(
-                    lambda kept=kept, index=index, name=name: _packed_norms(call, kept, index, name)
-                )
+                call.finalizers.append(functools.partial(_packed_norms, call, kept, index, name))
             else:
-                call.finalizers.append(
-                    lambda kept=kept, name=name: _norms(call, kept, time_dim, name)
-                )
+                call.finalizers.append(functools.partial(_norms, call, kept, time_dim, name))
 
     @eager
     def _post(

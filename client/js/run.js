@@ -162,9 +162,10 @@ export class RunView {
     const status = String(s.status ?? "unknown");
     this.statusNode.className = `badge ${status}`;
     this.statusNode.textContent = this.replay ? `replay · ${status}` : status;
-    this.subNode.textContent = [`run ${s.id}`, s.host ? `on ${s.host}` : null,
+    const sub = [`run ${s.id}`, s.host ? `on ${s.host}` : null,
       `ranks ${(s.ranks || [0]).join(", ")}`, `last step ${fmt(s.last_step)}`, `${alertCount(this)} alerts`]
       .filter(Boolean).join(" · ");
+    if (this.subNode.textContent !== sub) this.subNode.textContent = sub;
   }
 
   renderStats(rec) {
@@ -174,7 +175,15 @@ export class RunView {
       ["total norm", fmt(rec.total_norm)], ["step time", fmtSeconds(rec.duration_s)],
       ["graph nodes", fmt(rec.graph_nodes)], ["memory", fmtBytes(rec.rss_bytes)],
       ["gradwatch overhead", rec.overhead === undefined ? "–" : `${(num(rec.overhead) * 100).toFixed(1)} %`]];
-    replaceChildren(this.statsNode, items.map(([k, v]) => el("div", { class: "stat" }, el("span", { class: "k" }, k), el("span", { class: "v", dataset: { stat: k } }, v))));
+    // Built once, then only the values that changed are rewritten (this runs per draw).
+    if (!this.statValues || !this.statValues.size || !this.statsNode.contains(this.statValues.values().next().value)) {
+      this.statValues = new Map(items.map(([k]) => [k, el("span", { class: "v", dataset: { stat: k } })]));
+      replaceChildren(this.statsNode, items.map(([k]) => el("div", { class: "stat" }, el("span", { class: "k" }, k), this.statValues.get(k))));
+    }
+    for (const [k, v] of items) {
+      const node = this.statValues.get(k);
+      if (node.textContent !== v) node.textContent = v;
+    }
   }
 
   /**
@@ -247,12 +256,12 @@ export class RunView {
   observeVisibility() {
     const byPanel = new Map();
     this.byPanel = byPanel;
-    for (const { view, panel: p } of [...this.lineCharts(), ...this.heatmaps.values()]) byPanel.set(p.section, view);
+    for (const { view, panel: p } of [...this.lineCharts(), ...this.heatmaps.values(), this.profile]) byPanel.set(p.section, view);
     if (!byPanel.size) return Promise.resolve();
     return new Promise((resolve) => {
       let first = true;
       this.observer = new IntersectionObserver((entries) => {
-        const draws = entries.map((e) => byPanel.get(e.target).setVisible(e.isIntersecting));
+        const draws = entries.map((e) => Promise.resolve(byPanel.get(e.target).setVisible(e.isIntersecting)));
         if (first) {
           first = false;
           Promise.all(draws).then(resolve);

@@ -5,7 +5,7 @@
 import { api } from "./api.js";
 import { axis, plot, purgeAll } from "./charts.js";
 import { el, replaceChildren } from "./dom.js";
-import { FrameBatcher } from "./batcher.js";
+import { CHARTS as CHART_PACE, FrameBatcher } from "./batcher.js";
 import { HeatLink, Heatmap } from "./heatmap.js";
 import { heatmapKeys } from "./history.js";
 import { connect } from "./live.js";
@@ -36,7 +36,7 @@ export class CompareView {
     this.heatmaps = {};
     this.loaded = false;
     this.buffer = [];
-    this.batcher = new FrameBatcher((items) => this.flush(items));
+    this.batcher = new FrameBatcher((items) => this.flush(items), CHART_PACE);
     this.sockets = [];
     this.heatLink = new HeatLink(); // both heatmaps on one colour range
   }

@@ -6,7 +6,7 @@
 import { api, href } from "./api.js";
 import { el, replaceChildren } from "./dom.js";
 import { AlertsPanel, alertTarget, opensProblem } from "./alerts.js";
-import { FrameBatcher } from "./batcher.js";
+import { CHARTS, FrameBatcher, NUMBERS } from "./batcher.js";
 import { purgeAll } from "./charts.js";
 import { drawAll } from "./lazy.js";
 import { connect } from "./live.js";
@@ -27,7 +27,12 @@ export class RunView {
     this.runId = runId;
     this.rank = rank;
     this.replay = replay;
-    this.batcher = new FrameBatcher((items) => this.flush(items));
+    this.batcher = new FrameBatcher((items) => this.flush(items), NUMBERS);
+    // Charts are redrawn at their own, slower pace (batcher.js): numbers stay quick.
+    // (A replay is watched as it plays: its charts keep the quicker pace.)
+    this.chartPace = new FrameBatcher(() => this.drawCharts(), replay ? NUMBERS : CHARTS);
+    this.rankItems = [];
+    this.profileChanged = false;
     this.buffer = []; // live records that arrive while history loads
     this.loaded = false;
     this.charts = new Map();
@@ -60,6 +65,7 @@ export class RunView {
     if (this.observer) this.observer.disconnect();
     if (this.live) this.live.close();
     this.batcher.close();
+    this.chartPace.close();
     purgeAll();
   }
 
@@ -279,7 +285,10 @@ export class RunView {
     if (alert.code === "vanishing" && alert.subject && h !== null && Number.isFinite(h)) this.profile.view.horizons.set(alert.subject, h);
   }
 
-  /** Draw pending live records: one extendTraces per chart per frame. */
+  /**
+   * Pending live records: the numbers (stats, header, alerts, trend note) now; the
+   * charts' points are kept for drawCharts, at the charts' pace.
+   */
   flush(items) {
     const points = [];
     const rows = new Map();
@@ -287,7 +296,7 @@ export class RunView {
     let alertsChanged = false;
     let profileChanged = false;
     let trendChanged = false;
-    if (this.ranksView) this.ranksView.push(items);
+    if (this.ranksView) this.rankItems.push(...items);
     for (const { rank, rec } of items) {
       if (rank !== this.rank && rec.kind !== "alert") continue; // drawn by ranksView above
       if (rec.kind === "step") {
@@ -325,19 +334,36 @@ export class RunView {
         this.renderHeader();
       }
     }
-    for (const { view } of this.charts.values()) view.push(points);
+    for (const { view } of this.charts.values()) view.hold(points);
     for (const [key, list] of rows) {
       const h = this.heatmaps.get(key) || this.addHeatmap(key);
-      h.view.push(list);
+      h.view.hold(list);
     }
+    this.profileChanged ||= profileChanged;
+    this.chartPace.push(true);
     if (trendChanged) this.trendNote.render();
-    if (profileChanged) this.profile.view.redraw();
     if (alertsChanged) this.alertsPanel.render();
     if (lastStep) {
       this.renderStats(lastStep);
       this.summary.last_step = Math.max(num(this.summary.last_step) ?? -1, lastStep.step);
     }
     if (lastStep || alertsChanged) this.renderHeader();
+    this.updateNoData();
+  }
+
+  /** Draw what the charts on screen hold (the others draw when scrolled to, lazy.js). */
+  drawCharts() {
+    if (this.closed) return;
+    if (this.ranksView && this.rankItems.length) {
+      const items = this.rankItems;
+      this.rankItems = [];
+      this.ranksView.push(items);
+    }
+    for (const { view } of [...this.charts.values(), ...this.heatmaps.values()]) view.catchUp();
+    if (this.profileChanged) {
+      this.profileChanged = false;
+      this.profile.view.redraw();
+    }
     this.updateNoData();
   }
 

@@ -12,7 +12,18 @@
    frames and frames longer than 50 ms. Run twice: records drawn once per animation
    frame (the dashboard) and once per message (window.gradwatch.unbatched), side by side.
 
+3. Cost of leaving it open (--only cpu). Real trainer sinks (gradwatch's own
+   WebSocketSink: columns, packed series, acks) stream step records at --rate steps/s
+   per run into a real `gradwatch serve`: one run watched in its run view, and 8 runs
+   on the runs list. The renderer's main thread is read from Chromium itself (CDP
+   Performance.getMetrics): TaskDuration (main-thread tasks, wall time), ThreadTime
+   (its CPU time), and the Script / Layout / RecalcStyle parts, over a window of
+   --seconds after the page has painted, as a share of one core. With --baseline REF
+   the client of git REF (client/ as it was there, served through page.route) is
+   measured in the same process, blocks alternating: before / after side by side.
+
 Run: .venv/bin/python bench/dashboard.py [--steps 1000000] [--seconds 20] [--repeats 5]
+     .venv/bin/python bench/dashboard.py --only cpu --seconds 30 --blocks 2 --baseline 170c7c3
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import socket
 import statistics
@@ -221,6 +233,144 @@ def live(
     }
 
 
+GATES = {f"lstm.weight_{w}_l{i}": "ifgo" for w in ("ih", "hh") for i in (0, 1)}
+
+
+def realistic_step(step: int) -> dict[str, Any]:
+    """What a watched 2-layer LSTM sends on a heavy step: two 121-step series, 20
+    parameter norms, 16 gate norms, the scalars."""
+    rec = step_record(step, True)
+    rec["timesteps"]["lstm"]["layer1"] = [0.4 * 0.85 ** (120 - t) for t in range(121)]
+    rec["gate_norms"] = {p: {g: random.random() for g in gates} for p, gates in GATES.items()}
+    return rec
+
+
+class Streams:
+    """`runs` real sinks, each sending one step record every 1/rate s until stopped."""
+
+    def __init__(self, server: Server, runs: int, rate: float) -> None:
+        from gradwatch.protocol.sender import WebSocketSink
+
+        self.ids = [str(uuid.uuid4()) for _ in range(runs)]
+        self.sinks = [
+            WebSocketSink(server.url, json.loads(hello(run_id, f"live-{i}")), announce=False,
+                          spool=Path(tempfile.mkdtemp()) / "spool.jsonl")
+            for i, run_id in enumerate(self.ids)
+        ]  # fmt: skip
+        for sink in self.sinks:
+            sink.send([realistic_step(0)])
+            sink.flush(timeout=30)
+        self.rate = rate
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        step, next_at = 1, time.monotonic()
+        while not self.stop.is_set():
+            for sink in self.sinks:
+                sink.send([realistic_step(step)])
+            step += 1
+            next_at += 1 / self.rate
+            self.stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        for sink in self.sinks:
+            sink.close(timeout=10)
+
+
+def baseline_client(ref: str, into: Path) -> Path:
+    """client/ as it was at git ``ref``, extracted under ``into``."""
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref, "client"],
+                             check=True, capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "client"
+
+
+def open_measured(browser: Any, server: Server, hash_: str, client: Path | None) -> Any:
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    if client is not None:  # the baseline arm: the old client's files, same server
+
+        def old_file(route: Any) -> None:
+            path = route.request.url.split("/static/", 1)[1].split("?")[0]
+            kind = "text/css" if path.endswith(".css") else "text/javascript"
+            route.fulfill(body=(client / path).read_bytes(), content_type=kind)
+
+        page.route(f"{server.http}/static/js/**", old_file)
+        # (index.html comes from the server in both arms: a fulfilled document would
+        # count as a public page, and Chromium blocks its websocket to 127.0.0.1)
+        page.route(f"{server.http}/static/style.css", old_file)
+    page.goto(f"{server.http}/{hash_}")
+    page.wait_for_selector("body[data-painted='1']", timeout=60_000)
+    return page
+
+
+METRICS = ("TaskDuration", "ThreadTime", "ScriptDuration", "LayoutDuration",
+           "RecalcStyleDuration")  # fmt: skip
+
+
+def main_thread(pages: list[Any], seconds: float) -> dict[str, float]:
+    """Each metric's growth over ``seconds``, summed over pages, as a share of one core."""
+    sessions = [p.context.new_cdp_session(p) for p in pages]
+    for cdp in sessions:
+        cdp.send("Performance.enable")
+
+    def read() -> list[dict[str, float]]:
+        return [{m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+                for cdp in sessions]  # fmt: skip
+
+    count = "() => window.gradwatch.stats.records"
+    before, t0, seen = read(), time.monotonic(), [p.evaluate(count) for p in pages]
+    time.sleep(seconds)  # the measurement window itself
+    after, elapsed = read(), time.monotonic() - t0
+    seen = [p.evaluate(count) - s for p, s in zip(pages, seen, strict=True)]
+    out = {m: sum(a.get(m, 0) - b.get(m, 0) for a, b in zip(after, before, strict=True)) / elapsed
+           for m in METRICS}  # fmt: skip
+    out["records_per_s"] = sum(seen) / elapsed  # records the page received (run view)
+    return out
+
+
+def cpu_table(browser: Any, server: Server, args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        old = baseline_client(args.baseline, Path(tmp)) if args.baseline else None
+        arms = [("before", old), ("after", None)] if old is not None else [("now", None)]
+        print(f"\nmain thread of the renderer, % of one core, {args.seconds:.0f} s windows, "
+              f"{args.blocks} blocks per arm, alternating; load average {load()}")  # fmt: skip
+        head = ("view", "client", "Task", "Thread CPU", "Script", "Layout", "Style", "rec/s")
+        print("{:>26} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6} {:>6}".format(*head))
+        for label, runs, hash_of in (
+            (f"run view, 1 run x {args.rate:g}/s", 1, lambda ids: f"#/run/{ids[0]}"),
+            (f"runs list, {args.runs} runs x {args.rate:g}/s", args.runs, lambda ids: "#/"),
+        ):
+            streams = Streams(server, runs, args.rate)
+            try:
+                results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in arms}
+                for _ in range(args.blocks):
+                    for name, client in arms:
+                        page = open_measured(browser, server, hash_of(streams.ids), client)
+                        time.sleep(2)  # let the first paint's idle-time drawing finish
+                        results[name].append(main_thread([page], args.seconds))
+                        page.close()
+                for name, _ in arms:
+                    blocks = results[name]
+                    r = {k: statistics.median(b[k] for b in blocks) for k in blocks[0]}
+                    pct = {k: 100 * v for k, v in r.items()}
+                    print(f"{label:>26} {name:>7} {pct['TaskDuration']:5.1f}% "
+                          f"{pct['ThreadTime']:9.1f}% {pct['ScriptDuration']:6.1f}% "
+                          f"{pct['LayoutDuration']:6.1f}% {pct['RecalcStyleDuration']:5.1f}% "
+                          f"{r['records_per_s']:6.1f}")  # fmt: skip
+            finally:
+                streams.close()
+        print(f"load average at the end {load()}")
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def paint_table(browser: Any, server: Server, runs: dict[str, str], repeats: int) -> None:
     first_paint(browser, server, next(iter(runs.values())))  # warm the cache of plotly.min.js
     results = {}
@@ -256,7 +406,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--runs", type=int, default=8)
-    ap.add_argument("--only", choices=("paint", "live"), default=None, help="one half only")
+    ap.add_argument("--only", choices=("paint", "live", "cpu"), default=None, help="one part only")
+    ap.add_argument("--rate", type=float, default=10.0, help="cpu: steps/s per run")
+    ap.add_argument("--blocks", type=int, default=2, help="cpu: windows per arm, alternating")
+    ap.add_argument("--baseline", default=None, help="cpu: also measure the client of this git ref")
     args = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -264,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
         server = Server(str(Path(tmp) / "bench.db"))
         try:
             runs = {}
-            if args.only != "live":
+            if args.only in (None, "paint"):
                 t0 = time.perf_counter()
                 runs["1e3 steps"] = ingest(server, "short", 1000, 1)
                 runs[f"{args.steps:.0e} steps"] = ingest(server, "long", args.steps, 1000)
@@ -274,10 +427,12 @@ def main(argv: list[str] | None = None) -> None:
                 browser = p.chromium.launch(
                     executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
                 )
-                if args.only != "live":
+                if args.only in (None, "paint"):
                     paint_table(browser, server, runs, args.repeats)
-                if args.only != "paint":
+                if args.only in (None, "live"):
                     live_table(browser, server, args.runs, args.seconds)
+                if args.only in (None, "cpu"):
+                    cpu_table(browser, server, args)
                 browser.close()
         finally:
             server.stop()

@@ -5,18 +5,20 @@
 import { api } from "./api.js";
 import { axis, plot, purgeAll } from "./charts.js";
 import { el, replaceChildren, visible } from "./dom.js";
-import { FrameBatcher } from "./batcher.js";
+import { CHARTS as CHART_PACE, FrameBatcher } from "./batcher.js";
 import { HeatLink, Heatmap } from "./heatmap.js";
 import { heatmapKeys } from "./history.js";
 import { connect } from "./live.js";
 import { seriesValues } from "./num.js";
 import { panel } from "./panels.js";
 import { profileLayout, profileTraces } from "./profile.js";
+import { heatTitle as panelTitle } from "./runparts.js";
 import { finite, LineChart, positive } from "./series.js";
 import { state, stats } from "./state.js";
 
 const COLORS = { A: "#1f77b4", B: "#ff7f0e" };
-const heatTitle = (name, module, series) => `${name}: ${module}${series === "input" ? "" : ` · ${series}`}`;
+const seriesLabel = (module, series) => panelTitle(module, series).replace("Gradient flow through time: ", "");
+const heatTitle = (name, module, series) => `${name}: ${seriesLabel(module, series)}`;
 const stepAxis = () => axis("training step", { zeroline: false });
 
 const CHARTS = [
@@ -34,7 +36,7 @@ export class CompareView {
     this.heatmaps = {};
     this.loaded = false;
     this.buffer = [];
-    this.batcher = new FrameBatcher((items) => this.flush(items));
+    this.batcher = new FrameBatcher((items) => this.flush(items), CHART_PACE);
     this.sockets = [];
     this.heatLink = new HeatLink(); // both heatmaps on one colour range
   }
@@ -65,7 +67,7 @@ export class CompareView {
       if (choices.length > 1) {
         // Each run's own modules: a stacked or multi-layer model is compared layer by layer.
         const select = el("select", { id: `cmp-heat-select-${k}`, "aria-label": `${this.names[k]}: heatmap of` },
-          choices.map((c, i) => el("option", { value: String(i) }, c.series === "input" ? c.module : `${c.module} · ${c.series}`)));
+          choices.map((c, i) => el("option", { value: String(i) }, seriesLabel(c.module, c.series))));
         select.addEventListener("change", () => this.showHeatmap(k, choices[Number(select.value)]));
         p.note.append(select);
       }

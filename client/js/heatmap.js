@@ -2,12 +2,14 @@
 // y = training step, colour = the norm on one of two scales (heatscale.js): decades
 // below each step's peak (default; where the gradient dies shows whatever the norms'
 // size) or log10 of the norm. A dotted line marks the vanishing horizon of each step.
-// New rows arrive live through Plotly.extendTraces on z and y (no redraw).
+// New rows are appended to the drawn traces (z and y, the horizon's x and y), with one
+// redraw per batch of rows; the history is never rebuilt.
 
 import { plotText } from "./dom.js";
-import { axis, extend, layout, plot } from "./charts.js";
+import { axis, layout, plot } from "./charts.js";
 import { fitRange, rowHorizon, scaleRow, scaleTicks } from "./heatscale.js";
 import { OnScreen } from "./lazy.js";
+import { stats } from "./state.js";
 
 export const MAX_ROWS = 2000; // live rows kept in the browser; older ones scroll out
 
@@ -21,6 +23,14 @@ export function seriesSymbol(series) {
   const layer = /^layer(\d+)$/.exec(series);
   if (layer) return `‖∂L/∂x_t‖ (layer ${layer[1]})`;
   return "‖∂L/∂x_t‖";
+}
+
+/** Append to a trace's arrays in place, keeping the last MAX_ROWS (as extendTraces does). */
+function appendKept(trace, columns) {
+  for (const [key, values] of Object.entries(columns)) {
+    const kept = Array.from(trace[key] || []).concat(values);
+    trace[key] = kept.length > MAX_ROWS ? kept.slice(kept.length - MAX_ROWS) : kept;
+  }
 }
 
 function pad(row, width) {
@@ -132,7 +142,7 @@ export class Heatmap extends OnScreen {
     if (this.drawn && this.div.layout) window.Plotly.react(this.div, this.traces(), this.div.layout);
   }
 
-  /** Append rows [{step, values}] now (one extendTraces per frame). */
+  /** Append rows [{step, values}] now (one redraw per batch). */
   append(rows) {
     const fresh = rows.filter((r) => r.step > this.lastStep).sort((a, b) => a.step - b.step);
     if (!fresh.length) return;
@@ -156,9 +166,14 @@ export class Heatmap extends OnScreen {
       window.Plotly.react(this.div, this.traces(), { ...this.div.layout, xaxis: { ...this.div.layout.xaxis, range: this.xRange() } });
       return;
     }
+    // Both traces grow, then one redraw: two extendTraces calls would redraw the whole
+    // heatmap (its image, axes and colour bar) twice per frame.
+    const [heat, line] = this.div.data;
     const steps = fresh.map((r) => r.step);
-    extend(this.div, { z: [z.map((r) => pad(r, this.width))], y: [steps] }, [0], MAX_ROWS);
-    extend(this.div, { x: [fresh.map((r) => rowHorizon(r.values))], y: [steps.slice()] }, [1], MAX_ROWS);
+    appendKept(heat, { z: z.map((r) => pad(r, this.width)), y: steps });
+    appendKept(line, { x: fresh.map((r) => rowHorizon(r.values)), y: steps.slice() });
+    stats.extendCalls += 1;
+    window.Plotly.redraw(this.div);
   }
 
   /** Mark a training step with a line across the heatmap (an alert fired there). */

@@ -5,6 +5,26 @@
 import { isNonFinite } from "./num.js";
 import { RollingMedian } from "./panels.js";
 
+/**
+ * Where a series' heatmap goes among its module's: the input, then the stacked layers'
+ * inputs bottom up (layer1, layer2, …, layer10: by number, not by name), then the
+ * hidden and cell states, then anything else by name.
+ */
+export function seriesRank(series) {
+  if (series === "input") return [0, 0, ""];
+  const layer = /^layer(\d+)$/.exec(series);
+  if (layer) return [1, Number(layer[1]), ""];
+  if (series === "hidden") return [2, 0, ""];
+  if (series === "cell") return [3, 0, ""];
+  return [4, 0, String(series)];
+}
+
+/** Compare two series names of one module by seriesRank. */
+export function bySeries(a, b) {
+  const [x, y] = [seriesRank(a), seriesRank(b)];
+  return x[0] - y[0] || x[1] - y[1] || (x[2] < y[2] ? -1 : x[2] > y[2] ? 1 : 0);
+}
+
 /** Heatmap series of a run: {module: [series]} from the summary (falls back to "input"). */
 export function heatmapKeys(summary) {
   const keys = [];
@@ -15,7 +35,7 @@ export function heatmapKeys(summary) {
     ? [...recurrent.filter((m) => Object.hasOwn(series, m)), ...Object.keys(series).filter((m) => !recurrent.includes(m))]
     : recurrent;
   for (const module of modules) {
-    const names = Object.hasOwn(series, module) && Array.isArray(series[module]) ? series[module] : ["input"];
+    const names = Object.hasOwn(series, module) && Array.isArray(series[module]) ? series[module].slice().sort(bySeries) : ["input"];
     for (const s of names) keys.push({ module, series: s });
   }
   return keys;

@@ -58,6 +58,12 @@ export class OnScreen {
     return true;
   }
 
+  /** New live items, kept until the next catchUp() (the view's chart pace), or drawn when too many. */
+  hold(items) {
+    for (const item of items) if (this.wants(item)) this.backlog.push(item);
+    if (this.backlog.length > this.maxBacklog) this.force();
+  }
+
   /** New live items: drawn now when on screen, else kept for later (drawn when too many). */
   push(items) {
     if (this.drawn && this.visible) {

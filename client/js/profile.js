@@ -85,6 +85,14 @@ export class Profile {
     this.latest = new Map(); // "module · series" -> {step, values}
     this.horizons = new Map(); // module -> horizon from a vanishing alert
     this.drawn = false;
+    this.visible = true; // until an observer says otherwise (the view tells, run.js)
+    this.stale = false; // new profiles arrived while off screen
+  }
+
+  /** On screen or not: off screen it is not redrawn, and catches up when it shows. */
+  setVisible(visible) {
+    this.visible = visible;
+    if (visible && this.stale) this.redraw();
   }
 
   set(module, series, step, values) {
@@ -105,6 +113,8 @@ export class Profile {
 
   redraw() {
     if (!this.drawn) return;
+    this.stale = !this.visible;
+    if (this.stale) return;
     window.Plotly.react(this.div, profileTraces(this.profiles(), "rgb(200, 40, 40)"), this.div.layout);
   }
 

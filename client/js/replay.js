@@ -157,6 +157,9 @@ export class ReplayView {
 
   advance(to) {
     if (to > this.pos) this.view.flush(this.items.slice(this.pos, to));
+    // At the end, or on a seek, the charts show every record at once (while playing
+    // they follow at the view's chart pace).
+    if (to > this.pos && (to >= this.items.length || !this.playing)) this.view.chartPace.flush();
     this.pos = to;
     this.updateLabel();
   }

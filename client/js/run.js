@@ -6,11 +6,11 @@
 import { api, href } from "./api.js";
 import { el, replaceChildren, visible } from "./dom.js";
 import { AlertsPanel, alertTarget, opensProblem } from "./alerts.js";
-import { FrameBatcher } from "./batcher.js";
+import { CHARTS, FrameBatcher, NUMBERS } from "./batcher.js";
 import { purgeAll } from "./charts.js";
 import { drawAll } from "./lazy.js";
 import { connect } from "./live.js";
-import { heatmapKeys, historySeries, latestFromHistory } from "./history.js";
+import { bySeries, heatmapKeys, historySeries, latestFromHistory } from "./history.js";
 import { fmt, fmtBytes, fmtSeconds, num, seriesValues } from "./num.js";
 import { panel, RollingMedian, specs } from "./panels.js";
 import { Profile } from "./profile.js";
@@ -19,13 +19,20 @@ import { alertCount, CHART_INFO, heatmapPanel, lineSearch, NO_DATA, scalePicker,
 import { LineChart, nonFiniteNote, recordFields } from "./series.js";
 import { state, stats } from "./state.js";
 
+const domOrder = (a, b) => (a.compareDocumentPosition(b) & Node.DOCUMENT_POSITION_FOLLOWING ? -1 : 1);
+
 export class RunView {
   constructor(root, runId, { rank = 0, replay = false } = {}) {
     this.root = root;
     this.runId = runId;
     this.rank = rank;
     this.replay = replay;
-    this.batcher = new FrameBatcher((items) => this.flush(items));
+    this.batcher = new FrameBatcher((items) => this.flush(items), NUMBERS);
+    // Charts are redrawn at their own, slower pace (batcher.js): numbers stay quick.
+    // (A replay is watched as it plays: its charts keep the quicker pace.)
+    this.chartPace = new FrameBatcher(() => this.drawCharts(), replay ? NUMBERS : CHARTS);
+    this.rankItems = [];
+    this.profileChanged = false;
     this.buffer = []; // live records that arrive while history loads
     this.loaded = false;
     this.charts = new Map();
@@ -58,6 +65,7 @@ export class RunView {
     if (this.observer) this.observer.disconnect();
     if (this.live) this.live.close();
     this.batcher.close();
+    this.chartPace.close();
     purgeAll();
   }
 
@@ -160,9 +168,10 @@ export class RunView {
     const status = String(s.status ?? "unknown");
     this.statusNode.className = `badge ${status}`;
     this.statusNode.textContent = this.replay ? `replay · ${status}` : status;
-    this.subNode.textContent = visible([`run ${s.id}`, s.host ? `on ${s.host}` : null,
+    const sub = visible([`run ${s.id}`, s.host ? `on ${s.host}` : null,
       `ranks ${(s.ranks || [0]).join(", ")}`, `last step ${fmt(s.last_step)}`, `${alertCount(this)} alerts`]
       .filter(Boolean).join(" · "));
+    if (this.subNode.textContent !== sub) this.subNode.textContent = sub;
   }
 
   renderStats(rec) {
@@ -172,7 +181,15 @@ export class RunView {
       ["total norm", fmt(rec.total_norm)], ["step time", fmtSeconds(rec.duration_s)],
       ["graph nodes", fmt(rec.graph_nodes)], ["memory", fmtBytes(rec.rss_bytes)],
       ["gradwatch overhead", rec.overhead === undefined ? "–" : `${(num(rec.overhead) * 100).toFixed(1)} %`]];
-    replaceChildren(this.statsNode, items.map(([k, v]) => el("div", { class: "stat" }, el("span", { class: "k" }, k), el("span", { class: "v", dataset: { stat: k } }, v))));
+    // Built once, then only the values that changed are rewritten (this runs per draw).
+    if (!this.statValues || !this.statValues.size || !this.statsNode.contains(this.statValues.values().next().value)) {
+      this.statValues = new Map(items.map(([k]) => [k, el("span", { class: "v", dataset: { stat: k } })]));
+      replaceChildren(this.statsNode, items.map(([k]) => el("div", { class: "stat" }, el("span", { class: "k" }, k), this.statValues.get(k))));
+    }
+    for (const [k, v] of items) {
+      const node = this.statValues.get(k);
+      if (node.textContent !== v) node.textContent = v;
+    }
   }
 
   /**
@@ -245,12 +262,12 @@ export class RunView {
   observeVisibility() {
     const byPanel = new Map();
     this.byPanel = byPanel;
-    for (const { view, panel: p } of [...this.lineCharts(), ...this.heatmaps.values()]) byPanel.set(p.section, view);
+    for (const { view, panel: p } of [...this.lineCharts(), ...this.heatmaps.values(), this.profile]) byPanel.set(p.section, view);
     if (!byPanel.size) return Promise.resolve();
     return new Promise((resolve) => {
       let first = true;
       this.observer = new IntersectionObserver((entries) => {
-        const draws = entries.map((e) => byPanel.get(e.target).setVisible(e.isIntersecting));
+        const draws = entries.map((e) => Promise.resolve(byPanel.get(e.target).setVisible(e.isIntersecting)));
         if (first) {
           first = false;
           Promise.all(draws).then(resolve);
@@ -268,7 +285,10 @@ export class RunView {
     if (alert.code === "vanishing" && alert.subject && h !== null && Number.isFinite(h)) this.profile.view.horizons.set(alert.subject, h);
   }
 
-  /** Draw pending live records: one extendTraces per chart per frame. */
+  /**
+   * Pending live records: the numbers (stats, header, alerts, trend note) now; the
+   * charts' points are kept for drawCharts, at the charts' pace.
+   */
   flush(items) {
     const points = [];
     const rows = new Map();
@@ -276,7 +296,7 @@ export class RunView {
     let alertsChanged = false;
     let profileChanged = false;
     let trendChanged = false;
-    if (this.ranksView) this.ranksView.push(items);
+    if (this.ranksView) this.rankItems.push(...items);
     for (const { rank, rec } of items) {
       if (rank !== this.rank && rec.kind !== "alert") continue; // drawn by ranksView above
       if (rec.kind === "step") {
@@ -314,19 +334,36 @@ export class RunView {
         this.renderHeader();
       }
     }
-    for (const { view } of this.charts.values()) view.push(points);
+    for (const { view } of this.charts.values()) view.hold(points);
     for (const [key, list] of rows) {
       const h = this.heatmaps.get(key) || this.addHeatmap(key);
-      h.view.push(list);
+      h.view.hold(list);
     }
+    this.profileChanged ||= profileChanged;
+    this.chartPace.push(true);
     if (trendChanged) this.trendNote.render();
-    if (profileChanged) this.profile.view.redraw();
     if (alertsChanged) this.alertsPanel.render();
     if (lastStep) {
       this.renderStats(lastStep);
       this.summary.last_step = Math.max(num(this.summary.last_step) ?? -1, lastStep.step);
     }
     if (lastStep || alertsChanged) this.renderHeader();
+    this.updateNoData();
+  }
+
+  /** Draw what the charts on screen hold (the others draw when scrolled to, lazy.js). */
+  drawCharts() {
+    if (this.closed) return;
+    if (this.ranksView && this.rankItems.length) {
+      const items = this.rankItems;
+      this.rankItems = [];
+      this.ranksView.push(items);
+    }
+    for (const { view } of [...this.charts.values(), ...this.heatmaps.values()]) view.catchUp();
+    if (this.profileChanged) {
+      this.profileChanged = false;
+      this.profile.view.redraw();
+    }
     this.updateNoData();
   }
 
@@ -353,7 +390,14 @@ export class RunView {
     this.heatmaps.set(key, h);
     if (this.noHeat) this.noHeat.remove();
     this.noHeat = null;
-    this.heatGrid.insertBefore(h.panel.section, this.profile.panel.section);
+    // Beside its module's other heatmaps, in their order (a layer's after the input).
+    const later = [...this.heatmaps.values()].filter(({ view }) => view.module === module && bySeries(view.series, series) > 0)
+      .sort((a, b) => bySeries(a.view.series, b.view.series));
+    const siblings = [...this.heatmaps.values()].filter(({ view }) => view.module === module && view !== h.view);
+    const before = later.length ? later[0].panel.section
+      : siblings.length ? siblings.map(({ panel: p }) => p.section).sort(domOrder).pop().nextSibling
+        : this.profile.panel.section;
+    this.heatGrid.insertBefore(h.panel.section, before);
     h.view.setHistory(null);
     if (this.byPanel && this.observer) {
       this.byPanel.set(h.panel.section, h.view);

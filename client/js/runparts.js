@@ -28,7 +28,15 @@ export const NO_DATA = {
 
 const CAPTION = "Each row is one training step, each column a timestep; the dotted red line is the vanishing horizon (earliest timestep within 1e-3 of the step's peak). Colour: ";
 
-const STACKED = "Stacked fused layers (num_layers > 1): watch(..., exact_hidden=True) adds a heatmap per layer (layer1, …) on sampled steps.";
+/** The heatmap's title: the module, and which of its series ("input of layer 1"). */
+export function heatTitle(module, series) {
+  const layer = /^layer(\d+)$/.exec(series);
+  if (series === "input") return `Gradient flow through time: ${module}`;
+  if (layer) return `Gradient flow through time: ${module} · input of layer ${layer[1]}`;
+  return `Gradient flow through time: ${module} · ${series}`;
+}
+
+const LAYER = "Stacked layers: the gradient reaching this layer's input from the layers above and the loss, captured on the same steps as the module's input.";
 
 function heatCaption() {
   return CAPTION + (heatScale.current === "relative"
@@ -38,12 +46,11 @@ function heatCaption() {
 
 /** A heatmap panel of one module's series: {view: Heatmap, panel}. */
 export function heatmapPanel(module, series) {
-  const title = series === "input" ? `Gradient flow through time: ${module}` : `Gradient flow through time: ${module} · ${series}`;
-  const p = panel("heatmap", title, heatCaption(), { tall: true, id: heatmapPanelId(module, series) });
+  const p = panel("heatmap", heatTitle(module, series), heatCaption(), { tall: true, id: heatmapPanelId(module, series) });
   p.section.querySelector("p.caption").classList.add("heat-caption");
-  // A fused module's "input" is its first layer's: the others come with exact_hidden.
-  if (series === "input") p.section.append(el("p", { class: "caption" }, STACKED));
+  if (/^layer\d+$/.test(series)) p.section.append(el("p", { class: "caption" }, LAYER));
   p.section.dataset.module = module;
+  p.section.dataset.series = series;
   p.section.classList.add("heat");
   return { view: new Heatmap(p.chart, module, series), panel: p };
 }

@@ -5,6 +5,7 @@
 
 import { api, href, send } from "./api.js";
 import { el, replaceChildren, visible } from "./dom.js";
+import { FrameBatcher } from "./batcher.js";
 import { connect } from "./live.js";
 import { fmt, fmtAgo, fmtDuration, fmtTime, num } from "./num.js";
 import { state, stats } from "./state.js";
@@ -37,8 +38,15 @@ export class RunsView {
           el("th", { class: "num" }, "ranks"), el("th", { class: "num" }, "last step"), el("th", { class: "num", title: "problems: alerts grouped by cause" }, "alerts"),
           el("th", {}, "updated"), el("th", {}, ""))),
         this.body));
+    // Live summaries come with every batch a trainer sends (8 runs at 10 steps/s: 80 a
+    // second); the latest of each run is applied once per draw (batcher.js).
+    this.batcher = new FrameBatcher((runs) => {
+      const latest = new Map();
+      for (const run of runs) latest.set(run.id, run);
+      for (const run of latest.values()) this.upsert(run, true);
+    });
     this.live = connect({}, (msg) => {
-      if (msg.type === "run" && msg.run && typeof msg.run.id === "string") this.upsert(msg.run, true);
+      if (msg.type === "run" && msg.run && typeof msg.run.id === "string") this.batcher.push(msg.run);
     }, { onOpen: (reconnected) => { if (reconnected) this.refresh(); } });
     await this.refresh();
     this.ticker = setInterval(() => this.tick(), 5000);
@@ -48,6 +56,7 @@ export class RunsView {
 
   unmount() {
     if (this.live) this.live.close();
+    if (this.batcher) this.batcher.close();
     clearInterval(this.ticker);
   }
 
@@ -64,16 +73,26 @@ export class RunsView {
     }
   }
 
-  upsert(run, fresh) {
+  upsert(run, live) {
     if (this.archived.has(run.id) || run.archived === true) return;
     state.runs.set(run.id, run);
     const empty = this.body.querySelector(".empty-row");
     if (empty) empty.remove();
     const status = String(run.status ?? "unknown");
+    const old = this.rows.get(run.id);
+    // A run already listed, same status: its changing cells are rewritten in place (a
+    // new row per summary restyled the table and replayed the highlight every time).
+    if (old && old.dataset.status === status && old.dataset.name === String(run.name ?? run.id)) {
+      this.updateCells(old, run);
+      this.started.set(run.id, num(run.started) ?? 0);
+      this.applyFilter(run.id);
+      return;
+    }
     const alerts = Number(run.alerts ?? 0);
     const box = el("input", { type: "checkbox", "aria-label": "select for comparison", checked: this.selected.has(run.id),
       onchange: (e) => { if (e.target.checked) this.selected.add(run.id); else this.selected.delete(run.id); this.updateButton(); } });
-    const row = el("tr", { dataset: { runId: run.id }, class: fresh ? "fresh" : null },
+    const row = el("tr", { dataset: { runId: run.id, status, name: String(run.name ?? run.id) },
+      class: live && !old ? "fresh" : null },
       el("td", {}, box),
       el("td", { class: "name" }, el("a", { href: href(`#/run/${encodeURIComponent(run.id)}`), class: "run-link" }, String(run.name ?? run.id))),
       el("td", {}, el("span", { class: `badge ${status}`, dataset: { status } }, status)),
@@ -82,18 +101,39 @@ export class RunsView {
         fmtDuration((num(run.updated) ?? NaN) - (num(run.started) ?? NaN))),
       el("td", { class: "num", dataset: { field: "ranks" } }, (run.ranks || []).length || 1),
       el("td", { class: "num", dataset: { field: "last_step" } }, fmt(run.last_step)),
-      el("td", { class: "num" }, alerts ? el("span", { class: "count-alerts" }, String(alerts)) : "0"),
+      el("td", { class: "num", dataset: { field: "alerts" } }, alerts ? el("span", { class: "count-alerts" }, String(alerts)) : "0"),
       el("td", { class: "ago", dataset: { t: run.updated ?? "" } }, fmtAgo(run.updated)),
       el("td", { class: "actions" }, status === "live" ? null : el("a", { href: href(`#/replay/${encodeURIComponent(run.id)}`) }, "replay"),
         el("button", { type: "button", class: "archive", title: "take this run off the list; its data stays readable by id",
           onclick: () => this.archive(run) }, "archive")));
-    const old = this.rows.get(run.id);
     if (old) old.replaceWith(row);
     this.rows.set(run.id, row);
     this.started.set(run.id, num(run.started) ?? 0);
     if (!old) this.order();
-    this.applyFilter();
+    this.applyFilter(run.id);
     this.updateButton();
+  }
+
+  /** Rewrite the cells that change while a run streams, each only when its text does. */
+  updateCells(row, run) {
+    const set = (field, text) => {
+      const cell = row.querySelector(`td[data-field=${field}]`);
+      if (cell && cell.textContent !== text) cell.textContent = text;
+    };
+    set("started", fmtTime(run.started));
+    set("duration", fmtDuration((num(run.updated) ?? NaN) - (num(run.started) ?? NaN)));
+    set("ranks", String((run.ranks || []).length || 1));
+    set("last_step", fmt(run.last_step));
+    const alerts = Number(run.alerts ?? 0);
+    const cell = row.querySelector("td[data-field=alerts]");
+    if (cell && cell.textContent !== String(alerts)) {
+      cell.replaceChildren(alerts ? el("span", { class: "count-alerts" }, String(alerts)) : "0");
+    }
+    const ago = row.querySelector("td.ago");
+    if (ago && ago.dataset.t !== String(run.updated ?? "")) {
+      ago.dataset.t = String(run.updated ?? "");
+      ago.textContent = fmtAgo(run.updated);
+    }
   }
 
   /** Newest first by start time (a run's row keeps its place when it updates). */
@@ -102,8 +142,9 @@ export class RunsView {
     for (const id of ids) this.body.append(this.rows.get(id));
   }
 
-  applyFilter() {
+  applyFilter(only = null) {
     for (const [id, row] of this.rows) {
+      if (only !== null && id !== only) continue;
       const run = state.runs.get(id);
       const name = String((run && (run.name ?? run.id)) ?? id).toLowerCase();
       row.hidden = this.filter !== "" && !name.includes(this.filter) && !id.toLowerCase().startsWith(this.filter);
@@ -129,7 +170,10 @@ export class RunsView {
   }
 
   tick() {
-    for (const cell of this.body.querySelectorAll("td.ago")) cell.textContent = fmtAgo(cell.dataset.t);
+    for (const cell of this.body.querySelectorAll("td.ago")) {
+      const text = fmtAgo(cell.dataset.t);
+      if (cell.textContent !== text) cell.textContent = text;
+    }
   }
 
   updateButton() {

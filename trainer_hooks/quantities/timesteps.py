@@ -6,8 +6,9 @@ cast to float64 before it is squared.
 
 - Fused ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (:mod:`.fused`): series ``"input"``,
   ‖∂L/∂x_t‖₂ over batch and features of the module's input sequence, t in sequence
-  order. With ``exact_hidden`` on sampled steps also ``"hidden"``/``"cell"`` (top
-  layer, total ∂L/∂h_t, both directions) and ``"layer<i>"`` (input of layer i ≥ 1),
+  order; stacked layers also ``"layer<i>"`` (input of layer i ≥ 1), the module's
+  kernel call run layer by layer on heavy steps. With ``exact_hidden`` on sampled
+  steps also ``"hidden"``/``"cell"`` (top layer, total ∂L/∂h_t, both directions),
   through an unrolled re-computation (:mod:`.unrolled`).
 - Cells called in a loop (:mod:`.cells`): ``nn.LSTMCell``/``GRUCell``/``RNNCell``
   and any module named in ``cells``: series ``"hidden"`` (and ``"cell"``), the
@@ -189,6 +190,8 @@ class RecurrentTimesteps(Quantity):
 
     def detach(self) -> None:
         super().detach()
+        for fused in self._fused:
+            fused.reset()  # pops a per-layer mode left by a forward that raised
         for cell in self._cells:
             cell.arm(False)
             cell.reset()  # drops the outputs it kept

@@ -194,14 +194,3 @@ def combined_counts(parts: Sequence[tuple[Any, Any, Any]]) -> tuple[int, Any, An
         min(firsts) if firsts else None,
         max(lasts) if lasts else None,
     )
-
-
-def merged_points(
-    found: Sequence[tuple[Any, ...]], chunked: list[tuple[int, int, Any]]
-) -> list[tuple[Any, Any]]:
-    """(step, value) of rows and of chunk points, both ``(step, uid, value)`` in
-    (step, uid) order, together in that order (two rows of one step are both kept)."""
-    both = [*found, *chunked] if chunked else found
-    if chunked and found:
-        both = sorted(both, key=lambda p: (p[0], p[1]))
-    return [(p[0], p[2]) for p in both]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import psycopg
@@ -28,12 +28,44 @@ from .handoff import batch_of, frame_bytes
 
 # Binary COPY of each chunk table: its columns' PostgreSQL types (store/chunks.py).
 _COPY_TYPES = {
-    "step_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "text", "bytea", "bytea",
-                    "text"],
-    "named_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "int8", "int8", "bytea",
-                     "bytea"],
-    "series_chunks": ["text", "int8", "text", "text", "text", "int8", "int8", "int8", "int8",
-                      "int8", "bytea", "bytea"],
+    "step_chunks": [
+        "text",
+        "int8",
+        "int8",
+        "int8",
+        "int8",
+        "int8",
+        "text",
+        "bytea",
+        "bytea",
+        "text",
+    ],
+    "named_chunks": [
+        "text",
+        "int8",
+        "int8",
+        "int8",
+        "int8",
+        "int8",
+        "int8",
+        "int8",
+        "bytea",
+        "bytea",
+    ],
+    "series_chunks": [
+        "text",
+        "int8",
+        "text",
+        "text",
+        "text",
+        "int8",
+        "int8",
+        "int8",
+        "int8",
+        "int8",
+        "bytea",
+        "bytea",
+    ],
 }
 # Transaction-level locks on rollup sets (another replica may write the same set):
 # keyed by schema and id, taken in id order so two writers never wait on each other.
@@ -58,10 +90,6 @@ class PostgresStore(Store):
         # (run_id, rank, seq, urgent, frame) of the batches of the open transaction.
         self._live_pending: list[tuple[Any, ...]] = []
         super().__init__(settings)
-
-    def listener(self, deliver: Callable[[pgfeed.Delivery], None]) -> pgfeed.Listener:
-        """A (not yet started) thread that hands ``deliver`` what other replicas stored."""
-        return pgfeed.Listener(self.settings.db, self.channel, self.replica, deliver)
 
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """``(id, run_id, rank, seq, records)`` of stored live batches, by row id; the

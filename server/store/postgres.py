@@ -28,44 +28,12 @@ from .handoff import batch_of, frame_bytes
 
 # Binary COPY of each chunk table: its columns' PostgreSQL types (store/chunks.py).
 _COPY_TYPES = {
-    "step_chunks": [
-        "text",
-        "int8",
-        "int8",
-        "int8",
-        "int8",
-        "int8",
-        "text",
-        "bytea",
-        "bytea",
-        "text",
-    ],
-    "named_chunks": [
-        "text",
-        "int8",
-        "int8",
-        "int8",
-        "int8",
-        "int8",
-        "int8",
-        "int8",
-        "bytea",
-        "bytea",
-    ],
-    "series_chunks": [
-        "text",
-        "int8",
-        "text",
-        "text",
-        "text",
-        "int8",
-        "int8",
-        "int8",
-        "int8",
-        "int8",
-        "bytea",
-        "bytea",
-    ],
+    "step_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "text", "bytea", "bytea",
+                    "text"],
+    "named_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "int8", "int8", "bytea",
+                     "bytea"],
+    "series_chunks": ["text", "int8", "text", "text", "text", "int8", "int8", "int8", "int8",
+                      "int8", "bytea", "bytea"],
 }
 # Transaction-level locks on rollup sets (another replica may write the same set):
 # keyed by schema and id, taken in id order so two writers never wait on each other.
@@ -92,26 +60,25 @@ class PostgresStore(Store):
         super().__init__(settings)
 
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
-        """``(id, run_id, rank, seq, records)`` of stored live batches, by row id; the
-        records are the JSON array a live message carries (server/columns.py)."""
-        return [
-            (*row[:4], records_json(batch_of(bytes(row[4]))), *row[5:])
-            for row in self.query(
-                "SELECT id, run_id, rank, seq, frame FROM live_batches WHERE id = ANY(?)",
-                (list(ids),),
-            )
-        ]
+        """``(id, run_id, rank, seq, records, urgent)`` of stored live batches, by row
+        id; the records are the JSON array a live message carries (server/columns.py)."""
+        return self._live("id = ANY(?)", (list(ids),))
 
     def live_rows_since(self, seconds: float) -> list[tuple[Any, ...]]:
-        """``(id, run_id, rank, seq, records, urgent)`` other replicas stored in the last
-        ``seconds``, in the order they were stored (a LISTEN connection came back)."""
+        """As :meth:`live_rows`, what other replicas stored in the last ``seconds``, in
+        the order they were stored (a LISTEN connection came back)."""
+        return self._live(
+            "created >= clock_timestamp() - make_interval(secs => ?) AND replica <> ?",
+            (seconds, self.replica),
+        )
+
+    def _live(self, where: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return [
             (*row[:4], records_json(batch_of(bytes(row[4]))), *row[5:])
             for row in self.query(
-                "SELECT id, run_id, rank, seq, frame, urgent FROM live_batches WHERE"
-                " created >= clock_timestamp() - make_interval(secs => ?) AND replica <> ?"
+                f"SELECT id, run_id, rank, seq, frame, urgent FROM live_batches WHERE {where}"  # noqa: S608
                 " ORDER BY id",
-                (seconds, self.replica),
+                params,
             )
         ]
 

@@ -1,7 +1,7 @@
 """Live across replicas: what other ``gradwatch serve`` processes on the same
 PostgreSQL stored reaches this replica's viewers exactly as a local batch would.
 
-The listen thread (:class:`gradwatch.server.store.pgfeed.Listener`) hands each
+The listen thread (:class:`gradwatch.server.pg_listen.Listener`) hands each
 notification to this replica's event loop; one task takes them in arrival order, reads
 back the records of the batches that have viewers here (one query for all that are
 waiting), and publishes ``{"type":"records","run_id","rank","seq","records"}`` to the
@@ -25,8 +25,9 @@ from typing import Any
 from gradwatch.protocol.codec import dumps
 
 from .live import RUNS_CHANNEL
+from .pg_listen import Delivery, Listener
 from .state import AppState
-from .store.pgfeed import RETAIN_S, Delivery, Listener
+from .store.pgfeed import RETAIN_S
 from .store.postgres import PostgresStore
 
 log = logging.getLogger("gradwatch.server")
@@ -65,7 +66,9 @@ class ReplicaFeed:
         /api/health already receives what the others store."""
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._consume())
-        self._listener = self.store.listener(self._from_thread)
+        self._listener = Listener(
+            self.store.settings.db, self.store.channel, self.store.replica, self._from_thread
+        )
         await asyncio.to_thread(self._listener.start)
 
     async def stop(self) -> None:

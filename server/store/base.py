@@ -197,36 +197,35 @@ class Store(ChunkWrites, Reads, Archive, ABC):
 
     def _write_group(self, conn: Any, group: list[Any]) -> None:
         try:
+            results = self._commit(conn, group)
+        except Exception:
+            # Retried one by one, each with its own verdict; on a lost connection each
+            # fails (not acknowledged, so resent) and the loop reconnects.
+            for item in group:
+                try:
+                    result = self._commit(conn, [item])[0]
+                except Exception as error:
+                    item[2].set_exception(store_error(error))
+                    continue
+                item[2].set_result(result)
+            return
+        for (_, _, future), result in zip(group, results, strict=True):
+            future.set_result(result)
+
+    def _commit(self, conn: Any, group: list[Any]) -> list[Any]:
+        """Write ``group`` in one transaction; roll back (ids created in it are
+        forgotten) and raise on any error."""
+        try:
             self._discard_pending()
             results = [self._apply(conn, op, payload) for op, payload, _ in group]
             self._flush(conn.cursor())
             conn.commit()
         except Exception:
-            # Retried one by one, each with its own verdict; on a lost connection each
-            # fails (not acknowledged, so resent) and the loop reconnects.
-            with contextlib.suppress(Exception):
-                conn.rollback()
-            self._forget_ids()  # ids created in the rolled-back transaction are gone
-            for item in group:
-                self._write_one(conn, item)
-            return
-        for (_, _, future), result in zip(group, results, strict=True):
-            future.set_result(result)
-
-    def _write_one(self, conn: Any, item: Any) -> None:
-        op, payload, future = item
-        try:
-            self._discard_pending()
-            result = self._apply(conn, op, payload)
-            self._flush(conn.cursor())
-            conn.commit()
-        except Exception as error:
-            with contextlib.suppress(Exception):  # a lost connection is reported below
+            with contextlib.suppress(Exception):  # a lost connection is reported by the caller
                 conn.rollback()
             self._forget_ids()
-            future.set_exception(store_error(error))
-            return
-        future.set_result(result)
+            raise
+        return results
 
     def _apply(self, conn: Any, op: str, payload: Any) -> Any:
         cur = conn.cursor()

@@ -1,12 +1,11 @@
 """Reading the chunks every step record is stored in (store/chunks.py).
 
-The points of a plain field, the step count of a range, the named scalars as the
-packed rows store/named_reads.py reads, one module's per-step series and the
-records' notes (``timestep_layout``, ``nonfinite``). A chunk is
-found on its ``(run_id, rank, step_lo)`` key: its steps lie within ``SPAN`` steps of
-``step_lo``. Values come back as the backend stores the same numbers sent as JSON
-(SQLite: the strings ``"NaN"``/``"Infinity"``), so they order and compare as the
-rollups do.
+The points of a plain field, the step count of a range, one module's per-step
+series and the records' notes (``timestep_layout``, ``nonfinite``); the named scalars
+are read by store/named_reads.py. A chunk is found on its ``(run_id, rank, step_lo)``
+key: its steps lie within ``SPAN`` steps of ``step_lo``. Values come back as the
+backend stores the same numbers sent as JSON (SQLite: the strings ``"NaN"``/
+``"Infinity"``), so they order and compare as the rollups do.
 
 Example (any store):
     >>> store.chunk_points("run", 0, 0, 99, "loss")  # doctest: +SKIP
@@ -106,30 +105,6 @@ class ChunkReads:
                 last = inside[-1] if last is None else max(last, inside[-1])
         return count, first, last
 
-    def named_chunk_rows(
-        self, run_id: str, rank: int, lo: int, hi: int
-    ) -> list[tuple[int, int, bytes, int, int]]:
-        """The chunked named scalars in ``lo..hi`` as packed rows ``(step, set id, data,
-        written, uid)`` (store/named.py), in (step, uid) order."""
-        out: list[tuple[int, int, bytes, int, int]] = []
-        for uid, written, set_id, n, steps, data in self._chunks(
-            "uid, written, names, n, steps, data",
-            "named_chunks",
-            "run_id = ? AND rank = ?",
-            (run_id, rank),
-            lo,
-            hi,
-        ):
-            data = bytes(data)
-            size = len(data) // n
-            out.extend(
-                (s, set_id, data[i * size : (i + 1) * size], written, uid + i)
-                for i, s in enumerate(ints(bytes(steps)))
-                if lo <= s <= hi
-            )
-        out.sort(key=lambda r: (r[0], r[4]))
-        return out
-
     def series_steps(
         self, family: str, run_id: str, module: str, series: str, rank: int, lo: int, hi: int
     ) -> dict[int, tuple[int, int, int]]:
@@ -194,14 +169,3 @@ def combined_counts(parts: Sequence[tuple[Any, Any, Any]]) -> tuple[int, Any, An
         min(firsts) if firsts else None,
         max(lasts) if lasts else None,
     )
-
-
-def merged_points(
-    found: Sequence[tuple[Any, ...]], chunked: list[tuple[int, int, Any]]
-) -> list[tuple[Any, Any]]:
-    """(step, value) of rows and of chunk points, both ``(step, uid, value)`` in
-    (step, uid) order, together in that order (two rows of one step are both kept)."""
-    both = [*found, *chunked] if chunked else found
-    if chunked and found:
-        both = sorted(both, key=lambda p: (p[0], p[1]))
-    return [(p[0], p[2]) for p in both]

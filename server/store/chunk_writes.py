@@ -62,8 +62,6 @@ class ChunkWrites:
     def scalar_in(self, value: Any) -> Any:
         raise NotImplementedError
 
-    value_key = staticmethod(rollups.sqlite_key)
-
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
         self._series_ids.clear()
@@ -71,40 +69,36 @@ class ChunkWrites:
         self._keys_written.clear()
         self._set_layouts.clear()
 
+    def _id_row(
+        self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str], select: str = "id"
+    ) -> Any:
+        """``select`` of the stored row of ``table`` with ``row``'s ``key`` values,
+        inserted where none is there yet (another replica may insert it first)."""
+        cur.execute(self.sql(self.insert_ignore(table, tuple(row))), tuple(row.values()))
+        where = " AND ".join(f"{k} = ?" for k in key)
+        query = f"SELECT {select} FROM {table} WHERE {where}"  # noqa: S608
+        cur.execute(self.sql(query), [row[k] for k in key])
+        return cur.fetchone()
+
     def _series(self, cur: Any, run_id: str, rank: int, name: str) -> int:
-        key = (run_id, rank)
-        found = self._series_ids.get((key, name))
+        found = self._series_ids.get(((run_id, rank), name))
         if found is None:
-            cur.execute(
-                self.sql(self.insert_ignore("series", ("run_id", "rank", "name"))),
-                (run_id, rank, name),
-            )
-            cur.execute(
-                self.sql("SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?"),
-                (run_id, rank, name),
-            )
-            found = self._series_ids[key, name] = int(cur.fetchone()[0])
+            row = {"run_id": run_id, "rank": rank, "name": name}
+            found = int(self._id_row(cur, "series", row, tuple(row))[0])
+            self._series_ids[(run_id, rank), name] = found
         return found
 
     def _name_set(
         self, cur: Any, run_id: str, rank: int, names: tuple[str, ...]
     ) -> tuple[int, list[int]]:
         """(id in ``named_sets``, series id of each name) of a name set."""
-        key = (run_id, rank)
-        found = self._name_sets.get((key, names))
+        found = self._name_sets.get(((run_id, rank), names))
         if found is None:
             digest, text = named.digest(names)
-            cur.execute(
-                self.sql(self.insert_ignore("named_sets", ("run_id", "rank", "digest", "names"))),
-                (run_id, rank, digest, text),
-            )
-            cur.execute(
-                self.sql("SELECT id FROM named_sets WHERE run_id = ? AND rank = ? AND digest = ?"),
-                (run_id, rank, digest),
-            )
-            set_id = int(cur.fetchone()[0])
+            row = {"run_id": run_id, "rank": rank, "digest": digest, "names": text}
+            set_id = int(self._id_row(cur, "named_sets", row, ("run_id", "rank", "digest"))[0])
             series = [self._series(cur, run_id, rank, name) for name in names]
-            found = self._name_sets[key, names] = (set_id, series)
+            found = self._name_sets[(run_id, rank), names] = (set_id, series)
         return found
 
     def _insert_rows(
@@ -187,12 +181,8 @@ class ChunkWrites:
         layout = self._set_layouts.get(key)
         if layout is None:
             text = ",".join(map(str, key))
-            cur.execute(
-                self.sql(self.insert_ignore("rollup_sets", ("series", "kinds"))),
-                (text, group.kinds),
-            )
-            cur.execute(self.sql("SELECT id, kinds FROM rollup_sets WHERE series = ?"), (text,))
-            set_id, kinds = cur.fetchone()
+            row = {"series": text, "kinds": group.kinds}
+            set_id, kinds = self._id_row(cur, "rollup_sets", row, ("series",), "id, kinds")
             cur.executemany(
                 self.sql(
                     self.insert_ignore("rollup_members", ("series", "set_id", "position", "kind"))

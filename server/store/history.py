@@ -17,7 +17,7 @@ from ..downsample import bucket_width
 from . import rollups, set_rollups
 from .chunk_reads import combined_counts
 from .chunks import scalar_out
-from .named_reads import NamedReads, bucket_extremes
+from .named_reads import NamedReads, Points, bucket_extremes
 from .split import INTEGER_FIELDS, SCALAR_FIELDS
 
 PROFILE_KEYS = ("forward_s", "backward_s", "calls")
@@ -32,10 +32,7 @@ _FIELDS_EXPECTED = (
 class HistoryReads(NamedReads):
     """The ``steps`` query and its buckets; the backend supplies ``query``/``sql``.
 
-    Named fields are read from their packed rows (:class:`NamedReads`)."""
-
-    # How this backend orders stored values (min/max); PostgreSQL has its own.
-    value_key = staticmethod(rollups.sqlite_key)
+    Named fields are read from their chunks (:class:`NamedReads`)."""
 
     # The backend: "sqlite" or "postgresql" (how its stored values order).
     kind: ClassVar[str]
@@ -98,28 +95,27 @@ class HistoryReads(NamedReads):
         width = bucket_width(int(first), int(last), max_points // 2) if downsampled else 1
         level = rollups.level_for(width) if downsampled else None
         sets: dict[int, dict[str, int]] | None = None
-        memo: dict[Any, Any] = {}  # packed rows read once for all the named fields
+        memo: dict[Any, Any] = {}  # chunks read once for all the named fields
         for name, is_plain in plain.items():
             series = self._series_id(run_id, rank, name)
             if series is None:
                 out[name] = {"step": [], "value": []}
                 continue
-            raw: Callable[[Sequence[tuple[int, int]]], list[tuple[int, Any]]]
+            points: Callable[[int, int], Points]
             if is_plain:
-                if not downsampled:
-                    points = self.chunk_points(run_id, rank, lo, hi, name)
-                    found: Sequence[tuple[Any, ...]] = [(p[0], p[2]) for p in points]
-                raw = partial(self._plain_extremes, run_id, rank, name)
+                points = partial(self._plain_points, run_id, rank, name)
             else:
                 if sets is None:
                     sets = self.name_sets(run_id, rank)
-                if not downsampled:
-                    steps, values = self.named_points(run_id, rank, name, lo, hi, memo, sets)
-                    found = list(zip(steps, values, strict=True))
-                raw = partial(self.named_extremes, run_id, rank, name, memo=memo, sets=sets)
+                points = partial(self.named_points, run_id, rank, name, memo=memo, sets=sets)
             if downsampled:
                 end = min(hi, int(last))
-                found = self._bucketed(lo, end, int(first), width, level, series, raw)
+                raw = partial(self.extremes, points, memo)
+                found: Sequence[tuple[Any, Any]] = self._bucketed(
+                    lo, end, int(first), width, level, series, raw
+                )
+            else:
+                found = list(zip(*points(lo, hi), strict=True))
             if name in INTEGER_FIELDS or _is_count(name):
                 # Packed rows and rollup rows hold them as float64.
                 found = [(s, _integral(v)) for s, v in found]
@@ -151,18 +147,40 @@ class HistoryReads(NamedReads):
         parts.extend(self.chunk_count(run_id, rank, a, b) for a, b in rest)
         return combined_counts(parts)
 
-    def _plain_extremes(
-        self, run_id: str, rank: int, name: str, bounds: Sequence[tuple[int, int]]
-    ) -> list[tuple[int, Any]]:
-        """Each bucket's min and max of a plain field, from its chunks."""
-        lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
+    def _plain_points(self, run_id: str, rank: int, name: str, lo: int, hi: int) -> Points:
+        """(steps, stored values) of a plain field in ``lo..hi``, both rows of a step
+        sent twice kept."""
         points = self.chunk_points(run_id, rank, lo, hi, name)
-        if not points:
-            return []
-        steps = [p[0] for p in points]
-        values = [p[2] for p in points]
-        cuts = [(bisect_left(steps, a), bisect_right(steps, b)) for a, b in bounds]
-        lows, highs = bucket_extremes(steps, values, cuts, self.value_key)
+        return [p[0] for p in points], [p[2] for p in points]
+
+    def extremes(
+        self,
+        points: Callable[[int, int], Points],
+        memo: dict[Any, Any],
+        bounds: Sequence[tuple[int, int]],
+    ) -> list[tuple[int, Any]]:
+        """(step, value) of the min and the max of each bucket (``bounds``: its first
+        and last steps) from the field's ``points``, as the rollups answer them."""
+        spans: list[list[int]] = []  # adjacent buckets are read as one range
+        for start, end in sorted(bounds):
+            if spans and start == spans[-1][1] + 1:
+                spans[-1][1] = end
+            else:
+                spans.append([start, end])
+        lows: list[tuple[int, Any]] = []
+        highs: list[tuple[int, Any]] = []
+        for start, end in spans:
+            steps, values = points(start, end)
+            # The buckets' index ranges, found once per steps list (shared by the
+            # fields of one name set); the entry holds the list, so its id stays its own.
+            entry = memo.get(("cuts", id(steps), start, end))
+            if entry is None or entry[0] is not steps:
+                inside = [b for b in bounds if start <= b[0] and b[1] <= end]
+                cuts = [(bisect_left(steps, a), bisect_right(steps, b)) for a, b in inside]
+                entry = memo["cuts", id(steps), start, end] = (steps, cuts)
+            found = bucket_extremes(steps, values, entry[1], self.value_key)
+            lows.extend(found[0])
+            highs.extend(found[1])
         return lows + highs
 
     def _bucketed(

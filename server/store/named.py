@@ -13,7 +13,7 @@ record's uid; store/named_reads.py).
 
 Example:
     >>> text = digest(("param_norms/w",))[1]
-    >>> text, decode(bytes(8))
+    >>> text, decode_view(bytes(8)).tolist()
     ('["param_norms/w"]', [0.0])
 """
 
@@ -31,11 +31,6 @@ def digest(names: tuple[str, ...]) -> tuple[str, str]:
     """(digest, JSON text) of a name set, as ``named_sets`` keeps it."""
     text = json.dumps(list(names), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest(), text
-
-
-def decode(data: bytes) -> list[float]:
-    """A packed row's values (floats, NaN and infinities included)."""
-    return decode_array(data).tolist()
 
 
 def decode_array(data: bytes) -> array[float]:

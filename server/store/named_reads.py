@@ -1,12 +1,13 @@
-"""Reading named scalars from their chunks (store/named.py) for ``/steps``.
+"""Reading named scalars straight from their chunks (store/named.py) for ``/steps``.
 
-A named field's history is the rows of its run and rank in a step range, each
-decoded once and shared by every field of the same query; the field's values are
-one C-level slice per name set (``flat[index::width]``). Where several rows hold the
-same step (a step sent again), the one written last wins, per name. Edge and fine
-buckets take each bucket's min and max in Python with the rollups' semantics: the
-backend's value order (``value_key``; values pass through ``scalar_in`` as stored
-values do), the earliest step among equal values.
+A named field's history is the chunks of its run and rank in a step range, each
+decoded once (a float view of its bytes) and shared by every field of the same query;
+a field's values are one C-level slice per chunk (``view[index::width]``). The steps
+(and, where a step was sent again, which row of it wins: the one written last) are
+worked out once per set of chunks holding the field, so the fields of one name set
+share one steps list. Edge and fine buckets take each bucket's min and max in Python
+with the rollups' semantics: the backend's value order (``value_key``; values pass
+through ``scalar_in`` as stored values do), the earliest step among equal values.
 
 Example (any store):
     >>> store.named_points("run", 0, "param_norms/w", 0, 99, {})  # doctest: +SKIP
@@ -16,86 +17,41 @@ Example (any store):
 from __future__ import annotations
 
 import json
-from array import array
-from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any, cast
 
+from ..columns import ints
 from . import named, rollups
 from .chunk_reads import ChunkReads
 from .chunks import stored_floats
 
 # (steps, values): one value per step, in step order.
 Points = tuple[list[int], list[Any]]
+# A named chunk as read: (written, uid, set id, steps, its values as floats).
+Chunk = tuple[int, int, int, list[int], "memoryview[float] | Any"]
 
 
-class PackedSpan:
-    """The packed rows of one run and rank in a step range, grouped by name set and
-    decoded on first use."""
+def steps_layout(chunks: Sequence[Chunk], lo: int, hi: int) -> tuple[list[int], list[int] | None]:
+    """(steps, picks) of the rows of ``chunks`` (in (step_lo, uid) order) in ``lo..hi``:
+    picks is None where every row is in range and no step repeats, else the place, in
+    the chunks' rows back to back, of each step's last written row.
 
-    def __init__(
-        self,
-        found: Sequence[tuple[Any, ...]],
-        sets: dict[int, dict[str, int]],
-        order: Sequence[tuple[int, int]] | None = None,
-        only: int | None = None,
-    ) -> None:
-        """``found``: rows ``(step, set id, data)`` in (step, uid) order, or ``(step,
-        data)`` of the name set ``only``; ``order``: their (written, uid), needed only
-        where a step has several rows."""
-        self.sets = sets
-        # set id -> (steps, write order (written, uid), data), in (step, uid) order
-        self.rows: dict[int, tuple[list[int], Sequence[tuple[int, int]], Sequence[bytes]]] = {}
-        self._values: dict[int, memoryview[float] | array[float]] = {}
-        if not found:
-            self.repeats = False
-            return
-        # Transposed in C; nearly always a single name set, kept as it came.
-        if only is not None:
-            steps, data = (list(c) for c in zip(*found, strict=True))
-            set_ids = [only]
-        else:
-            steps, set_ids, data = (list(c) for c in zip(*found, strict=True))
-        self.repeats = len(set(steps)) != len(steps)  # some step has several rows
-        if order is None:
-            order = [(0, 0)] * len(steps)
-        if only is not None or set_ids.count(set_ids[0]) == len(set_ids):
-            self.rows[set_ids[0]] = (steps, order, data)
-            return
-        parts: dict[int, tuple[list[int], list[tuple[int, int]], list[bytes]]] = {}
-        for row in zip(steps, order, set_ids, data, strict=True):
-            part = parts.get(row[2])
-            if part is None:
-                part = parts[row[2]] = ([], [], [])
-            part[0].append(row[0])
-            part[1].append(row[1])
-            part[2].append(row[3])
-        self.rows.update(parts)
-
-    def columns(self, name: str) -> list[tuple[list[int], Sequence[tuple[int, int]], list[float]]]:
-        """(steps, write order, values) of ``name`` from each name set holding it."""
-        out = []
-        for set_id, (steps, order, data) in self.rows.items():
-            names = self.sets.get(set_id)
-            index = names.get(name) if names else None
-            if index is None:
-                continue
-            assert names is not None
-            width = len(names)
-            flat = self._values.get(set_id)
-            if flat is None:
-                # One buffer per name set; each field is then a strided slice, in C.
-                flat = self._values[set_id] = named.decode_view(b"".join(map(bytes, data)))
-            if len(flat) != width * len(steps):  # never expected: rows of another width
-                values = [_at(named.decode(bytes(d)), index) for d in data]
-            else:
-                values = cast("list[float]", flat[index::width].tolist())
-            out.append((steps, order, values))
-        return out
-
-
-def _at(values: list[float], index: int) -> float:
-    return values[index] if index < len(values) else float("nan")
+    >>> steps_layout([(1, 10, 0, [3, 4], None), (2, 20, 0, [4, 9], None)], 0, 5)
+    ([3, 4], [0, 2])
+    """
+    steps = [s for c in chunks for s in c[3]]
+    if steps and lo <= steps[0] and steps[-1] <= hi and all(map(int.__lt__, steps, steps[1:])):
+        return steps, None
+    latest: dict[int, tuple[tuple[int, int], int]] = {}
+    place = 0
+    for written, uid, _, numbers, _ in chunks:
+        for i, step in enumerate(numbers):
+            found = latest.get(step)
+            if lo <= step <= hi and (found is None or found[0] < (written, uid + i)):
+                latest[step] = ((written, uid + i), place + i)
+        place += len(numbers)
+    ordered = sorted(latest)
+    return ordered, [latest[step][1] for step in ordered]
 
 
 class NamedReads(ChunkReads):
@@ -129,68 +85,41 @@ class NamedReads(ChunkReads):
         sets: dict[int, dict[str, int]] | None = None,
     ) -> Points:
         """(steps, stored values) of a named field in ``lo..hi``: the last row written
-        of each step; ``memo`` shares the decoded rows between the fields of one query."""
+        of each step; ``memo`` shares the decoded chunks between the fields of one query."""
         if sets is None:
             sets = self.name_sets(run_id, rank)
-        span = memo.get((lo, hi))
-        if span is None:
-            span = memo[lo, hi] = self._packed_span(run_id, rank, lo, hi, sets)
-        parts = span.columns(name)
-        if len(parts) == 1 and not span.repeats:
-            steps, _, values = parts[0]
-            return steps, self._stored(values)  # the steps list is shared by the fields
-        if not parts:
+        chunks: list[Chunk] | None = memo.get((lo, hi))
+        if chunks is None:
+            chunks = memo[lo, hi] = [
+                (written, uid, set_id, ints(bytes(steps)), named.decode_view(bytes(data)))
+                for uid, written, set_id, steps, data in self._chunks(
+                    "uid, written, names, steps, data",
+                    "named_chunks",
+                    "run_id = ? AND rank = ?",
+                    (run_id, rank),
+                    lo,
+                    hi,
+                )
+            ]
+        held = [(i, sets.get(c[2]) or {}) for i, c in enumerate(chunks)]
+        held = [(i, names) for i, names in held if name in names]
+        if not held:
             return [], []
-        # Several name sets, or a step sent again: the last written wins.
-        latest: dict[int, tuple[tuple[int, int], Any]] = {}
-        for steps, order, values in parts:
-            for step, at, value in zip(steps, order, self._stored(values), strict=True):
-                found = latest.get(step)
-                if found is None or found[0] < at:
-                    latest[step] = (at, value)
-        ordered = sorted(latest)
-        return ordered, [latest[step][1] for step in ordered]
-
-    def named_extremes(
-        self,
-        run_id: str,
-        rank: int,
-        name: str,
-        bounds: Sequence[tuple[int, int]],
-        memo: dict[Any, Any],
-        sets: dict[int, dict[str, int]] | None = None,
-    ) -> list[tuple[int, Any]]:
-        """(step, value) of the min and the max of each bucket (``bounds``: its first
-        and last steps), as :meth:`bucket_extremes` answers them from SQL."""
-        spans: list[list[int]] = []  # adjacent buckets are read as one range
-        for start, end in sorted(bounds):
-            if spans and start == spans[-1][1] + 1:
-                spans[-1][1] = end
-            else:
-                spans.append([start, end])
-        lows: list[tuple[int, Any]] = []
-        highs: list[tuple[int, Any]] = []
-        for start, end in spans:
-            steps, values = self.named_points(run_id, rank, name, start, end, memo, sets)
-            # The buckets' index ranges, found once per steps list (shared by the
-            # fields of one name set); the entry holds the list, so its id stays its own.
-            entry = memo.get(("cuts", id(steps), start, end))
-            if entry is None or entry[0] is not steps:
-                inside = [b for b in bounds if start <= b[0] and b[1] <= end]
-                cuts = [(bisect_left(steps, a), bisect_right(steps, b)) for a, b in inside]
-                entry = memo["cuts", id(steps), start, end] = (steps, cuts)
-            found = bucket_extremes(steps, values, entry[1], self.value_key)
-            lows.extend(found[0])
-            highs.extend(found[1])
-        return lows + highs
-
-    def _packed_span(
-        self, run_id: str, rank: int, lo: int, hi: int, sets: dict[int, dict[str, int]]
-    ) -> PackedSpan:
-        found = self.named_chunk_rows(run_id, rank, lo, hi)
-        if len({r[0] for r in found}) == len(found):  # no step twice: no order needed
-            return PackedSpan([r[:3] for r in found], sets)
-        return PackedSpan([r[:3] for r in found], sets, [r[3:] for r in found])
+        key = ("steps", lo, hi, tuple(i for i, _ in held))
+        layout = memo.get(key)
+        if layout is None:  # shared by the fields held by the same chunks
+            layout = memo[key] = steps_layout([chunks[i] for i, _ in held], lo, hi)
+        values: list[float] = []
+        for i, names in held:
+            rows = len(chunks[i][3])
+            column = cast("list[float]", chunks[i][4][names[name] :: len(names)].tolist())
+            if len(column) != rows:  # never expected: a chunk of another width
+                column = (column + [float("nan")] * rows)[:rows]
+            values.extend(column)
+        steps, picks = layout
+        if picks is not None:
+            values = [values[p] for p in picks]
+        return steps, self._stored(values)  # the steps list is shared by the fields
 
     def _stored(self, values: list[float]) -> list[Any]:
         """Decoded floats as the backend stores numbers (SQLite: "NaN" strings), so they

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import psycopg
@@ -59,31 +59,26 @@ class PostgresStore(Store):
         self._live_pending: list[tuple[Any, ...]] = []
         super().__init__(settings)
 
-    def listener(self, deliver: Callable[[pgfeed.Delivery], None]) -> pgfeed.Listener:
-        """A (not yet started) thread that hands ``deliver`` what other replicas stored."""
-        return pgfeed.Listener(self.settings.db, self.channel, self.replica, deliver)
-
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
-        """``(id, run_id, rank, seq, records)`` of stored live batches, by row id; the
-        records are the JSON array a live message carries (server/columns.py)."""
-        return [
-            (*row[:4], records_json(batch_of(bytes(row[4]))), *row[5:])
-            for row in self.query(
-                "SELECT id, run_id, rank, seq, frame FROM live_batches WHERE id = ANY(?)",
-                (list(ids),),
-            )
-        ]
+        """``(id, run_id, rank, seq, records, urgent)`` of stored live batches, by row
+        id; the records are the JSON array a live message carries (server/columns.py)."""
+        return self._live("id = ANY(?)", (list(ids),))
 
     def live_rows_since(self, seconds: float) -> list[tuple[Any, ...]]:
-        """``(id, run_id, rank, seq, records, urgent)`` other replicas stored in the last
-        ``seconds``, in the order they were stored (a LISTEN connection came back)."""
+        """As :meth:`live_rows`, what other replicas stored in the last ``seconds``, in
+        the order they were stored (a LISTEN connection came back)."""
+        return self._live(
+            "created >= clock_timestamp() - make_interval(secs => ?) AND replica <> ?",
+            (seconds, self.replica),
+        )
+
+    def _live(self, where: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return [
             (*row[:4], records_json(batch_of(bytes(row[4]))), *row[5:])
             for row in self.query(
-                "SELECT id, run_id, rank, seq, frame, urgent FROM live_batches WHERE"
-                " created >= clock_timestamp() - make_interval(secs => ?) AND replica <> ?"
+                f"SELECT id, run_id, rank, seq, frame, urgent FROM live_batches WHERE {where}"  # noqa: S608
                 " ORDER BY id",
-                (seconds, self.replica),
+                params,
             )
         ]
 

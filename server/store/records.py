@@ -45,7 +45,6 @@ INT_FIELDS = (
 PROFILE_KEYS = ("forward_s", "backward_s", "calls")
 # Kept per record in ``notes`` (besides fields the server does not know).
 NOTE_FIELDS = ("nonfinite", "timestep_layout")
-_KNOWN = frozenset(("kind", "step", "timesteps", "param_norms", "gate_norms", "profile"))
 _LITTLE = sys.byteorder == "little"
 
 

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 # Levels 16x apart: a bucket merges at most 16 rows of the level below it, and a batch
@@ -41,15 +41,6 @@ def sqlite_key(value: Any) -> tuple[int, Any]:
 def postgres_key(value: Any) -> tuple[int, Any]:
     """PostgreSQL's float8 order: NaN above +Infinity, all NaNs equal."""
     return (1, 0.0) if isinstance(value, float) and math.isnan(value) else (0, value)
-
-
-def _merge(
-    into: list[Any], lo_step: int, lo: Any, lo_key: Any, hi_step: int, hi: Any, hi_key: Any
-) -> None:
-    if lo_key < into[4] or (lo_key == into[4] and lo_step < into[0]):
-        into[0], into[1], into[4] = lo_step, lo, lo_key
-    if hi_key > into[5] or (hi_key == into[5] and hi_step < into[2]):
-        into[2], into[3], into[5] = hi_step, hi, hi_key
 
 
 def coarser(fine: list[int]) -> list[tuple[int, int, int, int]]:
@@ -104,38 +95,3 @@ def cover(lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[tuple[int,
         pending.append(((last + 1) * size, b, i - 1))
         pending.append((a, first * size - 1, i - 1))
     return blocks, rest
-
-
-def merge_buckets(
-    found: Iterable[tuple[int, int, Any, int, Any]], shift: int, key: Key
-) -> dict[int, tuple[Any, ...]]:
-    """Rollup rows ``(block, min_step, min_v, max_step, max_v)`` merged into buckets of
-    ``2**shift`` blocks: bucket -> ``(min_step, min_v, max_step, max_v)``."""
-    found = list(found)
-    try:
-        # Plain numbers (no NaN, no "NaN" string) compare as they are: no key per value.
-        total = sum(r[2] for r in found) + sum(r[4] for r in found)
-        plain = total == total
-    except TypeError:
-        plain = False
-    if plain:
-        merged: dict[int, list[Any]] = {}
-        for block, lo_step, lo, hi_step, hi in found:
-            b = merged.get(block >> shift)
-            if b is None:
-                merged[block >> shift] = [lo_step, lo, hi_step, hi]
-                continue
-            if lo < b[1] or (lo == b[1] and lo_step < b[0]):
-                b[0], b[1] = lo_step, lo
-            if hi > b[3] or (hi == b[3] and hi_step < b[2]):
-                b[2], b[3] = hi_step, hi
-        return {at: tuple(b) for at, b in merged.items()}
-    buckets: dict[int, list[Any]] = {}
-    for block, lo_step, lo, hi_step, hi in found:
-        at = block >> shift
-        b = buckets.get(at)
-        if b is None:
-            buckets[at] = [lo_step, lo, hi_step, hi, key(lo), key(hi)]
-        else:
-            _merge(b, lo_step, lo, key(lo), hi_step, hi, key(hi))
-    return {at: tuple(b[:4]) for at, b in buckets.items()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,6 @@ from gradwatch.server.store.rollups import (
     LEVELS,
     STEP_SERIES,
     Key,
-    merge_buckets,
     postgres_key,
     sqlite_key,
 )
@@ -109,6 +109,21 @@ def _reference(values: list[tuple[str, int, Any]], key: Key) -> dict[Any, Any]:
     return out
 
 
+def _merged(rows: list[tuple[Any, ...]], key: Key) -> dict[int, tuple[Any, ...]]:
+    """Rows ``(block, min_step, min_v, max_step, max_v)`` of one series merged per
+    block: the lower (higher) value in ``key``'s order, then the earlier step."""
+    blocks: dict[int, list[Any]] = {}
+    for block, *row in rows:
+        blocks.setdefault(block, []).append(row)
+    out = {}
+    for block, found in blocks.items():
+        lo = min(found, key=lambda r: (key(r[1]), r[0]))
+        top = max(key(r[3]) for r in found)
+        hi = min((r for r in found if key(r[3]) == top), key=lambda r: r[2])
+        out[block] = (lo[0], lo[1], hi[2], hi[3])
+    return out
+
+
 def _written(batch: Any, scalar: Any, key: Key, order: str) -> dict[Any, Any]:
     """The set rows the writer computes for the batch's chunks, merged per series and
     block as history merges the rows of a series in several sets, values read back
@@ -127,7 +142,7 @@ def _written(batch: Any, scalar: Any, key: Key, order: str) -> dict[Any, Any]:
                 counts[name, level, block] = counts.get((name, level, block), 0) + n
     out = {}
     for (name, level), found_rows in rows.items():
-        for block, (ls, lv, hs, hv) in merge_buckets(found_rows, 0, key).items():
+        for block, (ls, lv, hs, hv) in _merged(found_rows, key).items():
             out[name, level, block] = (ls, _norm(lv), hs, _norm(hv), counts[name, level, block])
     return out
 
@@ -187,7 +202,9 @@ def test_python_bucket_extremes_match_the_reference(store_sql, gradwatch_db):
                 want.append(min(inside, key=lambda p: (key(p[1]), p[0])))
                 top = max(key(v) for _, v in inside)
                 want.append(min((p for p in inside if key(p[1]) == top), key=lambda p: p[0]))
-        python = store.named_extremes(run, 0, "param_norms/w", bounds, {})
+        memo: dict[Any, Any] = {}
+        points = partial(store.named_points, run, 0, "param_norms/w", memo=memo)
+        python = store.extremes(points, memo, bounds)
         assert sorted((s, _norm(v)) for s, v in python) == sorted((s, _norm(v)) for s, v in want)
 
     try:

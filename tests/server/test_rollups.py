@@ -14,7 +14,7 @@ from gradwatch.server.downsample import minmax
 from gradwatch.server.schema import parse_message
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
-from gradwatch.server.store.rollups import LEVELS, merge_buckets, sqlite_key
+from gradwatch.server.store.rollups import LEVELS
 from gradwatch.server.store.set_rollups import ROW_DTYPES, array_blocks
 
 
@@ -158,10 +158,3 @@ def test_history_of_repeating_values_keeps_the_earliest_step_of_each_extreme(gra
                     assert got["fields"][name]["value"] == want_values, (name, max_points)
         finally:
             store.close()
-
-
-def test_rollup_buckets_merge_ties_to_the_earliest_step():
-    rows = [(0, 3, 1.0, 5, 9.0), (1, 70, 1.0, 66, 9.0), (2, 130, 0.5, 140, 9.0)]
-    assert merge_buckets(rows, 1, sqlite_key) == {0: (3, 1.0, 5, 9.0), 1: (130, 0.5, 140, 9.0)}
-    with_text = [(0, 3, 1.0, 5, "NaN"), (1, 70, 1.0, 66, "NaN")]
-    assert merge_buckets(with_text, 1, sqlite_key) == {0: (3, 1.0, 5, "NaN")}

@@ -27,8 +27,10 @@ observations:
 - ``T``, the span of a light step.
 
 Capturing every ``n``-th step costs ``H / n + c`` a step; the interval is the
-smallest ``n >= every`` with ``H / n + c <= budget * T`` (``max_interval`` when even
-light steps exceed the budget). A loaded box stretches ``T`` and ``H`` alike, so the
+smallest ``n >= every`` with ``H / n + c <= budget * T``; where light steps leave
+less than :attr:`Schedule.HEAVY_FLOOR` (0.5 %) of the step, heavy capture takes that
+much (``H / n <= 0.005 * T``) rather than stopping, so the total then exceeds the
+budget by at most that share. A loaded box stretches ``T`` and ``H`` alike, so the
 interval does not swing with the load. Until ``MIN_SAMPLES`` pairs have been seen,
 every third step is heavy (steps 0, 3, 6, ...: calibration). With no light step for
 ``PROBE_AFTER`` steps without a pair to compare (an interval of 1 or 2 leaves no
@@ -80,6 +82,10 @@ class Schedule:
     WINDOW = 31
     #: fewest heavy/light pairs before the measured cost is used (calibration before)
     MIN_SAMPLES = 5
+    #: with a budget, the share of a step heavy capture may always take, even where
+    #: light steps alone exceed the budget (0.5 %: a heavy step ~20 % dearer than a
+    #: light one then comes every ~40 steps)
+    HEAVY_FLOOR = 0.005
     #: with a budget, a light step at least this often (something to compare against)
     PROBE_AFTER = 64
 
@@ -241,9 +247,10 @@ class Schedule:
         heavy, light = self.estimate()
         if heavy is None:
             return self.interval
-        spare = self.budget - light
-        if spare <= 0:
-            return self.max_interval
+        # Where light steps alone use (nearly) all of the budget, heavy capture still
+        # gets HEAVY_FLOOR of the step: a monitor that never looks at the gradients
+        # again after calibration would be cheap and blind
+        spare = max(self.budget - light, min(self.budget, self.HEAVY_FLOOR))
         # the tolerance keeps 0.10 / 0.02 = 5.000000000000001 from becoming 6
         n = math.ceil(heavy / spare - 1e-9)
         return max(self.every, min(self.max_interval, n))

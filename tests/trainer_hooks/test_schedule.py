@@ -125,10 +125,17 @@ def test_a_budget_never_captures_more_often_than_every() -> None:
     assert feed(s, range(20), span=(0.0101, 0.010)) == [0, 4, 8, 12, 16]
 
 
-def test_a_budget_the_light_steps_already_exceed_uses_the_longest_interval() -> None:
-    s = Schedule(every=1, overhead=0.01, max_interval=50)
-    feed(s, range(200), span=(0.020, 0.010), spent=(0.003, 0.0002))
-    assert s.interval == 50
+def test_a_budget_the_light_steps_already_exceed_still_captures_at_the_heavy_floor() -> None:
+    # light steps cost 2 % against a 1 % budget; a heavy step 10 ms (100 %) more: heavy
+    # capture keeps HEAVY_FLOOR (0.5 %) of the step, every 200th step, not never
+    s = Schedule(every=1, overhead=0.01, max_interval=1000)
+    feed(s, range(400), span=(0.020, 0.010), spent=(0.0102, 0.0002))
+    heavy, light = s.estimate()
+    assert light == pytest.approx(0.02) and heavy == pytest.approx(1.0)
+    assert s.interval == 200
+    capped = Schedule(every=1, overhead=0.01, max_interval=50)
+    feed(capped, range(200), span=(0.020, 0.010), spent=(0.0102, 0.0002))
+    assert capped.interval == 50
 
 
 def test_with_a_budget_a_light_probe_step_comes_at_least_every_probe_after_steps() -> None:

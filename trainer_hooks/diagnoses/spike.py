@@ -75,6 +75,15 @@ class Jump:
     z: float
     history: int
 
+    def evidence(self) -> dict[str, Any]:
+        """Where the value stood against its band: median, ratio, robust z, window."""
+        return {
+            "median": sig(self.median),
+            "ratio": sig(self.value / self.median),
+            "z": sig(self.z) if math.isfinite(self.z) else "Infinity",
+            "window": self.history,
+        }
+
 
 class Band:
     """The rolling median/MAD band of one quantity.
@@ -218,10 +227,7 @@ class SpikeDetector(Detector):
             "blocks": n,
             "spiked_blocks": spiked[:20],
             "value": sig(jump.value),
-            "median": sig(jump.median),
-            "ratio": sig(jump.value / jump.median),
-            "z": sig(jump.z) if math.isfinite(jump.z) else "Infinity",
-            "window": jump.history,
+            **jump.evidence(),
         }
         message = (
             f"{stack}: the gradient spiked at step {step}, first at block {block} of {n} in "
@@ -240,10 +246,7 @@ class SpikeDetector(Detector):
         evidence: dict[str, Any] = {
             "step": step,
             "loss": sig(jump.value),
-            "median": sig(jump.median),
-            "ratio": sig(jump.value / jump.median),
-            "z": sig(jump.z) if math.isfinite(jump.z) else "Infinity",
-            "window": jump.history,
+            **jump.evidence(),
         }
         message = (
             f"the loss spiked at step {step}: {fmt(jump.value)}, {fmt(jump.value / jump.median)}x"

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,20 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+_OPEN: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def close_every_trainer() -> Iterator[None]:
+    """A test that fails mid-run must not leave a sender thread warning into the
+    tests after it: every Trainer is closed at teardown, pass or fail."""
+    yield
+    while _OPEN:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _OPEN.pop().monitor.close(timeout=0)
+
+
 class TinyLSTM(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -58,6 +73,7 @@ class Trainer:
         self.monitor = watch(self.model, run="delivery", server=server, spool=spool,
                              run_id=run_id, diagnose=False)
         self.steps = 0
+        _OPEN.append(self)
 
     def train(self, n: int) -> None:
         for _ in range(n):
@@ -72,6 +88,12 @@ class Trainer:
     @property
     def sink(self) -> Any:
         return self.monitor._pipeline.sink
+
+    def wait_disconnected(self, timeout: float) -> bool:
+        """Wait on the sender's own condition until it has seen the connection end."""
+        sink = self.sink
+        with sink._cond:
+            return bool(sink._cond.wait_for(lambda: not sink.connected, timeout=timeout))
 
     def delivered(self, timeout: float = 60.0) -> bool:
         """Every record so far handed to the sink and acknowledged by the server."""
@@ -133,6 +155,9 @@ def test_kill_9_mid_run_and_restart_stores_every_step_exactly_once(
         assert trainer.delivered()
         trainer.train(15)  # some of these are in flight when the server dies
         server.kill()
+        # The sender learns of the death from its socket, on its own thread; from
+        # then on, batches go to the spool rather than the in-flight window.
+        assert trainer.wait_disconnected(60)
         trainer.train(40)  # training goes on while the server is gone
         assert trainer.sink.stats()["spooled_batches"] > 0
         server.restart()

@@ -96,6 +96,7 @@ class SlowdownDetector(Detector):
         self._early_fields: dict[str, list[int]] = {}
         self._holding = False
         self._streak = 0  # judgements in a row that held
+        self._cold = 0  # judgements in a row that ended at the rising fraction
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         duration = as_float(record.get("duration_s"))
@@ -129,15 +130,25 @@ class SlowdownDetector(Detector):
             self.config["slowdown_min_window"]
         ):
             return {}
-        slope, last, rising = self._trend.trend()
-        baseline = median(self._early)
-        ratio = last / baseline if baseline > 0 else 1.0
         # Strict until raised: the full rising fraction, a rise clear of the noise and
         # both halves rising, for slowdown_sustain judgements in a row (the engine
         # raises after as many). Once raised, the looser rising fraction alone keeps
         # it (a late linear slowdown rises little per window).
         raised = self._streak >= int(self.config["slowdown_sustain"])
         needed = float(self.config["slowdown_rising_fraction"]) - (HYSTERESIS if raised else 0)
+        if self._trend.rising() < needed:
+            # Cannot hold, whatever the slope: most records of a steady run end here,
+            # without the slopes' sort (this runs on every step record). The sorted
+            # slopes are dropped after a window of such records, kept in between.
+            self._cold += 1
+            if self._cold >= len(self._trend):
+                self._trend.release()
+            self._streak, self._holding = 0, False
+            return {"step_time": None}
+        self._cold = 0
+        slope, last, rising = self._trend.trend()
+        baseline = median(self._early)
+        ratio = last / baseline if baseline > 0 else 1.0
         holds = ratio >= float(self.config["slowdown_ratio"]) and rising >= needed
         xs = [float(r["step"]) for r in self._rows]
         ys = [float(r["duration_s"]) for r in self._rows]

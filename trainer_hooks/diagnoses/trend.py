@@ -3,23 +3,30 @@
 :func:`~.base.trend` recomputes every pairwise slope of its window: O(n²) slopes and
 an O(n² log n) sort, on every record (the ``slowdown`` window of 30 steps: 435 slopes,
 ~250 µs a record on the Monitor's background thread, which shares the CPU with
-training). :class:`SlidingTrend` keeps the window's slopes in a sorted list instead:
-a new point adds its n-1 slopes and the point that leaves the window takes its n-1
-slopes out (``bisect``, O(n) each), so a record costs O(n) list work plus the O(n log n)
-intercept.
+training). :class:`SlidingTrend` keeps two things instead:
+
+- the rising fraction, always: a new point adds its n-1 pairs to a count of pairs
+  and of rising pairs, the point that leaves takes its n-1 out (O(n), ~5 µs). A
+  detector that needs a rising fraction first (``slowdown``) asks :meth:`rising` and
+  most records end there: noise rises in half the pairs, far below what it needs;
+- the window's slopes in a sorted list, only while someone asks for the slope:
+  :meth:`trend` builds it (O(n² log n), once), then each point adds its n-1 slopes and
+  the leaving point takes its n-1 out (``bisect``) until :meth:`release` drops it.
 
 It returns exactly what :func:`~.base.trend` returns on the same window: every slope
-is computed by the same expression from the same two points (so the same float), the
-sorted list holds the same multiset, and the median, the rising fraction and the
-intercept are read the same way. A non-finite value in the window (a NaN slope
-cannot be ordered) makes it fall back to :func:`~.base.trend` until that point has
-left the window.
+is computed by the same expression from the same two points (so the same float and
+the same sign), the sorted list holds the same multiset, and the median, the rising
+fraction and the intercept are read the same way. A non-finite value in the window (a
+NaN slope cannot be ordered) makes it fall back to :func:`~.base.trend` until that
+point has left the window.
 
 Example:
     >>> t = SlidingTrend(window=5)
     >>> for step, seconds in enumerate([9.0, 1.0, 2.0, 3.0, 4.0, 50.0]):
     ...     t.push(float(step), seconds)
-    >>> t.trend()  # steps 1-5 (one outlier): (slope, value at step 5, rising fraction)
+    >>> t.rising()  # steps 1-5: every pair rises
+    1.0
+    >>> t.trend()  # (slope, value at step 5, rising fraction); one outlier
     (1.0, 5.0, 1.0)
 """
 
@@ -29,14 +36,15 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import deque
 
-from .base import median, trend
+from .base import median, pairwise_slopes, trend
 
 
 class SlidingTrend:
     """Theil–Sen slope, fitted last value and rising fraction of the last ``window`` points.
 
     ``push(x, y)`` adds a point (the oldest leaves once ``window`` are held);
-    ``trend()`` equals ``base.trend(xs, ys)`` over the points held, in push order.
+    ``trend()`` equals ``base.trend(xs, ys)`` over the points held, in push order, and
+    ``rising()`` its third value.
     """
 
     def __init__(self, window: int) -> None:
@@ -45,8 +53,10 @@ class SlidingTrend:
         self.window = window
         self.xs: deque[float] = deque()
         self.ys: deque[float] = deque()
-        #: every pairwise slope of the window, sorted; None while a non-finite point is in
-        self._slopes: list[float] | None = []
+        #: every pairwise slope of the window, sorted, while kept (see :meth:`trend`)
+        self._slopes: list[float] | None = None
+        self._pairs = 0  # pairs with distinct x
+        self._up = 0  # of which the slope is > 0
         self._bad = 0  # points in the window with a non-finite x or y
 
     def __len__(self) -> int:
@@ -59,43 +69,58 @@ class SlidingTrend:
             return
         if len(xs) == self.window:
             x0, y0 = xs.popleft(), ys.popleft()
-            finite0 = math.isfinite(x0) and math.isfinite(y0)
-            self._bad -= not finite0
-            slopes = self._slopes
-            if slopes is not None:
+            if not (math.isfinite(x0) and math.isfinite(y0)):
+                self._bad -= 1
+                if self._bad == 0:
+                    self._recount()
+            elif self._bad == 0:
                 # the same expression as base.pairwise_slopes (the older point first)
-                for xj, yj in zip(xs, ys, strict=True):
-                    if xj != x0:
-                        del slopes[bisect_left(slopes, (yj - y0) / (xj - x0))]
-        finite = math.isfinite(x) and math.isfinite(y)
-        slopes = self._slopes
-        if slopes is not None and finite:
-            # appended, then one sort: timsort merges the two sorted runs in C
-            slopes += [(y - yi) / (x - xi) for xi, yi in zip(xs, ys, strict=True) if x != xi]
-            slopes.sort()
-        xs.append(x)
-        ys.append(y)
-        if not finite:
+                gone = [(yj - y0) / (xj - x0) for xj, yj in zip(xs, ys, strict=True) if xj != x0]
+                self._pairs -= len(gone)
+                self._up -= sum(1 for g in gone if g > 0)
+                slopes = self._slopes
+                if slopes is not None:
+                    for g in gone:
+                        del slopes[bisect_left(slopes, g)]
+        if not (math.isfinite(x) and math.isfinite(y)):
             self._bad += 1
             self._slopes = None
-        elif self._slopes is None and self._bad == 0:
-            self._rebuild()
+        elif self._bad == 0:
+            new = [(y - yi) / (x - xi) for xi, yi in zip(xs, ys, strict=True) if x != xi]
+            self._pairs += len(new)
+            self._up += sum(1 for s in new if s > 0)
+            slopes = self._slopes
+            if slopes is not None:
+                slopes += new  # appended, then one sort: timsort merges the two runs in C
+                slopes.sort()
+        xs.append(x)
+        ys.append(y)
 
-    def _rebuild(self) -> None:
-        xs, ys = list(self.xs), list(self.ys)
-        self._slopes = sorted(
-            (ys[j] - ys[i]) / (xs[j] - xs[i])
-            for i in range(len(xs))
-            for j in range(i + 1, len(xs))
-            if xs[j] != xs[i]
-        )
+    def _recount(self) -> None:
+        """The counts from scratch (the last non-finite point just left the window)."""
+        new = pairwise_slopes(list(self.xs), list(self.ys))
+        self._pairs = len(new)
+        self._up = sum(1 for s in new if s > 0)
+        self._slopes = None
+
+    def rising(self) -> float:
+        """The fraction of pairs that rise (``trend()[2]``), without the slopes' sort."""
+        if self._bad:
+            return trend(list(self.xs), list(self.ys))[2] if self.xs else 0.0
+        return self._up / self._pairs if self._pairs else 0.0
+
+    def release(self) -> None:
+        """Stop keeping the sorted slopes (until :meth:`trend` is asked again)."""
+        self._slopes = None
 
     def trend(self) -> tuple[float, float, float]:
         """(Theil–Sen slope, the trend line's value at the last x, rising fraction)."""
         xs, ys = self.xs, self.ys
-        slopes = self._slopes
-        if slopes is None or not xs:
+        if self._bad or not xs:
             return trend(list(xs), list(ys))
+        slopes = self._slopes
+        if slopes is None:
+            slopes = self._slopes = sorted(pairwise_slopes(list(xs), list(ys)))
         n = len(slopes)
         if n == 0:
             return 0.0, ys[-1], 0.0

@@ -88,6 +88,8 @@ MIN_GAP_S = 0.05
 BUSY_RATIO = 50
 #: ...but never longer than this (seconds): what it may add to the live latency
 MAX_GAP_S = 0.05
+#: this thread's CPU seconds of record work between two yields of the GIL
+YIELD_AFTER_S = 50e-6
 #: weight of the newest observation in the CPU-time running means
 _SMOOTHING = 0.2
 
@@ -250,6 +252,7 @@ class Pipeline:
             batch: list[dict[str, Any]] = []
             size = 0
             handled, own = 0, 0.0
+            unyielded = YIELD_AFTER_S  # the wake's first record yields first
             while self._items:
                 item = self._items.popleft()
                 if item is _STOP:
@@ -263,9 +266,12 @@ class Pipeline:
                     item.done.set()
                     continue
                 # Give the GIL back between records: a training thread that returns
-                # from a GIL-free op (backward) waits for at most one record's work
-                # instead of a whole switch interval (5 ms).
-                time.sleep(0)
+                # from a GIL-free op (backward) waits for at most YIELD_AFTER_S of this
+                # thread's work instead of a whole switch interval (5 ms). Light records
+                # take ~10 µs each: yielding after every one cost more handoffs than work.
+                if unyielded >= YIELD_AFTER_S:
+                    time.sleep(0)
+                    unyielded = 0.0
                 started = time.thread_time()
                 try:
                     records = self._records(item)
@@ -273,11 +279,12 @@ class Pipeline:
                     self.once.warn("pipeline", f"gradwatch: a record was lost: {e!r}")
                     continue
                 spent = time.thread_time() - started
+                unyielded += spent
                 if self._charge(item, records[0], spent):
                     handled += 1
                     own += spent
                 for record in records:
-                    n = self._size(record)
+                    n = self._size(record) if item.heavy or record is not records[0] else 200
                     if batch and (len(batch) >= self.max_batch or size + n > self.max_bytes):
                         batch, size = self._send(batch), 0
                     batch.append(record)

@@ -88,6 +88,8 @@ class Schedule:
     HEAVY_FLOOR = 0.005
     #: with a budget, a light step at least this often (something to compare against)
     PROBE_AFTER = 64
+    #: with a budget, the interval is refit at least this often (and after each pair)
+    REFIT_EVERY = 16
 
     def __init__(
         self, every: int = 1, overhead: float | None = None, max_interval: int | None = None
@@ -128,6 +130,7 @@ class Schedule:
         self._last_pair = 0  # the step a pair was last completed (or a probe began)
         self._light_at: set[int] = set()  # steps a probe keeps light
         self._background = {True: 0.0, False: 0.0}
+        self._refit_at = 0
 
     @property
     def calibrating(self) -> bool:
@@ -169,16 +172,24 @@ class Schedule:
             self._last_heavy = step
         else:
             self._last_light = step
+        paired = False
         if span_s is not None and math.isfinite(span_s) and math.isfinite(spent_s):
-            self._pair(step, heavy, span_s, spent_s)
-        if self.budget is not None and not self.calibrating:
+            paired = self._pair(step, heavy, span_s, spent_s)
+        # Refit when a heavy/light pair is complete (what a heavy step costs moved) or
+        # every REFIT_EVERY steps (the light steps' share drifts slowly): the medians
+        # cost ~20 µs, too much for every light step of a 3 ms training step.
+        if self.budget is not None and not self.calibrating and (
+            paired or step >= self._refit_at
+        ):
             self.interval = self._fit()
+            self._refit_at = step + self.REFIT_EVERY
         # The interval counts from the last heavy step, whether it grew or shrank.
         self._next = self._last_heavy + self.interval
 
-    def _pair(self, step: int, heavy: bool, span: float, spent: float) -> None:
+    def _pair(self, step: int, heavy: bool, span: float, spent: float) -> bool:
         """Compare a heavy step and the light one after it with the clean light steps
-        before it (light steps after a light step: what a step costs without capture)."""
+        before it (light steps after a light step: what a step costs without capture).
+        True when this step completed a pair."""
         pending, self._pending = self._pending, None
         contiguous = step == self._previous + 1
         self._previous = step
@@ -191,19 +202,20 @@ class Schedule:
                         statistics.median(c[1] for c in self._clean))
                 self._pending = (step, span, spent, base)
             self._clean = []
-            return
+            return False
         self._light_span.append(span)
         self._light_spent.append(spent)
         if pending is None or pending[0] != step - 1:
             if contiguous and step - 1 != self._last_heavy:
                 self._clean.append((span, spent))
-            return
+            return False
         _, heavy_span, heavy_spent, (clean, clean_spent) = pending
         self._last_pair = step
         self._extra.append(heavy_span + span - 2 * clean)
         self._unseen.append(
             (heavy_span - heavy_spent) + (span - spent) - 2 * (clean - clean_spent)
         )
+        return True
 
     def hidden_s(self) -> float:
         """Seconds a heavy step's training takes beyond a light one's that gradwatch's

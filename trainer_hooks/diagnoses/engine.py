@@ -138,7 +138,8 @@ class DiagnosisEngine:
                 alert = self._advance(detector.code, subject, finding, step, t)
                 if alert is not None:
                     alerts.append(alert)
-        self.detectors = [d for d in self.detectors if d.code not in self._failed]
+        if self._failed:
+            self.detectors = [d for d in self.detectors if d.code not in self._failed]
         return alerts
 
     def finish(self) -> list[dict[str, Any]]:

@@ -48,6 +48,10 @@ async function route() {
   delete document.body.dataset.painted;
   const r = parseRoute(window.location.hash);
   state.route = r;
+  // Which view "painted" is about: a click on a run link changes the hash, and the
+  // previous view's painted flag stays up until this handler runs (tests and tools
+  // wait for body[data-view='run'][data-painted='1'], never a stale one).
+  document.body.dataset.view = r.view;
   replaceChildren(root, el("p", { class: "empty" }, "Loading…"));
   let view;
   if (r.view === "run") view = new RunView(root, r.ids[0], { rank: r.rank });

@@ -72,7 +72,7 @@ def test_real_training_streams_rows_and_its_vanishing_alert_shows_the_fix(
     w.page.wait_for_selector("#runs-body a.run-link", timeout=60_000)
     assert w.page.inner_text("#runs-body a.run-link") == "long-lstm live"
     w.page.click("#runs-body a.run-link")
-    w.page.wait_for_selector("body[data-painted='1']")
+    w.page.wait_for_selector("body[data-view='run'][data-painted='1']")
     heat = "chart-heatmap-lstm-input"
     rows_at_paint = chart(w.page, heat, "d.data[0].z.length")
     assert rows_at_paint <= BEFORE_PAGE

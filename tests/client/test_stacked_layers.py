@@ -88,7 +88,7 @@ def test_a_stacked_gru_shows_its_input_and_layer1_heatmaps_live_and_from_history
         w.page.wait_for_selector("#runs-body a.run-link", timeout=60_000)
         run_id = w.page.get_attribute("#runs-body tr", "data-run-id")
         w.page.click("#runs-body a.run-link")
-        w.page.wait_for_selector("body[data-painted='1']")
+        w.page.wait_for_selector("body[data-view='run'][data-painted='1']")
         # no step yet: each module's input heatmap, waiting for rows
         assert [s[:2] for s in heat_order(w.page)] == [["gru", "input"], ["post", "input"]]
     finally:

@@ -20,9 +20,12 @@ optimizer step):
 Variants, each on its own copy of the model (same weights): ``plain``; ``plain
 (control)``, a second copy whose distance from 1.000x is this run's noise;
 ``gradwatch default``, ``watch(model)`` with no options (heavy quantities under the
-default budget); ``every=1``; ``every=10``; ``wandb.watch(log="all", log_freq=1)``
-offline and TensorBoard ``add_histogram`` of every gradient every step, when
-installed (skipped with a note otherwise). Interleaved blocks: every round runs one
+default budget); ``every=1``; ``every=10``. Then a second pass, against its own plain
+copy: ``wandb.watch(log="all", log_freq=1)`` offline and TensorBoard
+``add_histogram`` of every gradient every step, when installed (skipped with a note
+otherwise; ``--no-others`` skips it): wandb's threads work on after its blocks, with
+nothing to drain them, and would be charged to gradwatch's variants if they shared
+the pass. Interleaved blocks: every round runs one
 block of each variant in a shuffled order, and each block ends by draining its own
 background work (``monitor.flush()``), so that work is charged to it. The table gives
 each variant's mean block step time (wall clock), its ratio to plain as medians of
@@ -302,10 +305,15 @@ class Variant:
         return spent / self.wall_s, heavy
 
 
-def variants(name: str, stack: ExitStack, tmp: Path, notes: list[str]) -> list[Variant]:
+def plain_variants(work: Workload, labels: tuple[str, ...]) -> list[Variant]:
+    return [Variant(label, work.make_step(copy.deepcopy(work.model)), lambda loss, i: None)
+            for label in labels]
+
+
+def variants(name: str, stack: ExitStack, tmp: Path) -> list[Variant]:
+    """Plain, its control and gradwatch's settings: the first pass."""
     work = workload(name)
-    found = [Variant(label, work.make_step(copy.deepcopy(work.model)), lambda loss, i: None)
-             for label in ("plain", "plain (control)")]
+    found = plain_variants(work, ("plain", "plain (control)"))
     for label, options in (("gradwatch default", {}), ("gradwatch every=1", {"every": 1}),
                            ("gradwatch every=10", {"every": 10})):
         model = copy.deepcopy(work.model)
@@ -315,6 +323,15 @@ def variants(name: str, stack: ExitStack, tmp: Path, notes: list[str]) -> list[V
         found.append(Variant(label, work.make_step(model),
                              lambda loss, i, m=monitor: m.step(loss), drain=monitor.flush,
                              monitor=monitor, spool=spool))
+    return found
+
+
+def other_variants(name: str, stack: ExitStack, tmp: Path, notes: list[str]) -> list[Variant]:
+    """wandb and TensorBoard beside a plain copy: a second pass, apart from the first,
+    because wandb's own threads go on working after its blocks (nothing drains them)
+    and would be charged to whichever variant ran next."""
+    work = workload(name)
+    found = plain_variants(work, ("plain (second pass)",))
     try:
         import wandb
     except ImportError:
@@ -345,35 +362,51 @@ def variants(name: str, stack: ExitStack, tmp: Path, notes: list[str]) -> list[V
 
         found.append(Variant("tensorboard histograms", work.make_step(model), histograms,
                              drain=writer.flush))
-    return found
+    return found if len(found) > 1 else []
 
 
-def measure(name: str, rounds: int, steps: int, warmup: int, notes: list[str]) -> list[str]:
+def interleaved(found: list[Variant], rounds: int, steps: int, warmup: int) -> None:
+    for v in found:  # allocator, first calls, the default budget's first estimates
+        v.run(warmup, timed=False)
+    shuffle = random.Random(0)
+    for _ in range(rounds):
+        order = list(found)
+        shuffle.shuffle(order)
+        for v in order:
+            v.run(steps, timed=True)
+
+
+def measure(name: str, rounds: int, steps: int, warmup: int, notes: list[str],
+            others: bool = True) -> list[str]:
+    lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmpdir, ExitStack() as stack:
-        found = variants(name, stack, Path(tmpdir), notes)
-        for v in found:  # allocator, first calls, the default budget's first estimates
-            v.run(warmup, timed=False)
-        shuffle = random.Random(0)
-        for _ in range(rounds):
-            order = list(found)
-            shuffle.shuffle(order)
-            for v in order:
-                v.run(steps, timed=True)
-        plain = statistics.median(found[0].times)
-        plain_mean = statistics.fmean(found[0].times)
-        lines = []
-        for v in found:
-            med, mean = statistics.median(v.times), statistics.fmean(v.times)
-            got = v.reported()
-            said = heavy = ""
-            if got is not None:
-                said, heavy = f"{got[0]:.1%}", f"{got[1]:.0%}"
-            if v.note:
-                notes.append(f"{name}, {torch.get_num_threads()} thread(s), {v.name}: {v.note}")
-            lines.append(f"| {name} | {v.name} | {mean * 1e3:.2f} | {med / plain:.3f}x | "
-                         f"{mean / plain_mean:.3f}x | {1 - plain_mean / mean:+.1%} | {said} | "
-                         f"{heavy} |")
-        return lines
+        passes = [variants(name, stack, Path(tmpdir))]
+        if others:
+            passes.append(other_variants(name, stack, Path(tmpdir), notes))
+        for found in passes:
+            if found:
+                interleaved(found, rounds, steps, warmup)
+                lines += table_rows(name, found, notes)
+    return lines
+
+
+def table_rows(name: str, found: list[Variant], notes: list[str]) -> list[str]:
+    """One row per variant, each against the first (a plain copy) of its pass."""
+    plain = statistics.median(found[0].times)
+    plain_mean = statistics.fmean(found[0].times)
+    lines = []
+    for v in found:
+        med, mean = statistics.median(v.times), statistics.fmean(v.times)
+        got = v.reported()
+        said = heavy = ""
+        if got is not None:
+            said, heavy = f"{got[0]:.1%}", f"{got[1]:.0%}"
+        if v.note:
+            notes.append(f"{name}, {torch.get_num_threads()} thread(s), {v.name}: {v.note}")
+        lines.append(f"| {name} | {v.name} | {mean * 1e3:.2f} | {med / plain:.3f}x | "
+                     f"{mean / plain_mean:.3f}x | {1 - plain_mean / mean:+.1%} | {said} | "
+                     f"{heavy} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="*", default=[0, 1],
                         help="torch intra-op threads to run with (0: torch's default)")
     parser.add_argument("--only", nargs="*", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--no-others", action="store_true",
+                        help="skip the second pass (wandb and TensorBoard, where installed)")
     parser.add_argument(
         "--clock", choices=["wall", "cpu"], default="wall",
         help="wall: what a user waits (default); cpu: this process's CPU time, both "
@@ -414,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
               "| measured share | reported overhead | heavy steps |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for name in args.only:
-            for line in measure(name, rounds, steps, warmup, notes):
+            for line in measure(name, rounds, steps, warmup, notes, not args.no_others):
                 print(line, flush=True)
     for note in dict.fromkeys(notes):
         print(f"note: {note}")

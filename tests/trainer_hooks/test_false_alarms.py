@@ -119,3 +119,17 @@ def test_example_bugs_that_strike_at_a_known_step_are_named_at_that_step(name: s
         (a["code"], a["subject"], a["step"]) for a in alerts if a["state"] == "raised"
     ]
     assert raised == [(code, subject, step)], raised
+
+
+def test_a_diverging_sgd_run_is_one_problem_not_two_cards() -> None:
+    """Plain SGD that a long batch wrecks: the explosion and the non-finite loss it
+    causes are one problem (one card, the explosion's fix), in every seed."""
+    for seed in (1, 2, 3):
+        alerts, _ = runs.run_model("rnn_long_batch_sgd", steps=14, seed=seed)
+        raised = [a for a in alerts if a["state"] == "raised"]
+        codes = {a["code"] for a in raised}
+        assert "exploding" in codes, [(a["code"], a["step"]) for a in alerts]
+        problems = {a["problem"] for a in raised if a["code"] in ("exploding", "nonfinite")}
+        assert problems == {"exploding:total_norm"}, [(a["code"], a["problem"]) for a in raised]
+        assert [a["code"] for a in raised if a["opens_problem"]].count("exploding") == 1
+        assert not any(a["opens_problem"] for a in raised if a["code"] == "nonfinite")

@@ -39,11 +39,13 @@ from .spike import SpikeDetector
 from .thresholds import resolve
 from .vanishing import VanishingDetector
 
+# exploding before nonfinite: a loss that goes non-finite at the step an explosion is
+# raised joins that problem (_record), which must be open by then
 DETECTORS: tuple[type[Detector], ...] = (
+    ExplodingDetector,
     NonfiniteDetector,
     NoGradientDetector,
     VanishingDetector,
-    ExplodingDetector,
     GraphGrowthDetector,
     SlowdownDetector,
     HotspotDetector,
@@ -155,6 +157,12 @@ class DiagnosisEngine:
                 state.emitted_evidence = state.finding.evidence
         return alerts
 
+    def _exploding_problem(self) -> str | None:
+        for (code, subject), state in self._active.items():
+            if code == "exploding":
+                return problem_of(code, subject, state.finding)
+        return None
+
     @property
     def active(self) -> list[tuple[str, str]]:
         """``(code, subject)`` of every alert that holds now."""
@@ -205,6 +213,10 @@ class DiagnosisEngine:
         self, code: str, subject: str, state: str, finding: Finding, step: int, t: float
     ) -> dict[str, Any]:
         problem = problem_of(code, subject, finding)
+        if code == "nonfinite":
+            # NaN/Inf while gradients explode is the explosion's doing: one problem, one
+            # card, whose fix (clip, lower the learning rate) is the explosion's
+            problem = self._exploding_problem() or problem
         opens = state == "raised" and problem not in self._problems
         self._problems.add(problem)
         return {

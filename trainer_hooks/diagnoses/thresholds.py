@@ -96,7 +96,14 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
         "a spike is at least this robust z-score above the median: (x - median) / (1.4826 MAD), "
         "on logarithms when the values are positive",
     ),
-    "spike_min_rise": (0.5, "and at least this many times the median's size above the median"),
+    "spike_min_rise": (
+        0.5, "and at least this many times the median's size above the median (the loss)"
+    ),
+    "spike_block_min_rise": (
+        1.0,
+        "the same for a block's gradient norm, which varies more from batch to batch: "
+        "at least 2x its median by default",
+    ),
     "spike_over_max": (
         4.0,
         "or, for positive values, at least this many times the largest value in the band",

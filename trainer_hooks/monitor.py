@@ -203,8 +203,12 @@ class Monitor:
 
     def _begin_step(self) -> None:
         capture = not self.removed and self.schedule.capture(self.step_index)
+        # a light step after a light step: quantities idle on light steps stay as they are
+        steady = not capture and not self._heavy and self.step_index > 0
         self._heavy = capture
         for q in self.quantities:
+            if steady and q.idle_when_light:
+                continue
             try:
                 q.heavy_step = capture
                 q.start_step(capture if q.heavy else not self.removed)
@@ -237,11 +241,12 @@ class Monitor:
             record["loss"] = None if loss is None else float(loss)
         hooks_cost = 0.0
         tensor_loss = loss if isinstance(loss, torch.Tensor) else None
+        light = not self._heavy
         for q in self.quantities:
             hooks_cost += q.cost_s
             q.cost_s = 0.0
-            if self.removed:
-                continue
+            if self.removed or (light and q.idle_when_light):
+                continue  # such a quantity has nothing to hand over from a light step
             try:
                 payload = q.finish_step(tensor_loss)
             except Exception as e:

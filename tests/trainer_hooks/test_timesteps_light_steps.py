@@ -54,3 +54,46 @@ def test_cell_forward_hook_is_on_only_for_heavy_steps_and_gone_after_remove(
             assert len(series[step]["hidden"]) == 6 and len(series[step]["cell"]) == 6
         else:
             assert series[step] == {}
+
+
+def test_steady_light_steps_skip_the_heavy_quantities_and_heavy_steps_stay_whole(
+    tmp_path: Path,
+) -> None:
+    """A light step after a light step calls no quantity that is idle on light steps
+    (their start/finish would only reset what a light step never fills); the first
+    light step after a heavy one still resets them, and every heavy step captures as
+    with every step watched."""
+    torch.manual_seed(0)
+    model = Decoder()
+    path = tmp_path / "steady.jsonl"
+    calls: list[tuple[int, str]] = []
+    with watch(model, run="steady", spool=path, every=4, diagnose=False) as monitor:
+        idle = [q for q in monitor.quantities if q.idle_when_light]
+        assert {q.name for q in idle} >= {"param_norms", "timesteps", "update_ratios"}
+        for q in idle:
+            for method in ("start_step", "finish_step"):
+                original = getattr(q, method)
+
+                def spy(*args: Any, _o: Any = original, _m: str = method) -> Any:
+                    calls.append((monitor.step_index, _m))
+                    return _o(*args)
+
+                setattr(q, method, spy)
+        for _ in range(9):
+            loss = model(torch.randn(6, 2, 3)).pow(2).mean()
+            loss.backward()
+            monitor.step(loss)
+    per_step = {s: sorted({m for step, m in calls if step == s}) for s in range(10)}
+    # step() of step s finishes s and starts s + 1 (step_index moves in between)
+    finished = [s for s in range(9) if any(st == s and m == "finish_step" for st, m in calls)]
+    started = [s for s in range(10) if any(st == s and m == "start_step" for st, m in calls)]
+    assert finished == [0, 4, 8], per_step  # heavy steps only
+    assert started == [1, 4, 5, 8, 9], per_step  # into a heavy step, and out of one
+    records = [
+        r for m in read_spool(path) if m["type"] == "batch" for r in m["records"]
+        if r["kind"] == "step"
+    ]
+    for r in records:
+        heavy = r["step"] % 4 == 0
+        assert ("param_norms" in r) == heavy, r["step"]
+        assert (len(r.get("timesteps", {}).get("cell", {}).get("hidden", [])) == 6) == heavy

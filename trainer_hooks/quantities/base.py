@@ -50,6 +50,10 @@ class Quantity:
     #: heavy quantities are captured only on the steps the schedule picks (``every=``);
     #: cheap ones on every step.
     heavy: ClassVar[bool] = True
+    #: ``start_step(False)`` and ``finish_step()`` do nothing on a light step that follows
+    #: a light step (its hooks only check ``capturing``): the Monitor skips both then,
+    #: a few µs a quantity on every light step of a short training step.
+    idle_when_light: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []

@@ -156,6 +156,7 @@ class DepthSeries(Quantity):
 
     name: ClassVar[str] = "depth"
     heavy: ClassVar[bool] = True
+    idle_when_light: ClassVar[bool] = True
 
     def __init__(
         self,

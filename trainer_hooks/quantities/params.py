@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -67,6 +67,7 @@ class ParamNorms(Quantity):
 
     name = "param_norms"
     heavy = True
+    idle_when_light: ClassVar[bool] = True
 
     def __init__(self, scaler: Any = None, select: Callable[[str], bool] | None = None) -> None:
         super().__init__()

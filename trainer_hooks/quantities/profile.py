@@ -54,7 +54,7 @@ from __future__ import annotations
 import inspect
 import time
 import weakref
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -171,6 +171,7 @@ class ModuleProfile(Quantity):
 
     name = "profile"
     heavy = True
+    idle_when_light: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()

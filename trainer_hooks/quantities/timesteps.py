@@ -103,6 +103,7 @@ class RecurrentTimesteps(Quantity):
 
     name: ClassVar[str] = "timesteps"
     heavy: ClassVar[bool] = True
+    idle_when_light: ClassVar[bool] = True
 
     def __init__(
         self,

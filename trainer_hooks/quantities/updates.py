@@ -60,6 +60,7 @@ class UpdateRatios(Quantity):
 
     name: ClassVar[str] = "update_ratios"
     heavy: ClassVar[bool] = True
+    idle_when_light: ClassVar[bool] = True
 
     def __init__(self, select: Callable[[str], bool] | None = None) -> None:
         super().__init__()

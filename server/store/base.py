@@ -26,13 +26,12 @@ import contextlib
 import queue
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from abc import abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, ClassVar
+from typing import Any
 
 from ..settings import Settings
-from .archive import Archive
 from .chunk_writes import ChunkWrites
 from .reads import Reads
 from .split import ALERT_INSERT, EPOCH_INSERT, dumps, split_batch
@@ -64,12 +63,9 @@ def store_error(error: BaseException) -> StoreError:
     return StoreError(text)
 
 
-class Store(ChunkWrites, Reads, Archive, ABC):
+class Store(ChunkWrites, Reads):
     """SQL storage shared by SQLite and PostgreSQL; subclasses supply connections."""
 
-    kind: ClassVar[str]
-    # SQL written with "?" placeholders; PostgreSQL swaps them for "%s".
-    placeholder: ClassVar[str] = "?"
     # Called on the writer thread after each group's futures are resolved (the writer
     # process sends their answers in one write).
     after_group: Callable[[], None] | None = None
@@ -105,11 +101,7 @@ class Store(ChunkWrites, Reads, Archive, ABC):
         else:
             writer.close()
 
-    # ----- what a backend provides -------------------------------------------------
-    @abstractmethod
-    def connect(self) -> Any:
-        """A new DB-API connection (autocommit off)."""
-
+    # ----- what a backend provides (and connect, scalar_in: store/tables.py) -------
     @abstractmethod
     def create_schema(self, conn: Any) -> None:
         """Create the tables in a new database, or check its layout's version
@@ -124,22 +116,6 @@ class Store(ChunkWrites, Reads, Archive, ABC):
         """An object whose ``submit(op, payload)`` writes instead of this process's
         writer thread (store/writer_process.py), or None."""
         return None
-
-    def alive(self, conn: Any) -> bool:
-        """Whether ``conn`` can still be used (a PostgreSQL server may drop it)."""
-        return True
-
-    @abstractmethod
-    def scalar_in(self, value: Any) -> Any:
-        """A protocol number as this backend stores it in a numeric column."""
-
-    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
-        marks = ", ".join("?" for _ in columns)
-        names = ", ".join(columns)
-        return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING"  # noqa: S608
-
-    def sql(self, text: str) -> str:
-        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
     # ----- writes ------------------------------------------------------------------
     def submit_hello(self, hello: Any) -> Future[None]:
@@ -320,33 +296,6 @@ class Store(ChunkWrites, Reads, Archive, ABC):
             ),
         )
         return True
-
-    # ----- reads -------------------------------------------------------------------
-    def reader(self) -> Any:
-        """This thread's read connection."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self.connect()
-            self._local.conn = conn
-            with self._readers_lock:
-                self._readers.append(conn)
-        return conn
-
-    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        conn = self.reader()
-        try:
-            cur = conn.cursor()
-            cur.execute(self.sql(text), tuple(params))
-            result = list(cur.fetchall())
-            # End the read transaction so the next query sees new commits.
-            conn.rollback()
-        except Exception:
-            if not self.alive(conn):
-                self._local.conn = None  # reconnect on this thread's next query
-            else:
-                conn.rollback()
-            raise
-        return result
 
     def close(self) -> None:
         """Finish queued writes, then close every connection. Idempotent."""

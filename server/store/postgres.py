@@ -5,12 +5,21 @@ thread; no pool is needed for that. Numbers live in ``double precision``, which 
 NaN and the infinities natively; they leave as the protocol's strings. Use a fresh
 database or schema per deployment: ``postgresql://user@host/db?options=-csearch_path%3Dgw``.
 
-Several replicas may share one database: each batch's transaction also stores its
-records for live viewers and NOTIFYs the other replicas (:mod:`.pgfeed`).
+Several replicas may share one database (docs/DEPLOY.md, "Replicas"): LISTEN/NOTIFY
+and not Redis, since the replicas already share the database and a notification
+leaves only when the transaction that stored the batch commits. A NOTIFY payload is
+limited to 8000 bytes, less than one batch, so each batch's transaction stores it as
+the writer process's frame (store/writer_process.py: its blocks as raw bytes, no JSON
+on the write path) in the UNLOGGED table ``live_batches``, kept :data:`RETAIN_S`
+seconds, and notifies a pointer: ``{"r": replica, "id": row id, "run": run_id, "u":
+urgent}``, or ``{"r": replica, "run": run_id, "hello": true}`` for a hello. Every
+replica LISTENs on one channel per schema (:func:`channel_for`; server/pg_listen.py)
+and ignores its own ``r``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -22,9 +31,40 @@ from gradwatch.protocol.messages import ALERT, END, NONFINITE_STRINGS
 
 from ..columns import records_json
 from ..settings import Settings
-from . import pgfeed, rollups, tables
+from . import rollups, tables
 from .base import Store
-from .handoff import batch_of, frame_bytes
+from .writer_process import batch_of, frame_bytes
+
+# Rows of live_batches older than this are deleted: a replica whose LISTEN connection
+# was away for longer cannot catch up from the table (its viewers are told "lagged").
+RETAIN_S = 300.0
+# How often a writer deletes expired rows (seconds).
+PRUNE_EVERY_S = 30.0
+
+LIVE_TABLE = (
+    "CREATE UNLOGGED TABLE IF NOT EXISTS live_batches (id BIGSERIAL PRIMARY KEY,"
+    " replica TEXT NOT NULL, run_id TEXT NOT NULL, rank BIGINT NOT NULL, seq BIGINT NOT NULL,"
+    " urgent BOOLEAN NOT NULL, frame BYTEA NOT NULL,"
+    " created TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
+)
+# No compression of the frames: pglz on 300 KB of a batch took 17 ms, storing it
+# plainly 1.3 ms; the rows live 5 minutes and are never read by history.
+LIVE_STORAGE = "ALTER TABLE live_batches ALTER COLUMN frame SET STORAGE EXTERNAL"
+LIVE_INDEX = "CREATE INDEX IF NOT EXISTS live_batches_created ON live_batches (created)"
+# One statement per transaction: store its batches, then queue a pointer to each, in
+# the order they were stored (sent at COMMIT).
+ANNOUNCE_BATCHES = (
+    "WITH row AS (INSERT INTO live_batches (replica, run_id, rank, seq, urgent, frame)"
+    " SELECT %s, r, k, s, u, f FROM unnest(%s::text[], %s::bigint[], %s::bigint[],"
+    " %s::boolean[], %b::bytea[]) AS b(r, k, s, u, f) RETURNING id, run_id, urgent)"
+    " SELECT pg_notify(%s, json_build_object('r', %s::text, 'id', id, 'run', run_id,"
+    " 'u', urgent)::text) FROM (SELECT * FROM row ORDER BY id) AS stored"
+)
+ANNOUNCE_HELLO = (
+    "SELECT pg_notify(%s, json_build_object('r', %s::text, 'run', %s::text, 'hello', true)::text)"
+)
+PRUNE = "DELETE FROM live_batches WHERE created < clock_timestamp() - make_interval(secs => %s)"
+
 
 # Binary COPY of each chunk table: its columns' PostgreSQL types (store/chunks.py).
 _COPY_TYPES = {
@@ -53,7 +93,7 @@ class PostgresStore(Store):
         # Set before the writer thread starts (in Store.__init__); the channel is set
         # by create_schema, which knows the connection's schema.
         self.replica = uuid.uuid4().hex[:16]
-        self.channel = pgfeed.channel_for("public")
+        self.channel = channel_for("public")
         self._pruned = 0.0
         # (run_id, rank, seq, urgent, frame) of the batches of the open transaction.
         self._live_pending: list[tuple[Any, ...]] = []
@@ -105,17 +145,17 @@ class PostgresStore(Store):
             schema = str(cur.fetchone()[0])
             where = f"PostgreSQL database {conn.info.dbname}, schema {schema}"
             tables.create_or_check(cur, where, found, ddl)
-            cur.execute(pgfeed.LIVE_TABLE)
-            cur.execute(pgfeed.LIVE_STORAGE)
-            cur.execute(pgfeed.LIVE_INDEX)
-            self.channel = pgfeed.channel_for(schema)
+            cur.execute(LIVE_TABLE)
+            cur.execute(LIVE_STORAGE)
+            cur.execute(LIVE_INDEX)
+            self.channel = channel_for(schema)
         conn.commit()
 
     # The writer thread runs these inside the transaction of the hello or batch, so the
     # notification leaves at its COMMIT, after the rows are readable by every replica.
     def _write_hello(self, cur: Any, hello: Any) -> None:
         super()._write_hello(cur, hello)
-        cur.execute(pgfeed.ANNOUNCE_HELLO, (self.channel, self.replica, hello.run_id))
+        cur.execute(ANNOUNCE_HELLO, (self.channel, self.replica, hello.run_id))
 
     def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
         if not super()._write_batch(cur, batch, session):
@@ -125,9 +165,9 @@ class PostgresStore(Store):
         frame = frame_bytes(batch, session)
         self._live_pending.append((batch.run_id, batch.rank, batch.seq, urgent, frame))
         now = time.monotonic()
-        if now - self._pruned > pgfeed.PRUNE_EVERY_S:
+        if now - self._pruned > PRUNE_EVERY_S:
             self._pruned = now
-            cur.execute(pgfeed.PRUNE, (pgfeed.RETAIN_S,))
+            cur.execute(PRUNE, (RETAIN_S,))
         return True
 
     # Binary COPY of the chunk rows: one round trip per table and batch, no SQL parsed
@@ -151,7 +191,7 @@ class PostgresStore(Store):
             columns = [list(c) for c in zip(*self._live_pending, strict=True)]
             self._live_pending.clear()
             cur.execute(
-                pgfeed.ANNOUNCE_BATCHES, (self.replica, *columns, self.channel, self.replica)
+                ANNOUNCE_BATCHES, (self.replica, *columns, self.channel, self.replica)
             )
 
     def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
@@ -167,29 +207,17 @@ class PostgresStore(Store):
 
     value_key = staticmethod(rollups.postgres_key)
 
-    def bucket_extremes(
-        self,
-        table: str,
-        where: str,
-        params: Sequence[Any],
-        expr: str,
-        bounds: Sequence[tuple[int, int]],
-    ) -> list[tuple[int, Any]]:
-        # One statement per extreme: a LATERAL top-1 over each bucket's key range, so
-        # PostgreSQL never sorts the whole range (DISTINCT ON over 1e6 rows: 6.8 s vs 1.7 s).
-        # Non-finite floats order above every number (NaN highest), as in SQLite.
-        starts = [b[0] for b in bounds]
-        ends = [b[1] for b in bounds]
-        found: list[tuple[int, Any]] = []
-        for order in ("ASC", "DESC"):
-            found.extend(
-                self.query(
-                    "SELECT m.step, m.v FROM"  # noqa: S608
-                    " unnest(?::bigint[], ?::bigint[]) AS b(lo, hi) CROSS JOIN LATERAL"
-                    f" (SELECT step, {expr} AS v FROM {table} WHERE {where}"
-                    f" AND step >= b.lo AND step <= b.hi AND {expr} IS NOT NULL"
-                    f" ORDER BY {expr} {order}, step LIMIT 1) AS m",
-                    (starts, ends, *params),
-                )
-            )
-        return found
+
+def channel_for(schema: str) -> str:
+    """The NOTIFY channel of the replicas that share ``schema`` (channels are per
+    database, so deployments in different schemas of one database must not mix).
+
+    >>> channel_for("public")
+    'gradwatch_live_public'
+    >>> len(channel_for("x" * 80)) <= 63
+    True
+    """
+    name = f"gradwatch_live_{schema}"
+    if len(name.encode()) <= 63:  # PostgreSQL truncates identifiers at 63 bytes
+        return name
+    return "gradwatch_live_" + hashlib.sha256(schema.encode()).hexdigest()[:40]

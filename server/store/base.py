@@ -2,15 +2,12 @@
 
 A store has one writer thread that owns the write connection. Ingest submits work
 (``submit_hello``, ``submit_batch``) and gets a ``concurrent.futures.Future``; the
-writer takes whatever is waiting, up to ``Settings.group_commit`` items, and writes
-it in ONE transaction ("group commit"), then resolves the futures. A future resolves
-only after its transaction committed, so an ``ack`` sent on it means "durable".
-Reads are plain methods, safe from any thread (one read connection per thread);
-the app calls them through ``asyncio.to_thread`` and ``gradwatch report`` directly.
-
-Deduplication: the ``batches`` table has the primary key ``(run_id, rank, session,
-seq)``; a batch whose key is already there is acknowledged and nothing else is
-written (its future says False; True when it was stored).
+writer takes whatever is waiting, up to ``Settings.group_commit`` items, writes it in
+ONE transaction ("group commit") and only then resolves the futures, so an ``ack``
+sent on one means "durable". Reads are plain methods, safe from any thread (one read
+connection per thread). Deduplication: a batch whose ``(run_id, rank, session, seq)``
+is already in ``batches`` is acknowledged and nothing else is written (its future
+says False; True when it was stored).
 
 Example (any backend; see :func:`gradwatch.server.store.open_store`):
     >>> store = open_store(Settings(db=path))          # doctest: +SKIP
@@ -212,8 +209,7 @@ class Store(ChunkWrites, Reads):
         return self._write_batch(cur, batch, session)
 
     def _write_hello(self, cur: Any, hello: Any) -> None:
-        now = time.time()
-        model = hello.model
+        now, model = time.time(), hello.model
         cur.execute(
             self.sql(
                 "INSERT INTO runs (id, name, world_size, started, updated, host, recurrent,"
@@ -222,16 +218,8 @@ class Store(ChunkWrites, Reads):
                 " world_size = CASE WHEN excluded.world_size > runs.world_size"
                 " THEN excluded.world_size ELSE runs.world_size END"
             ),
-            (
-                hello.run_id,
-                hello.run,
-                hello.world_size,
-                now,
-                now,
-                hello.host,
-                dumps(list(model.recurrent)),
-                dumps({mod.name: mod.type for mod in model.modules}),
-            ),
+            (hello.run_id, hello.run, hello.world_size, now, now, hello.host,
+             dumps(list(model.recurrent)), dumps({m.name: m.type for m in model.modules})),
         )
         cur.execute(
             self.sql(
@@ -243,28 +231,22 @@ class Store(ChunkWrites, Reads):
         )
 
     def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
-        cur.execute(
-            self.sql(
-                self.insert_ignore("batches", ("run_id", "rank", "session", "seq", "stored_at"))
-            ),
-            (batch.run_id, batch.rank, session, batch.seq, time.time()),
-        )
+        run_id, rank = batch.run_id, batch.rank
+        insert = self.insert_ignore("batches", ("run_id", "rank", "session", "seq", "stored_at"))
+        cur.execute(self.sql(insert), (run_id, rank, session, batch.seq, time.time()))
         if cur.rowcount == 0:
             return False  # a repeat: acknowledged, not stored again
         split = split_batch(batch, self.scalar_in, session)
-        self._write_chunks(cur, batch.run_id, batch.rank, split.chunks)
+        self._write_chunks(cur, run_id, rank, split.chunks)
         if split.epochs:
             cur.executemany(self.sql(EPOCH_INSERT), split.epochs)
         if split.alerts:
             cur.executemany(self.sql(ALERT_INSERT), split.alerts)
         # A run's keys rarely change: only those this writer has not written yet.
-        new_keys = [(batch.run_id, *k) for k in split.keys]
-        new_keys = [k for k in new_keys if k not in self._keys_written]
+        new_keys = [k for k in ((run_id, *k) for k in split.keys) if k not in self._keys_written]
         if new_keys:
-            cur.executemany(
-                self.sql(self.insert_ignore("run_keys", ("run_id", "family", "key", "sub"))),
-                sorted(new_keys),
-            )
+            insert = self.insert_ignore("run_keys", ("run_id", "family", "key", "sub"))
+            cur.executemany(self.sql(insert), sorted(new_keys))
             if len(self._keys_written) > 1_000_000:
                 self._keys_written.clear()
             self._keys_written.update(new_keys)
@@ -274,8 +256,9 @@ class Store(ChunkWrites, Reads):
                     "UPDATE ranks SET end_status = ?, end_step = ?, end_t = ?"
                     " WHERE run_id = ? AND rank = ?"
                 ),
-                (status, step, self.scalar_in(t), batch.run_id, batch.rank),
+                (status, step, self.scalar_in(t), run_id, rank),
             )
+        last_step, last_epoch = split.last_step, split.last_epoch
         cur.execute(
             self.sql(
                 "UPDATE runs SET updated = ?,"
@@ -285,15 +268,7 @@ class Store(ChunkWrites, Reads):
                 " THEN ? ELSE last_epoch END,"
                 " alerts = alerts + ? WHERE id = ?"
             ),
-            (
-                time.time(),
-                split.last_step,
-                split.last_step,
-                split.last_epoch,
-                split.last_epoch,
-                split.problems,
-                batch.run_id,
-            ),
+            (time.time(), last_step, last_step, last_epoch, last_epoch, split.problems, run_id),
         )
         return True
 

@@ -33,6 +33,7 @@ from ..columns import records_json
 from ..settings import Settings
 from . import rollups, tables
 from .base import Store
+from .chunks import TABLES
 from .writer_process import batch_of, frame_bytes
 
 # Rows of live_batches older than this are deleted: a replica whose LISTEN connection
@@ -64,16 +65,11 @@ ANNOUNCE_HELLO = (
     "SELECT pg_notify(%s, json_build_object('r', %s::text, 'run', %s::text, 'hello', true)::text)"
 )
 PRUNE = "DELETE FROM live_batches WHERE created < clock_timestamp() - make_interval(secs => %s)"
-
-
-# Binary COPY of each chunk table: its columns' PostgreSQL types (store/chunks.py).
+# Binary COPY of the chunk tables (store/chunks.py): each column's PostgreSQL type.
+_TEXT, _BYTES = {"run_id", "fields", "notes", "family", "module", "series"}, {"steps", "data"}
 _COPY_TYPES = {
-    "step_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "text", "bytea", "bytea",
-                    "text"],
-    "named_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "int8", "int8", "bytea",
-                     "bytea"],
-    "series_chunks": ["text", "int8", "text", "text", "text", "int8", "int8", "int8", "int8",
-                      "int8", "bytea", "bytea"],
+    table: ["text" if c in _TEXT else "bytea" if c in _BYTES else "int8" for c in columns]
+    for table, columns in TABLES
 }
 # Transaction-level locks on rollup sets (another replica may write the same set):
 # keyed by schema and id, taken in id order so two writers never wait on each other.

@@ -115,6 +115,7 @@ def cover(lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[tuple[int,
         pending.append((a, first * size - 1, i - 1))
     return blocks, rest
 
+
 SET_INSERT = (
     "INSERT INTO set_rollups (set_id, level, block, n, step_lo, step_hi, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (set_id, level, block) DO UPDATE SET"

@@ -100,30 +100,14 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             if record.step is not None:
                 last_step = max(last_step, record.step)
             out.epochs.append(
-                (
-                    run_id,
-                    rank,
-                    record.epoch,
-                    record.step,
-                    scalar(record.t),
-                    scalar(record.duration_s),
-                    record.steps,
-                    record.model_dump_json(exclude_none=True),
-                )
+                (run_id, rank, record.epoch, record.step, scalar(record.t),
+                 scalar(record.duration_s), record.steps, record.model_dump_json(exclude_none=True))
             )
         elif kind == "alert":
             out.problems += opens_problem(record)
             out.alerts.append(
-                (
-                    run_id,
-                    rank,
-                    record.step,
-                    record.code,
-                    record.severity,
-                    record.state,
-                    record.subject,
-                    record.model_dump_json(),
-                )
+                (run_id, rank, record.step, record.code, record.severity, record.state,
+                 record.subject, record.model_dump_json())
             )
         elif kind == "end":
             out.ends.append((record.status, record.step, record.t))

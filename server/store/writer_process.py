@@ -2,24 +2,19 @@
 frames the two processes speak.
 
 One Python process holds one GIL: at ~45,000 records/s the server's event loop
-(websocket frames, validation, acks) and the store's writer (rows, rollups, SQLite)
-took turns on one core while the other core idled. With the writer in a child
-process (``python -m gradwatch.server.store.sqlite``) each has a core (BENCHMARKS.md,
-"Ingest in columns"). The server process validates, hands each message to the child
-over a pipe and gets each one's verdict back; the child runs the same
-:class:`~gradwatch.server.store.sqlite.SQLiteStore` writer (group commit, checkpoints)
-and answers only after the commit, so an ``ack`` still means "durable". Reads stay in
-the server process (SQLite WAL: readers never wait for the writer). If the child dies,
-the writes it held fail (not acknowledged: their trainers resend) and a new child
-starts for the next ones. The child ends when its pipe closes, so a ``kill -9`` of
-the server leaves no writer behind.
+(websocket frames, validation, acks) and the store's writer took turns on one core
+while the other idled; with the writer in a child process (``python -m
+gradwatch.server.store.sqlite``) each has a core (docs/DEPLOY.md). The child runs the
+same SQLiteStore writer and answers each frame only after its commit, so an ``ack``
+still means "durable"; reads stay in the server process (WAL: readers never wait for
+the writer). If the child dies, the writes it held fail (not acknowledged: their
+trainers resend) and a new child starts; it ends when its pipe closes, so a ``kill
+-9`` of the server leaves no writer behind.
 
-A frame is ``<u32 head length><u32 body length><head JSON><body bytes>``. A batch's
-column blocks travel as their raw bytes (already checked, already little-endian) with
-a small JSON head naming what they hold, so the child rebuilds them without parsing
-or validating anything twice; a batch's other records (few) travel as their validated
-JSON and are validated again there. Only this server's own processes speak it (and
-PostgreSQL keeps it for other replicas, store/postgres.py); nothing from the network
+A frame is ``<u32 head length><u32 body length><head JSON><body bytes>``: a batch's
+column blocks as their raw bytes (checked already) under a small JSON head naming
+them, its other records (few) as their validated JSON, so nothing is parsed twice.
+Only this server's processes speak it (PostgreSQL keeps it for other replicas); nothing
 is unpickled or evaluated.
 
 Example:
@@ -122,10 +117,8 @@ def _read_exactly(source: IO[bytes], size: int) -> bytes | None:
 
 def encode_batch(batch: Batch, session: str) -> tuple[dict[str, Any], list[bytes]]:
     """A validated batch as a frame's head (``id`` still to be set) and body parts."""
-    parts: list[bytes] = []
     records = RECORDS.dump_json(batch.records, exclude_unset=True) if batch.records else b""
-    parts.append(records)
-    blocks = []
+    parts, blocks = [records], []
     for block in batch.columns:
         fields = [name for name in CHUNK_FIELDS if getattr(block, name, None) is not None]
         parts.append(block.step.i64)
@@ -135,22 +128,13 @@ def encode_batch(batch: Batch, session: str) -> tuple[dict[str, Any], list[bytes
         named = block.named.names if block.named is not None else None
         if block.named is not None:
             parts.append(block.named.f64)
-        series = []
-        for module, by_series in (block.timesteps or {}).items():
-            for name, column in by_series.items():
-                series.append([module, name, column.length])
-                parts.append(column.f64)
+        by_module = (block.timesteps or {}).items()
+        series = [[module, name, c.length] for module, by in by_module for name, c in by.items()]
+        parts.extend(c.f64 for _, by in by_module for c in by.values())
         blocks.append({"n": block.n, "fields": fields, "named": named, "timesteps": series})
-    head = {
-        "op": "batch",
-        "session": session,
-        "run_id": batch.run_id,
-        "rank": batch.rank,
-        "seq": batch.seq,
-        "records": len(records),
-        "blocks": blocks,
-        "extra": batch.__pydantic_extra__ or {},
-    }
+    head = {"op": "batch", "session": session, "run_id": batch.run_id, "rank": batch.rank,
+            "seq": batch.seq, "records": len(records), "blocks": blocks,
+            "extra": batch.__pydantic_extra__ or {}}
     return head, parts
 
 
@@ -158,46 +142,37 @@ def decode_batch(head: dict[str, Any], body: bytes) -> tuple[int, Batch, str]:
     """(id, batch, session) of a batch frame made by :func:`encode_batch`."""
     view = memoryview(body)
     at = head["records"]
+
+    def take(size: int) -> bytes:
+        nonlocal at
+        at += size
+        return bytes(view[at - size : at])
+
     records = RECORDS.validate_json(bytes(view[:at])) if at else []
     columns = []
     for spec in head["blocks"]:
         n = spec["n"]
-        size = 8 * n
         values: dict[str, Any] = {"kind": "step", "n": n}
-        values["step"] = IntColumn.model_construct(i64=bytes(view[at : at + size]))
-        at += size
+        values["step"] = IntColumn.model_construct(i64=take(8 * n))
         for name in spec["fields"]:
-            data = bytes(view[at : at + size])
-            at += size
             if name in FLOAT_COLUMNS:
-                values[name] = FloatColumn.model_construct(f64=data)
+                values[name] = FloatColumn.model_construct(f64=take(8 * n))
             else:
-                values[name] = IntColumn.model_construct(i64=data)
+                values[name] = IntColumn.model_construct(i64=take(8 * n))
         if spec["named"] is not None:
-            width = size * len(spec["named"])
-            values["named"] = NamedColumns.model_construct(
-                names=spec["named"], f64=bytes(view[at : at + width])
-            )
-            at += width
+            f64 = take(8 * n * len(spec["named"]))
+            values["named"] = NamedColumns.model_construct(names=spec["named"], f64=f64)
         if spec["timesteps"]:
             timesteps: dict[str, dict[str, TimestepColumns]] = {}
             for module, name, length in spec["timesteps"]:
-                width = size * length
                 timesteps.setdefault(module, {})[name] = TimestepColumns.model_construct(
-                    length=length, f64=bytes(view[at : at + width])
+                    length=length, f64=take(8 * n * length)
                 )
-                at += width
             values["timesteps"] = timesteps
         columns.append(StepColumns.model_construct(**values))
-    batch = Batch.model_construct(
-        type="batch",
-        run_id=head["run_id"],
-        rank=head["rank"],
-        seq=head["seq"],
-        records=records,
-        columns=columns,
-        **head["extra"],
-    )
+    batch = Batch.model_construct(type="batch", run_id=head["run_id"], rank=head["rank"],
+                                  seq=head["seq"], records=records, columns=columns,
+                                  **head["extra"])
     return head["id"], batch, head["session"]
 
 

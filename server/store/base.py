@@ -88,15 +88,15 @@ class Store(ChunkWrites, Reads):
             writer.close()
             raise
         self._writer_conn = writer
+        # A writer elsewhere (SQLite's writer process) takes the writes: this thread
+        # only sends them (store/writer_process.py).
+        self._remote = self.remote_writer()
+        if self._remote is not None:
+            writer.close()
         self._thread = threading.Thread(
             target=self._write_loop, name="gradwatch-store-writer", daemon=True
         )
-        # A writer elsewhere (SQLite's writer process) takes the writes instead.
-        self._remote = self.remote_writer()
-        if self._remote is None:
-            self._thread.start()
-        else:
-            writer.close()
+        self._thread.start()
 
     # ----- what a backend provides (and connect, scalar_in: store/tables.py) -------
     @abstractmethod
@@ -110,8 +110,8 @@ class Store(ChunkWrites, Reads):
         return self._thread
 
     def remote_writer(self) -> Any:
-        """An object whose ``submit(op, payload)`` writes instead of this process's
-        writer thread (store/writer_process.py), or None."""
+        """An object whose ``send(group)`` writes each group instead of this thread
+        (store/writer_process.py), or None."""
         return None
 
     # ----- writes ------------------------------------------------------------------
@@ -125,9 +125,6 @@ class Store(ChunkWrites, Reads):
         return self._submit("batch", (batch, session))
 
     def _submit(self, op: str, payload: Any) -> Future[Any]:
-        if self._remote is not None and not self._closed:
-            remote: Future[Any] = self._remote.submit(op, payload)
-            return remote
         future: Future[Any] = Future()
         if self._closed:
             future.set_exception(StoreError("the store is closed"))
@@ -152,14 +149,17 @@ class Store(ChunkWrites, Reads):
                     break
                 group.append(more)
             try:
-                self._write_group(self._writer_conn, group)
+                if self._remote is not None:
+                    self._remote.send(group)
+                else:
+                    self._write_group(self._writer_conn, group)
             except Exception as error:  # never let the writer die: fail what it held
                 for _, _, future in group:
                     if not future.done():
                         future.set_exception(StoreError(f"{type(error).__name__}: {error}"))
             if self.after_group is not None:
                 self.after_group()
-            if not self.alive(self._writer_conn):
+            if self._remote is None and not self.alive(self._writer_conn):
                 # The batches that failed were not acknowledged; their trainers resend.
                 with contextlib.suppress(Exception):
                     self._writer_conn = self.connect()
@@ -277,11 +277,10 @@ class Store(ChunkWrites, Reads):
         if self._closed:
             return
         self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout=30)
         if self._remote is not None:
             self._remote.close()
-        else:
-            self._queue.put(_STOP)
-            self._thread.join(timeout=30)
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for conn in readers:

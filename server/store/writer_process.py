@@ -34,7 +34,6 @@ import contextlib
 import io
 import json
 import os
-import queue
 import struct
 import subprocess
 import sys
@@ -181,26 +180,19 @@ class WriterGone(StoreError):
 
 
 class ProcessWriter:
-    """The server process's end: ``submit`` returns a Future resolved by the child."""
+    """The server process's end: the store's writer thread ``send``s each group's
+    frames; a thread reading the child's answers resolves their futures."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._lock = threading.Lock()
-        # id -> [future, the child its frame was written to (None: not yet)]
-        self._pending: dict[int, list[Any]] = {}
+        # id -> (future, the child its frame was written to)
+        self._pending: dict[int, tuple[Future[Any], Any]] = {}
         self._next = 0
         self._closing = False
         self._child: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
-        # Frames wait here for the sending thread: a 300 KB batch fills the pipe
-        # several times over, and the event loop that submits must not wait for that.
-        self._outbox: queue.SimpleQueue[tuple[int, dict[str, Any], list[bytes]] | None]
-        self._outbox = queue.SimpleQueue()
         self._start()
-        self._sender = threading.Thread(
-            target=self._send_frames, name="gradwatch-writer-send", daemon=True
-        )
-        self._sender.start()
 
     def _start(self) -> None:
         child = subprocess.Popen(
@@ -220,70 +212,51 @@ class ProcessWriter:
         )
         self._reader.start()
 
-    def submit(self, op: str, payload: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        if op == "hello":
-            head: dict[str, Any] = {"op": "hello", "hello": payload.model_dump_json()}
-            parts: list[bytes] = []
-        else:
-            batch, session = payload
-            head, parts = encode_batch(batch, session)
+    def send(self, group: list[tuple[str, Any, Future[Any]]]) -> None:
+        """Write the frames of ``(op, payload, future)`` items to the child, in order."""
+        frames = [
+            ({"op": "hello", "hello": payload.model_dump_json()}, [])
+            if op == "hello"
+            else encode_batch(*payload)
+            for op, payload, _ in group
+        ]
         with self._lock:
-            if self._closing:
-                future.set_exception(WriterGone("the store is closed"))
-                return future
-            ident = head["id"] = self._next
-            self._next += 1
-            self._pending[ident] = [future, None]
-        self._outbox.put((ident, head, parts))
-        return future
-
-    def _send_frames(self) -> None:
-        while True:
-            item = self._outbox.get()
-            if item is None:
-                return
-            ident, head, parts = item
-            with self._lock:
-                child = self._child
-                entry = self._pending.get(ident)
-                if entry is not None:
-                    entry[1] = child  # if this child dies unanswered, its reader fails it
-            try:
-                if child is None or child.stdin is None or child.poll() is not None:
-                    raise WriterGone("the writer process is not running")
+            child, first = self._child, self._next
+            self._next += len(group)
+            for ident, (_, _, future) in enumerate(group, first):
+                self._pending[ident] = (future, child)
+        try:
+            if child is None or child.stdin is None or child.poll() is not None:
+                raise WriterGone("the writer process is not running")
+            for ident, (head, parts) in enumerate(frames, first):
+                head["id"] = ident
                 write_frame(child.stdin, head, parts)
-                if self._outbox.empty():
-                    child.stdin.flush()
-            except (OSError, ValueError, WriterGone) as error:
-                with self._lock:
-                    entry = self._pending.pop(ident, None)
-                    self._restart_locked(child)
+            child.stdin.flush()
+        except Exception as error:  # a broken pipe, most likely: this child is done
+            with self._lock:
+                lost = [self._pending.pop(i, None) for i in range(first, first + len(group))]
+                self._restart_locked(child)
+            for entry in lost:
                 if entry is not None:
                     entry[0].set_exception(WriterGone(f"the writer process is gone ({error})"))
 
     def _read_answers(self, child: subprocess.Popen[bytes]) -> None:
         assert child.stdout is not None
-        while True:
-            frame = read_frame(child.stdout)
-            if frame is None:
-                break
-            head, _ = frame
+        while (frame := read_frame(child.stdout)) is not None:
+            head = frame[0]
             with self._lock:
                 entry = self._pending.pop(head["id"], None)
             if entry is None:
                 continue
-            future = entry[0]
             if "error" in head:
                 kind = StoreDataError if head.get("data_error") else StoreError
-                future.set_exception(kind(head["error"]))
+                entry[0].set_exception(kind(head["error"]))
             else:
-                future.set_result(head.get("result"))
+                entry[0].set_result(head.get("result"))
         child.stdout.close()
         child.wait()
         with self._lock:
-            # What was written to this child and never answered is lost with it; what
-            # the sending thread has not written yet goes to the next child.
+            # What was written to this child and never answered is lost with it.
             lost = [i for i, (_, to) in self._pending.items() if to is child]
             futures = [self._pending.pop(i)[0] for i in lost]
             self._restart_locked(child)
@@ -300,14 +273,12 @@ class ProcessWriter:
             self._start()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Let the child finish what it holds, then wait for it to end. Idempotent."""
+        """Let the child finish what it holds (every frame is sent: the store's writer
+        thread has ended), then wait for it to end. Idempotent."""
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-        self._outbox.put(None)
-        self._sender.join(timeout=timeout)  # every frame submitted is in the pipe
-        with self._lock:
             child, reader = self._child, self._reader
         if child is None:
             return

@@ -5,7 +5,7 @@ The wire carries step records two ways (docs/PROTOCOL.md): as ``columns`` blocks
 as records (a trainer's odd steps: ``nonfinite``, ``backward_passes``,
 ``timestep_layout``, a field a newer trainer adds, or a sender that never packs). The
 store keeps both ONE way, so every read has one path: consecutive step records of one
-shape (the same fields, named names and series lengths) become one :class:`Block`
+shape (the same fields, named names and series lengths) become one :class:`RecordBlock`
 shaped like a wire block, plus what a wire block cannot carry: ``backward_passes`` as
 an int64 column, and each record's other fields as a JSON object in ``notes``.
 
@@ -16,8 +16,8 @@ Example:
     ...     ' {"kind": "step", "step": 5, "loss": 0.5, "backward_passes": 2},'
     ...     ' {"kind": "epoch", "epoch": 1, "step": 5}]}')
     >>> ((block, uids),) = step_blocks(batch.records, 0)
-    >>> block.n, sorted(block.present), list(uids)
-    (2, ['backward_passes', 'epoch', 'loss'], [1, 2])
+    >>> block.n, block.loss is not None, block.backward_passes is not None, list(uids)
+    (2, True, True, [1, 2])
     >>> split = split_batch(batch, lambda v: v)
     >>> len(split.chunks.steps), len(split.epochs), split.last_step, split.last_epoch
     (1, 1, 5, 1)
@@ -38,6 +38,13 @@ from pydantic_core import to_json
 from gradwatch.protocol.column_shapes import PROFILE_KEYS
 from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
 
+from ..schema import (
+    FloatColumn,
+    IntColumn,
+    NamedColumns,
+    StepColumns,
+    TimestepColumns,
+)
 from .chunks import FLOAT_FIELDS, INT_FIELDS, Chunks, add_block
 
 # Kept per record in ``notes`` (besides fields the server does not know).
@@ -124,38 +131,12 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
     return out
 
 
-@dataclass
-class Column:
-    """One packed column, as a wire block's ``{"i64": ...}`` or ``{"f64": ...}``."""
+class RecordBlock(StepColumns):
+    """Step records of one shape as a wire block (built, never validated: the records
+    were), plus what a wire block cannot carry."""
 
-    i64: bytes = b""
-    f64: bytes = b""
-    length: int = 0  # a timestep series' values per record
-
-
-@dataclass
-class Named:
-    names: list[str]
-    f64: bytes
-
-
-@dataclass
-class Block:
-    """Step records of one shape, with the attributes of a wire block (schema.
-    StepColumns) that store/chunks.py reads, plus ``backward_passes`` and ``notes``."""
-
-    n: int
-    step: Column
-    present: dict[str, Column] = field(default_factory=dict)
-    named: Named | None = None
-    timesteps: dict[str, dict[str, Column]] | None = None
+    backward_passes: IntColumn | None = None
     notes: list[dict[str, Any] | None] | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        # A plain field the block lacks reads None, as on a wire block.
-        if name in FLOAT_FIELDS or name in INT_FIELDS:
-            return self.__dict__["present"].get(name)
-        raise AttributeError(name)
 
 
 def floats(values: Sequence[Any]) -> bytes:
@@ -217,7 +198,7 @@ def _shape(record: Any) -> tuple[Any, ...]:
     return plain, names, series, values
 
 
-def step_blocks(records: Sequence[Any], uid: int) -> Iterator[tuple[Block, range]]:
+def step_blocks(records: Sequence[Any], uid: int) -> Iterator[tuple[RecordBlock, range]]:
     """The step records of ``records`` as blocks of consecutive records of one shape,
     each with its records' uids (``uid + 1`` for the first step record, then one more
     for each)."""
@@ -238,24 +219,28 @@ def step_blocks(records: Sequence[Any], uid: int) -> Iterator[tuple[Block, range
         yield _block(run, key), range(first, first + len(run))
 
 
-def _block(run: list[tuple[Any, list[Any]]], key: Any) -> Block:
+def _block(run: list[tuple[Any, list[Any]]], key: Any) -> RecordBlock:
     plain, names, series = key
     records = [r for r, _ in run]
-    block = Block(len(records), Column(i64=_ints([r.step for r in records])))
+    values: dict[str, Any] = {"kind": "step", "n": len(records)}
+    values["step"] = IntColumn.model_construct(i64=_ints([r.step for r in records]))
     for name in plain:
-        values = [getattr(r, name) for r in records]
+        column = [getattr(r, name) for r in records]
         if name in FLOAT_FIELDS:
-            block.present[name] = Column(f64=floats(values))
+            values[name] = FloatColumn.model_construct(f64=floats(column))
         else:
-            block.present[name] = Column(i64=_ints([int(v) for v in values]))
+            values[name] = IntColumn.model_construct(i64=_ints([int(v) for v in column]))
     if names:
-        block.named = Named(list(names), floats([v for _, vs in run for v in vs]))
+        f64 = floats([v for _, vs in run for v in vs])
+        values["named"] = NamedColumns.model_construct(names=list(names), f64=f64)
     if series:
-        block.timesteps = {}
+        values["timesteps"] = timesteps = {}
         for module, name, length in series:
             data = b"".join(_series(r.timesteps[module][name]) for r in records)
-            block.timesteps.setdefault(module, {})[name] = Column(f64=data, length=length)
+            timesteps.setdefault(module, {})[name] = TimestepColumns.model_construct(
+                length=length, f64=data
+            )
     notes = [_notes(r) for r in records]
     if any(notes):
-        block.notes = notes
-    return block
+        values["notes"] = notes
+    return RecordBlock.model_construct(**values)

@@ -52,14 +52,16 @@ LIVE_TABLE = (
 # plainly 1.3 ms; the rows live 5 minutes and are never read by history.
 LIVE_STORAGE = "ALTER TABLE live_batches ALTER COLUMN frame SET STORAGE EXTERNAL"
 LIVE_INDEX = "CREATE INDEX IF NOT EXISTS live_batches_created ON live_batches (created)"
-# One statement per transaction: store its batches, then queue a pointer to each, in
-# the order they were stored (sent at COMMIT).
+# Per transaction: ids for its batches, one binary COPY of them (2-2.5x faster than
+# an INSERT of a bytea[] parameter: 40 against 80-114 ms for 30 batches of 300 KB),
+# then a pointer to each queued in the order they were stored (sent at COMMIT).
+LIVE_IDS = (
+    "SELECT nextval(pg_get_serial_sequence('live_batches', 'id')) FROM generate_series(1, %s)"
+)
+LIVE_COLUMNS = ("id", "replica", "run_id", "rank", "seq", "urgent", "frame")
 ANNOUNCE_BATCHES = (
-    "WITH row AS (INSERT INTO live_batches (replica, run_id, rank, seq, urgent, frame)"
-    " SELECT %s, r, k, s, u, f FROM unnest(%s::text[], %s::bigint[], %s::bigint[],"
-    " %s::boolean[], %b::bytea[]) AS b(r, k, s, u, f) RETURNING id, run_id, urgent)"
-    " SELECT pg_notify(%s, json_build_object('r', %s::text, 'id', id, 'run', run_id,"
-    " 'u', urgent)::text) FROM (SELECT * FROM row ORDER BY id) AS stored"
+    "SELECT pg_notify(%s, json_build_object('r', %s::text, 'id', i, 'run', r, 'u', u)::text)"
+    " FROM unnest(%s::bigint[], %s::text[], %s::boolean[]) AS b(i, r, u) ORDER BY i"
 )
 ANNOUNCE_HELLO = (
     "SELECT pg_notify(%s, json_build_object('r', %s::text, 'run', %s::text, 'hello', true)::text)"
@@ -71,6 +73,7 @@ _COPY_TYPES = {
     table: ["text" if c in _TEXT else "bytea" if c in _BYTES else "int8" for c in columns]
     for table, columns in TABLES
 }
+_COPY_TYPES["live_batches"] = ["int8", "text", "text", "int8", "int8", "bool", "bytea"]
 # Transaction-level locks on rollup sets (another replica may write the same set):
 # keyed by schema and id, taken in id order so two writers never wait on each other.
 _LOCK_SETS = (
@@ -184,11 +187,13 @@ class PostgresStore(Store):
     def _flush(self, cur: Any) -> None:
         super()._flush(cur)
         if self._live_pending:
-            columns = [list(c) for c in zip(*self._live_pending, strict=True)]
-            self._live_pending.clear()
-            cur.execute(
-                ANNOUNCE_BATCHES, (self.replica, *columns, self.channel, self.replica)
-            )
+            pending, self._live_pending = self._live_pending, []
+            cur.execute(LIVE_IDS, (len(pending),))
+            ids = sorted(int(row[0]) for row in cur.fetchall())
+            rows = [(i, self.replica, *row) for i, row in zip(ids, pending, strict=True)]
+            self._insert_rows(cur, "live_batches", LIVE_COLUMNS, rows)
+            runs, urgent = [row[0] for row in pending], [row[3] for row in pending]
+            cur.execute(ANNOUNCE_BATCHES, (self.channel, self.replica, ids, runs, urgent))
 
     def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
         cur.execute(_LOCK_SETS, (set_ids,))

@@ -74,13 +74,8 @@ class Store(ChunkWrites, Reads):
         self._readers: list[Any] = []
         self._readers_lock = threading.Lock()
         self._closed = False
-        # Ids of series and name sets; only the writer thread touches them.
-        self._series_ids = {}
-        self._name_sets = {}
-        self._keys_written = set()
-        self._rollups_pending = []
-        self._rows_pending = {}
-        self._set_layouts = {}
+        self._forget_ids()
+        self._discard_pending()
         writer = self.connect()
         try:
             self.create_schema(writer)

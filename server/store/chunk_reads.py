@@ -15,8 +15,8 @@ take each bucket's min and max in Python with the rollups' semantics
 (:func:`bucket_extremes`).
 
 Example (any store):
-    >>> store.chunk_points("run", 0, 0, 99, "loss")  # doctest: +SKIP
-    [(0, 1, 0.5), (1, 2, 0.25)]
+    >>> store.chunk_points("run", 0, "loss", 0, 99)  # doctest: +SKIP
+    ([0, 1], [0.5, 0.25])
     >>> store.named_points("run", 0, "param_norms/w", 0, 99, {})  # doctest: +SKIP
     ([0, 1], [0.5, 0.25])
 """
@@ -61,10 +61,9 @@ class ChunkReads(Database):
             found = cache[text] = {name: i for i, name in enumerate(json.loads(text))}
         return found
 
-    def chunk_points(
-        self, run_id: str, rank: int, lo: int, hi: int, field: str
-    ) -> list[tuple[int, int, Any]]:
-        """(step, uid, stored value) of a plain field in ``lo..hi``, in (step, uid) order."""
+    def chunk_points(self, run_id: str, rank: int, field: str, lo: int, hi: int) -> Points:
+        """(steps, stored values) of a plain field in ``lo..hi``, in (step, uid) order:
+        both rows of a step sent twice are kept."""
         out: list[tuple[int, int, Any]] = []
         for step_lo, step_hi, uid, n, fields, steps, data in self._chunks(
             "step_lo, step_hi, uid, n, fields, steps, data",
@@ -82,17 +81,13 @@ class ChunkReads(Database):
                 values: list[Any] = ints(raw)
             else:
                 values = stored_floats(floats(raw), self.scalar_in)
-            numbers = ints(bytes(steps))
+            found = zip(ints(bytes(steps)), range(uid, uid + n), values, strict=True)
             if lo <= step_lo and step_hi <= hi:
-                out.extend(zip(numbers, range(uid, uid + n), values, strict=True))
+                out.extend(found)
             else:
-                out.extend(
-                    (s, uid + i, v)
-                    for i, (s, v) in enumerate(zip(numbers, values, strict=True))
-                    if lo <= s <= hi
-                )
+                out.extend(p for p in found if lo <= p[0] <= hi)
         out.sort(key=lambda p: (p[0], p[1]))
-        return out
+        return [p[0] for p in out], [p[2] for p in out]
 
     def chunk_count(self, run_id: str, rank: int, lo: int, hi: int) -> tuple[int, Any, Any]:
         """(count, first, last) of the chunked steps in ``lo..hi``."""

@@ -36,7 +36,8 @@ class Group:
 
 
 class ChunkWrites(Database):
-    """Chunk rows and rollups; the Store sets up the caches."""
+    """Chunk rows and rollups (the Store starts the caches empty: ``_forget_ids``,
+    ``_discard_pending``)."""
 
     # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
     # Only the writer thread touches them; both are forgotten after a rollback.
@@ -54,10 +55,8 @@ class ChunkWrites(Database):
 
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
-        self._series_ids.clear()
-        self._name_sets.clear()
-        self._keys_written.clear()
-        self._set_layouts.clear()
+        self._series_ids, self._name_sets, self._keys_written = {}, {}, set()
+        self._set_layouts = {}
 
     def _id_row(
         self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str], select: str = "id"
@@ -123,8 +122,7 @@ class ChunkWrites(Database):
             self._rollups_pending.append(Group(chunk.steps, tuple(ids), kinds, chunk.matrix))
 
     def _discard_pending(self) -> None:
-        self._rows_pending.clear()
-        self._rollups_pending.clear()
+        self._rows_pending, self._rollups_pending = {}, []
 
     def _flush(self, cur: Any) -> None:
         """Write the chunk rows and rollups of every batch of this transaction: one

@@ -1,20 +1,18 @@
 """PostgreSQL storage (psycopg 3): the same tables and SQL as SQLite.
 
 One writer connection on the store's writer thread, one read connection per reading
-thread; no pool is needed for that. Numbers live in ``double precision``, which holds
-NaN and the infinities natively; they leave as the protocol's strings. Use a fresh
-database or schema per deployment: ``postgresql://user@host/db?options=-csearch_path%3Dgw``.
+thread. Numbers live in ``double precision`` (NaN and the infinities natively); they
+leave as the protocol's strings. Use a fresh database or schema per deployment:
+``postgresql://user@host/db?options=-csearch_path%3Dgw``.
 
-Several replicas may share one database (docs/DEPLOY.md, "Replicas"): LISTEN/NOTIFY
-and not Redis, since the replicas already share the database and a notification
-leaves only when the transaction that stored the batch commits. A NOTIFY payload is
-limited to 8000 bytes, less than one batch, so each batch's transaction stores it as
-the writer process's frame (store/writer_process.py: its blocks as raw bytes, no JSON
-on the write path) in the UNLOGGED table ``live_batches``, kept :data:`RETAIN_S`
-seconds, and notifies a pointer: ``{"r": replica, "id": row id, "run": run_id, "u":
-urgent}``, or ``{"r": replica, "run": run_id, "hello": true}`` for a hello. Every
-replica LISTENs on one channel per schema (:func:`channel_for`; server/pg_listen.py)
-and ignores its own ``r``.
+Replicas that share one database see each other's batches live (docs/DEPLOY.md,
+"Replicas"): each batch's transaction stores its frame (store/writer_process.py: the
+blocks as raw bytes, no JSON on the write path) in the UNLOGGED table
+``live_batches``, kept :data:`RETAIN_S` seconds, and NOTIFYs a pointer to it (a NOTIFY
+payload holds 8000 bytes, less than a batch), ``{"r": replica, "id": row id, "run":
+run_id, "u": urgent}`` or, for a hello, ``{"r": replica, "run": run_id, "hello":
+true}``, on the schema's channel (:func:`channel_for`). It leaves at COMMIT, after
+the rows are readable; server/pg_listen.py listens, and ignores its own ``r``.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,7 +258,7 @@ def merge_arrays(old: np.ndarray, new: np.ndarray, order: str) -> np.ndarray:
     return out
 
 
-def kind_of(name: str, ints: frozenset[str]) -> str:
+def kind_of(name: str, ints: Collection[str]) -> str:
     """``q`` for the series of int64 columns (and the step numbers), else ``d``."""
     return "q" if name == STEP_SERIES or name in ints else "d"
 

@@ -234,7 +234,8 @@ def _block(run: list[tuple[Any, list[Any]]], key: Any) -> RecordBlock:
         f64 = floats([v for _, vs in run for v in vs])
         values["named"] = NamedColumns.model_construct(names=list(names), f64=f64)
     if series:
-        values["timesteps"] = timesteps = {}
+        timesteps: dict[str, dict[str, TimestepColumns]] = {}
+        values["timesteps"] = timesteps
         for module, name, length in series:
             data = b"".join(_series(r.timesteps[module][name]) for r in records)
             timesteps.setdefault(module, {})[name] = TimestepColumns.model_construct(

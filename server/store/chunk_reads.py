@@ -7,12 +7,8 @@ steps of ``step_lo``. Values come back as the backend stores the same numbers se
 JSON (SQLite: the strings ``"NaN"``/``"Infinity"``), so they order and compare as the
 rollups do.
 
-A named field's chunks are decoded once (a float view of their bytes) and shared by
-every field of the same query; a field's values are one C-level slice per chunk
-(``view[index::width]``), and its steps (which row of a step sent again wins: the one
-written last) are worked out once per set of chunks holding it. Edge and fine buckets
-take each bucket's min and max in Python with the rollups' semantics
-(:func:`bucket_extremes`).
+Edge and fine buckets take each bucket's min and max in Python with the rollups'
+semantics (:func:`bucket_extremes`).
 
 Example (any store):
     >>> store.chunk_points("run", 0, "loss", 0, 99)  # doctest: +SKIP
@@ -191,7 +187,9 @@ class ChunkReads(Database):
         sets: dict[int, dict[str, int]] | None = None,
     ) -> Points:
         """(steps, stored values) of a named field in ``lo..hi``: the last row written
-        of each step; ``memo`` shares the decoded chunks between the fields of one query."""
+        of each step. ``memo`` shares the chunks, decoded once as float views of their
+        bytes, and each set of chunks' steps between the fields of one query; a field's
+        values are one C-level slice per chunk (``view[index::width]``)."""
         if sets is None:
             sets = self.name_sets(run_id, rank)
         chunks: list[Chunk] | None = memo.get((lo, hi))

@@ -13,16 +13,13 @@ steps, and keeps ONE row per (set of series, level, block) for them all:
   ``max_step`` (int64), the max value, as the kind says (a record of
   :data:`ROW_DTYPES`; non-finite floats are float64 too).
 
-The history API's buckets are aligned blocks of ``2**k`` steps
-(:func:`gradwatch.server.downsample.bucket_width`), so a bucket is exactly the union
-of ``2**(k-L)`` rows of the largest level ``L <= k``: a 1e6-step series answers
-2,000 points from ~1,000 rollup rows. Ties keep the earliest step, for the min and
-the max alike. Values order as each backend orders its stored values
-(:func:`order_keys`): in SQLite numbers before text, so the ``"NaN"``/``"Infinity"``
-strings win every max; in PostgreSQL NaN above +inf. The same block written again
-(the next batch) is merged with the stored row by the same rule
-(:func:`merge_arrays`); SQLite's writer holds the write lock from the chunk inserts to
-the commit, PostgreSQL's locks the sets (store/postgres.py).
+A history bucket of ``2**k`` steps (store/history.py) is exactly ``2**(k-L)`` rows of
+the largest level ``L <= k``. Ties keep the earliest step, for the min and the max.
+Values order as each backend orders its stored values (:func:`order_keys`): in SQLite
+numbers before text, so the ``"NaN"``/``"Infinity"`` strings win every max; in
+PostgreSQL NaN above +inf. The same block written again (the next batch) is merged
+with the stored row by the same rule (:func:`merge_arrays`); SQLite's writer holds the
+write lock from the chunk inserts to the commit, PostgreSQL's locks the sets.
 
 Example:
     >>> level_for(2048), cover(10, 2000)[0]

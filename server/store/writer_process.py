@@ -1,15 +1,11 @@
 """SQLite's writer in a process of its own, beside the server's event loop, and the
 frames the two processes speak.
 
-One Python process holds one GIL: at ~45,000 records/s the server's event loop
-(websocket frames, validation, acks) and the store's writer took turns on one core
-while the other idled; with the writer in a child process (``python -m
-gradwatch.server.store.sqlite``) each has a core (docs/DEPLOY.md). The child runs the
-same SQLiteStore writer and answers each frame only after its commit, so an ``ack``
-still means "durable"; reads stay in the server process (WAL: readers never wait for
-the writer). If the child dies, the writes it held fail (not acknowledged: their
-trainers resend) and a new child starts; it ends when its pipe closes, so a ``kill
--9`` of the server leaves no writer behind.
+Why (one GIL per process; validating and writing each get a core) and what it
+promises are in docs/DEPLOY.md, "What runs, and where the records go". The child
+(``python -m gradwatch.server.store.sqlite``) answers each frame after its commit; if
+it dies, what it held fails (not acknowledged: resent) and a new child starts; it
+ends when its pipe closes, so a ``kill -9`` of the server leaves no writer behind.
 
 A frame is ``<u32 head length><u32 body length><head JSON><body bytes>``: a batch's
 column blocks as their raw bytes (checked already) under a small JSON head naming

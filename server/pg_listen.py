@@ -1,7 +1,7 @@
 """The listen side of live across replicas: a thread holding one PostgreSQL connection
 that LISTENs on the deployment's channel and hands each other replica's notification
 to a callback. What the notifications carry, and the SQL that sends them with each
-batch's transaction, is storage (:mod:`gradwatch.server.store.pgfeed`); this thread
+batch's transaction, is storage (:mod:`gradwatch.server.store.postgres`); this thread
 belongs to the serving side (server/replicas.py turns deliveries into live messages).
 
 Example (what a replica does at startup; ``deliver`` is called on the listen thread):

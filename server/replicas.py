@@ -27,8 +27,7 @@ from gradwatch.protocol.codec import dumps
 from .live import RUNS_CHANNEL
 from .pg_listen import Delivery, Listener
 from .state import AppState
-from .store.pgfeed import RETAIN_S
-from .store.postgres import PostgresStore
+from .store.postgres import RETAIN_S, PostgresStore
 
 log = logging.getLogger("gradwatch.server")
 

@@ -4,7 +4,7 @@ Alerts that share ``problem`` are one problem (one cause): the capture's stale-s
 alerts on ``lstm1``, ``lstm2``, ``lstm3`` and the detector's own ``graph_growth`` on
 ``graph`` are one card listing those modules, not four. The rule is the dashboard's
 (client/js/alerts.js ``problemOf``), and the count is the API's (``opens_problem``,
-server/store/rows.py): a record without ``problem`` (from a sender that does not
+server/store/split.py): a record without ``problem`` (from a sender that does not
 group) is its own problem, ``code:subject``, and ``graph_growth`` and
 ``no_gradient`` are one problem each. Within a card each member (code, subject)
 shows the record that last held, so a cleared card keeps the message and the fix

@@ -2,15 +2,12 @@
 
 A store has one writer thread that owns the write connection. Ingest submits work
 (``submit_hello``, ``submit_batch``) and gets a ``concurrent.futures.Future``; the
-writer takes whatever is waiting, up to ``Settings.group_commit`` items, and writes
-it in ONE transaction ("group commit"), then resolves the futures. A future resolves
-only after its transaction committed, so an ``ack`` sent on it means "durable".
-Reads are plain methods, safe from any thread (one read connection per thread);
-the app calls them through ``asyncio.to_thread`` and ``gradwatch report`` directly.
-
-Deduplication: the ``batches`` table has the primary key ``(run_id, rank, session,
-seq)``; a batch whose key is already there is acknowledged and nothing else is
-written (its future says False; True when it was stored).
+writer takes whatever is waiting, up to ``Settings.group_commit`` items, writes it in
+ONE transaction ("group commit") and only then resolves the futures, so an ``ack``
+sent on one means "durable". Reads are plain methods, safe from any thread (one read
+connection per thread). Deduplication: a batch whose ``(run_id, rank, session, seq)``
+is already in ``batches`` is acknowledged and nothing else is written (its future
+says False; True when it was stored).
 
 Example (any backend; see :func:`gradwatch.server.store.open_store`):
     >>> store = open_store(Settings(db=path))          # doctest: +SKIP
@@ -26,13 +23,12 @@ import contextlib
 import queue
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from abc import abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, ClassVar
+from typing import Any
 
 from ..settings import Settings
-from .archive import Archive
 from .chunk_writes import ChunkWrites
 from .reads import Reads
 from .split import ALERT_INSERT, EPOCH_INSERT, dumps, split_batch
@@ -64,12 +60,9 @@ def store_error(error: BaseException) -> StoreError:
     return StoreError(text)
 
 
-class Store(ChunkWrites, Reads, Archive, ABC):
+class Store(ChunkWrites, Reads):
     """SQL storage shared by SQLite and PostgreSQL; subclasses supply connections."""
 
-    kind: ClassVar[str]
-    # SQL written with "?" placeholders; PostgreSQL swaps them for "%s".
-    placeholder: ClassVar[str] = "?"
     # Called on the writer thread after each group's futures are resolved (the writer
     # process sends their answers in one write).
     after_group: Callable[[], None] | None = None
@@ -81,13 +74,8 @@ class Store(ChunkWrites, Reads, Archive, ABC):
         self._readers: list[Any] = []
         self._readers_lock = threading.Lock()
         self._closed = False
-        # Ids of series and name sets; only the writer thread touches them.
-        self._series_ids = {}
-        self._name_sets = {}
-        self._keys_written = set()
-        self._rollups_pending = []
-        self._rows_pending = {}
-        self._set_layouts = {}
+        self._forget_ids()
+        self._discard_pending()
         writer = self.connect()
         try:
             self.create_schema(writer)
@@ -95,21 +83,17 @@ class Store(ChunkWrites, Reads, Archive, ABC):
             writer.close()
             raise
         self._writer_conn = writer
+        # A writer elsewhere (SQLite's writer process) takes the writes: this thread
+        # only sends them (store/writer_process.py).
+        self._remote = self.remote_writer()
+        if self._remote is not None:
+            writer.close()
         self._thread = threading.Thread(
             target=self._write_loop, name="gradwatch-store-writer", daemon=True
         )
-        # A writer elsewhere (SQLite's writer process) takes the writes instead.
-        self._remote = self.remote_writer()
-        if self._remote is None:
-            self._thread.start()
-        else:
-            writer.close()
+        self._thread.start()
 
-    # ----- what a backend provides -------------------------------------------------
-    @abstractmethod
-    def connect(self) -> Any:
-        """A new DB-API connection (autocommit off)."""
-
+    # ----- what a backend provides (and connect, scalar_in: store/tables.py) -------
     @abstractmethod
     def create_schema(self, conn: Any) -> None:
         """Create the tables in a new database, or check its layout's version
@@ -121,25 +105,9 @@ class Store(ChunkWrites, Reads, Archive, ABC):
         return self._thread
 
     def remote_writer(self) -> Any:
-        """An object whose ``submit(op, payload)`` writes instead of this process's
-        writer thread (store/writer_process.py), or None."""
+        """An object whose ``send(group)`` writes each group instead of this thread
+        (store/writer_process.py), or None."""
         return None
-
-    def alive(self, conn: Any) -> bool:
-        """Whether ``conn`` can still be used (a PostgreSQL server may drop it)."""
-        return True
-
-    @abstractmethod
-    def scalar_in(self, value: Any) -> Any:
-        """A protocol number as this backend stores it in a numeric column."""
-
-    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
-        marks = ", ".join("?" for _ in columns)
-        names = ", ".join(columns)
-        return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING"  # noqa: S608
-
-    def sql(self, text: str) -> str:
-        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
     # ----- writes ------------------------------------------------------------------
     def submit_hello(self, hello: Any) -> Future[None]:
@@ -152,9 +120,6 @@ class Store(ChunkWrites, Reads, Archive, ABC):
         return self._submit("batch", (batch, session))
 
     def _submit(self, op: str, payload: Any) -> Future[Any]:
-        if self._remote is not None and not self._closed:
-            remote: Future[Any] = self._remote.submit(op, payload)
-            return remote
         future: Future[Any] = Future()
         if self._closed:
             future.set_exception(StoreError("the store is closed"))
@@ -179,14 +144,17 @@ class Store(ChunkWrites, Reads, Archive, ABC):
                     break
                 group.append(more)
             try:
-                self._write_group(self._writer_conn, group)
+                if self._remote is not None:
+                    self._remote.send(group)
+                else:
+                    self._write_group(self._writer_conn, group)
             except Exception as error:  # never let the writer die: fail what it held
                 for _, _, future in group:
                     if not future.done():
                         future.set_exception(StoreError(f"{type(error).__name__}: {error}"))
             if self.after_group is not None:
                 self.after_group()
-            if not self.alive(self._writer_conn):
+            if self._remote is None and not self.alive(self._writer_conn):
                 # The batches that failed were not acknowledged; their trainers resend.
                 with contextlib.suppress(Exception):
                     self._writer_conn = self.connect()
@@ -236,8 +204,7 @@ class Store(ChunkWrites, Reads, Archive, ABC):
         return self._write_batch(cur, batch, session)
 
     def _write_hello(self, cur: Any, hello: Any) -> None:
-        now = time.time()
-        model = hello.model
+        now, model = time.time(), hello.model
         cur.execute(
             self.sql(
                 "INSERT INTO runs (id, name, world_size, started, updated, host, recurrent,"
@@ -246,16 +213,8 @@ class Store(ChunkWrites, Reads, Archive, ABC):
                 " world_size = CASE WHEN excluded.world_size > runs.world_size"
                 " THEN excluded.world_size ELSE runs.world_size END"
             ),
-            (
-                hello.run_id,
-                hello.run,
-                hello.world_size,
-                now,
-                now,
-                hello.host,
-                dumps(list(model.recurrent)),
-                dumps({mod.name: mod.type for mod in model.modules}),
-            ),
+            (hello.run_id, hello.run, hello.world_size, now, now, hello.host,
+             dumps(list(model.recurrent)), dumps({m.name: m.type for m in model.modules})),
         )
         cur.execute(
             self.sql(
@@ -267,28 +226,22 @@ class Store(ChunkWrites, Reads, Archive, ABC):
         )
 
     def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
-        cur.execute(
-            self.sql(
-                self.insert_ignore("batches", ("run_id", "rank", "session", "seq", "stored_at"))
-            ),
-            (batch.run_id, batch.rank, session, batch.seq, time.time()),
-        )
+        run_id, rank = batch.run_id, batch.rank
+        insert = self.insert_ignore("batches", ("run_id", "rank", "session", "seq", "stored_at"))
+        cur.execute(self.sql(insert), (run_id, rank, session, batch.seq, time.time()))
         if cur.rowcount == 0:
             return False  # a repeat: acknowledged, not stored again
         split = split_batch(batch, self.scalar_in, session)
-        self._write_chunks(cur, batch.run_id, batch.rank, split.chunks)
+        self._write_chunks(cur, run_id, rank, split.chunks)
         if split.epochs:
             cur.executemany(self.sql(EPOCH_INSERT), split.epochs)
         if split.alerts:
             cur.executemany(self.sql(ALERT_INSERT), split.alerts)
         # A run's keys rarely change: only those this writer has not written yet.
-        new_keys = [(batch.run_id, *k) for k in split.keys]
-        new_keys = [k for k in new_keys if k not in self._keys_written]
+        new_keys = [k for k in ((run_id, *k) for k in split.keys) if k not in self._keys_written]
         if new_keys:
-            cur.executemany(
-                self.sql(self.insert_ignore("run_keys", ("run_id", "family", "key", "sub"))),
-                sorted(new_keys),
-            )
+            insert = self.insert_ignore("run_keys", ("run_id", "family", "key", "sub"))
+            cur.executemany(self.sql(insert), sorted(new_keys))
             if len(self._keys_written) > 1_000_000:
                 self._keys_written.clear()
             self._keys_written.update(new_keys)
@@ -298,8 +251,9 @@ class Store(ChunkWrites, Reads, Archive, ABC):
                     "UPDATE ranks SET end_status = ?, end_step = ?, end_t = ?"
                     " WHERE run_id = ? AND rank = ?"
                 ),
-                (status, step, self.scalar_in(t), batch.run_id, batch.rank),
+                (status, step, self.scalar_in(t), run_id, rank),
             )
+        last_step, last_epoch = split.last_step, split.last_epoch
         cur.execute(
             self.sql(
                 "UPDATE runs SET updated = ?,"
@@ -309,55 +263,19 @@ class Store(ChunkWrites, Reads, Archive, ABC):
                 " THEN ? ELSE last_epoch END,"
                 " alerts = alerts + ? WHERE id = ?"
             ),
-            (
-                time.time(),
-                split.last_step,
-                split.last_step,
-                split.last_epoch,
-                split.last_epoch,
-                split.problems,
-                batch.run_id,
-            ),
+            (time.time(), last_step, last_step, last_epoch, last_epoch, split.problems, run_id),
         )
         return True
-
-    # ----- reads -------------------------------------------------------------------
-    def reader(self) -> Any:
-        """This thread's read connection."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self.connect()
-            self._local.conn = conn
-            with self._readers_lock:
-                self._readers.append(conn)
-        return conn
-
-    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        conn = self.reader()
-        try:
-            cur = conn.cursor()
-            cur.execute(self.sql(text), tuple(params))
-            result = list(cur.fetchall())
-            # End the read transaction so the next query sees new commits.
-            conn.rollback()
-        except Exception:
-            if not self.alive(conn):
-                self._local.conn = None  # reconnect on this thread's next query
-            else:
-                conn.rollback()
-            raise
-        return result
 
     def close(self) -> None:
         """Finish queued writes, then close every connection. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout=30)
         if self._remote is not None:
             self._remote.close()
-        else:
-            self._queue.put(_STOP)
-            self._thread.join(timeout=30)
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for conn in readers:

@@ -1,37 +1,44 @@
 """Reading the chunks every step record is stored in (store/chunks.py).
 
-The points of a plain field, the step count of a range, one module's per-step
-series and the records' notes (``timestep_layout``, ``nonfinite``); the named scalars
-are read by store/named_reads.py. A chunk is found on its ``(run_id, rank, step_lo)``
-key: its steps lie within ``SPAN`` steps of ``step_lo``. Values come back as the
-backend stores the same numbers sent as JSON (SQLite: the strings ``"NaN"``/
-``"Infinity"``), so they order and compare as the rollups do.
+The points of a plain field, the step count of a range, one module's per-step series,
+the records' notes (``timestep_layout``, ``nonfinite``) and the named scalars. A
+chunk is found on its ``(run_id, rank, step_lo)`` key: its steps lie within ``SPAN``
+steps of ``step_lo``. Values come back as the backend stores the same numbers sent as
+JSON (SQLite: the strings ``"NaN"``/``"Infinity"``), so they order and compare as the
+rollups do.
+
+Edge and fine buckets take each bucket's min and max in Python with the rollups'
+semantics (:func:`bucket_extremes`).
 
 Example (any store):
-    >>> store.chunk_points("run", 0, 0, 99, "loss")  # doctest: +SKIP
-    [(0, 1, 0.5), (1, 2, 0.25)]
+    >>> store.chunk_points("run", 0, "loss", 0, 99)  # doctest: +SKIP
+    ([0, 1], [0.5, 0.25])
+    >>> store.named_points("run", 0, "param_norms/w", 0, 99, {})  # doctest: +SKIP
+    ([0, 1], [0.5, 0.25])
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..columns import floats, ints
-from .chunks import INT_FIELDS, SPAN, stored_floats
+from . import rollups
+from .chunks import INT_FIELDS, SPAN, decode_view, stored_floats
+from .tables import Database
 
 _RANGE = "step_lo >= ? AND step_lo <= ? AND step_hi >= ? ORDER BY step_lo, uid"
+# (steps, values): one value per step, in step order.
+Points = tuple[list[int], list[Any]]
+# A named chunk as read: (written, uid, set id, steps, its values as floats).
+Chunk = tuple[int, int, int, list[int], "memoryview[float] | Any"]
 
 
-class ChunkReads:
-    """Mixed into the stores' reads; the backend supplies ``query`` and ``scalar_in``."""
+class ChunkReads(Database):
+    """Mixed into the stores' reads (store/history.py, store/reads.py)."""
 
-    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    def scalar_in(self, value: Any) -> Any:
-        raise NotImplementedError
+    value_key = staticmethod(rollups.sqlite_key)
 
     def _chunks(
         self, columns: str, table: str, where: str, params: tuple[Any, ...], lo: int, hi: int
@@ -50,10 +57,9 @@ class ChunkReads:
             found = cache[text] = {name: i for i, name in enumerate(json.loads(text))}
         return found
 
-    def chunk_points(
-        self, run_id: str, rank: int, lo: int, hi: int, field: str
-    ) -> list[tuple[int, int, Any]]:
-        """(step, uid, stored value) of a plain field in ``lo..hi``, in (step, uid) order."""
+    def chunk_points(self, run_id: str, rank: int, field: str, lo: int, hi: int) -> Points:
+        """(steps, stored values) of a plain field in ``lo..hi``, in (step, uid) order:
+        both rows of a step sent twice are kept."""
         out: list[tuple[int, int, Any]] = []
         for step_lo, step_hi, uid, n, fields, steps, data in self._chunks(
             "step_lo, step_hi, uid, n, fields, steps, data",
@@ -71,17 +77,13 @@ class ChunkReads:
                 values: list[Any] = ints(raw)
             else:
                 values = stored_floats(floats(raw), self.scalar_in)
-            numbers = ints(bytes(steps))
+            found = zip(ints(bytes(steps)), range(uid, uid + n), values, strict=True)
             if lo <= step_lo and step_hi <= hi:
-                out.extend(zip(numbers, range(uid, uid + n), values, strict=True))
+                out.extend(found)
             else:
-                out.extend(
-                    (s, uid + i, v)
-                    for i, (s, v) in enumerate(zip(numbers, values, strict=True))
-                    if lo <= s <= hi
-                )
+                out.extend(p for p in found if lo <= p[0] <= hi)
         out.sort(key=lambda p: (p[0], p[1]))
-        return out
+        return [p[0] for p in out], [p[2] for p in out]
 
     def chunk_count(self, run_id: str, rank: int, lo: int, hi: int) -> tuple[int, Any, Any]:
         """(count, first, last) of the chunked steps in ``lo..hi``."""
@@ -142,7 +144,7 @@ class ChunkReads:
         return bytes(data) if data else b""  # SQLite: NULL for a series of no values
 
     def notes(self, run_id: str, rank: int, lo: int, hi: int) -> dict[int, dict[str, Any]]:
-        """The notes of the records in ``lo..hi`` that have some (store/records.py), by
+        """The notes of the records in ``lo..hi`` that have some (store/split.py), by
         record uid."""
         out: dict[int, dict[str, Any]] = {}
         for uid, steps, text in self._chunks(
@@ -158,6 +160,127 @@ class ChunkReads:
                 if note is not None and lo <= step <= hi:
                     out[uid + i] = note
         return out
+
+    def name_sets(self, run_id: str, rank: int) -> dict[int, dict[str, int]]:
+        """Each name set of a run and rank: id -> {name: index in its rows}."""
+        cache: dict[int, dict[str, int]] = self.__dict__.setdefault("_decoded_sets", {})
+        if len(cache) > 10_000:
+            cache.clear()
+        out = {}
+        for set_id, text in self.query(
+            "SELECT id, names FROM named_sets WHERE run_id = ? AND rank = ?", (run_id, rank)
+        ):
+            found = cache.get(set_id)
+            if found is None:  # a set never changes: decode its JSON once
+                found = cache[set_id] = {n: i for i, n in enumerate(json.loads(text))}
+            out[set_id] = found
+        return out
+
+    def named_points(
+        self,
+        run_id: str,
+        rank: int,
+        name: str,
+        lo: int,
+        hi: int,
+        memo: dict[Any, Any],
+        sets: dict[int, dict[str, int]] | None = None,
+    ) -> Points:
+        """(steps, stored values) of a named field in ``lo..hi``: the last row written
+        of each step. ``memo`` shares the chunks, decoded once as float views of their
+        bytes, and each set of chunks' steps between the fields of one query; a field's
+        values are one C-level slice per chunk (``view[index::width]``)."""
+        if sets is None:
+            sets = self.name_sets(run_id, rank)
+        chunks: list[Chunk] | None = memo.get((lo, hi))
+        if chunks is None:
+            chunks = memo[lo, hi] = [
+                (written, uid, set_id, ints(bytes(steps)), decode_view(bytes(data)))
+                for uid, written, set_id, steps, data in self._chunks(
+                    "uid, written, names, steps, data",
+                    "named_chunks",
+                    "run_id = ? AND rank = ?",
+                    (run_id, rank),
+                    lo,
+                    hi,
+                )
+            ]
+        held = [(i, sets.get(c[2]) or {}) for i, c in enumerate(chunks)]
+        held = [(i, names) for i, names in held if name in names]
+        if not held:
+            return [], []
+        key = ("steps", lo, hi, tuple(i for i, _ in held))
+        layout = memo.get(key)
+        if layout is None:  # shared by the fields held by the same chunks
+            layout = memo[key] = steps_layout([chunks[i] for i, _ in held], lo, hi)
+        values: list[float] = []
+        for i, names in held:
+            rows = len(chunks[i][3])
+            column = cast("list[float]", chunks[i][4][names[name] :: len(names)].tolist())
+            if len(column) != rows:  # never expected: a chunk of another width
+                column = (column + [float("nan")] * rows)[:rows]
+            values.extend(column)
+        steps, picks = layout
+        if picks is not None:
+            values = [values[p] for p in picks]
+        # The steps list is shared by the fields of a name set.
+        return steps, stored_floats(values, self.scalar_in)
+
+
+def steps_layout(chunks: Sequence[Chunk], lo: int, hi: int) -> tuple[list[int], list[int] | None]:
+    """(steps, picks) of the rows of ``chunks`` (in (step_lo, uid) order) in ``lo..hi``:
+    picks is None where every row is in range and no step repeats, else the place, in
+    the chunks' rows back to back, of each step's last written row.
+
+    >>> steps_layout([(1, 10, 0, [3, 4], None), (2, 20, 0, [4, 9], None)], 0, 5)
+    ([3, 4], [0, 2])
+    """
+    steps = [s for c in chunks for s in c[3]]
+    if steps and lo <= steps[0] and steps[-1] <= hi and all(map(int.__lt__, steps, steps[1:])):
+        return steps, None
+    latest: dict[int, tuple[tuple[int, int], int]] = {}
+    place = 0
+    for written, uid, _, numbers, _ in chunks:
+        for i, step in enumerate(numbers):
+            found = latest.get(step)
+            if lo <= step <= hi and (found is None or found[0] < (written, uid + i)):
+                latest[step] = ((written, uid + i), place + i)
+        place += len(numbers)
+    ordered = sorted(latest)
+    return ordered, [latest[step][1] for step in ordered]
+
+
+def bucket_extremes(
+    steps: list[int], values: list[Any], cuts: Sequence[tuple[int, int]], key: rollups.Key
+) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
+    """(step, value) of the min and of the max of ``values[i:j]`` for each ``(i, j)`` of
+    ``cuts`` (``steps`` in order): the earliest of equal values, in ``key``'s order.
+
+    >>> bucket_extremes([0, 1, 5, 6], [2.0, "NaN", 2.0, 1.0], [(0, 2), (2, 4), (4, 4)],
+    ...                 rollups.sqlite_key)
+    ([(0, 2.0), (6, 1.0)], [(1, 'NaN'), (5, 2.0)])
+    """
+    try:
+        total = sum(values)
+        plain = total == total
+    except TypeError:
+        plain = False
+    keys = None if plain else [key(v) for v in values]
+    lows: list[tuple[int, Any]] = []
+    highs: list[tuple[int, Any]] = []
+    for i, j in cuts:
+        if i >= j:
+            continue
+        if keys is None:
+            part = values[i:j]
+            # min()/max() return the first of equal values, index() finds it: in C.
+            lo, hi = i + part.index(min(part)), i + part.index(max(part))
+        else:
+            at = keys.__getitem__
+            lo, hi = min(range(i, j), key=at), max(range(i, j), key=at)
+        lows.append((steps[lo], values[lo]))
+        highs.append((steps[hi], values[hi]))
+    return lows, highs
 
 
 def combined_counts(parts: Sequence[tuple[Any, Any, Any]]) -> tuple[int, Any, Any]:

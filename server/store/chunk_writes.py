@@ -4,8 +4,8 @@ Mixed into :class:`gradwatch.server.store.base.Store`. A batch's chunks
 (store/chunks.py) are inserted as they are (PostgreSQL copies them, store/postgres.py);
 each name set gets an id in ``named_sets`` and each series (a plain field, a named
 scalar, the step numbers) one in ``series``; the rollups of every chunk's series are
-kept one row per set of series and block (store/set_rollups.py), merged with the row
-of that block already stored, once per transaction.
+kept one row per set of series and block (store/rollups.py), merged with the row of
+that block already stored, once per transaction.
 """
 
 from __future__ import annotations
@@ -14,18 +14,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from . import named, rollups
-from .chunks import INT_FIELDS, TABLES, Chunks
-from .set_rollups import SET_INSERT, Layout, array_blocks, kind_of, merge_arrays
+from . import rollups
+from .chunks import INT_FIELDS, TABLES, Chunks, digest
+from .rollups import SET_INSERT, Layout, array_blocks, kind_of, merge_arrays
+from .tables import Database
 
 
 @dataclass
 class Group:
-    """One chunk's series for the rollups: their ids, kinds (store/set_rollups.py) and
+    """One chunk's series for the rollups: their ids, kinds (store/rollups.py) and
     values, ``matrix[i, k]`` of series k at ``steps[i]``."""
 
     steps: list[int]
@@ -34,8 +35,9 @@ class Group:
     matrix: Any
 
 
-class ChunkWrites:
-    """Chunk rows and rollups; the Store supplies SQL, ``scalar_in`` and the caches."""
+class ChunkWrites(Database):
+    """Chunk rows and rollups (the Store starts the caches empty: ``_forget_ids``,
+    ``_discard_pending``)."""
 
     # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
     # Only the writer thread touches them; both are forgotten after a rollback.
@@ -50,24 +52,11 @@ class ChunkWrites:
     _set_layouts: dict[tuple[int, ...], Layout]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
     _written: int = 0
-    # The backend: "sqlite" or "postgresql" (how non-finite values order).
-    kind: ClassVar[str]
-
-    def sql(self, text: str) -> str:
-        raise NotImplementedError
-
-    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
-        raise NotImplementedError
-
-    def scalar_in(self, value: Any) -> Any:
-        raise NotImplementedError
 
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
-        self._series_ids.clear()
-        self._name_sets.clear()
-        self._keys_written.clear()
-        self._set_layouts.clear()
+        self._series_ids, self._name_sets, self._keys_written = {}, {}, set()
+        self._set_layouts = {}
 
     def _id_row(
         self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str], select: str = "id"
@@ -94,8 +83,8 @@ class ChunkWrites:
         """(id in ``named_sets``, series id of each name) of a name set."""
         found = self._name_sets.get(((run_id, rank), names))
         if found is None:
-            digest, text = named.digest(names)
-            row = {"run_id": run_id, "rank": rank, "digest": digest, "names": text}
+            key, text = digest(names)
+            row = {"run_id": run_id, "rank": rank, "digest": key, "names": text}
             set_id = int(self._id_row(cur, "named_sets", row, ("run_id", "rank", "digest"))[0])
             series = [self._series(cur, run_id, rank, name) for name in names]
             found = self._name_sets[(run_id, rank), names] = (set_id, series)
@@ -133,8 +122,7 @@ class ChunkWrites:
             self._rollups_pending.append(Group(chunk.steps, tuple(ids), kinds, chunk.matrix))
 
     def _discard_pending(self) -> None:
-        self._rows_pending.clear()
-        self._rollups_pending.clear()
+        self._rows_pending, self._rollups_pending = {}, []
 
     def _flush(self, cur: Any) -> None:
         """Write the chunk rows and rollups of every batch of this transaction: one
@@ -152,7 +140,7 @@ class ChunkWrites:
         """Hold the sets' rows until the commit (PostgreSQL: other replicas may write)."""
 
     def _write_set_rollups(self, cur: Any, groups: list[Group]) -> None:
-        """One row per set and block (store/set_rollups.py), merged with the row of
+        """One row per set and block (store/rollups.py), merged with the row of
         that block already stored (read in one query for every set)."""
         layouts = [self._set_layout(cur, group) for group in groups]
         self._lock_sets(cur, sorted({layout.id for layout in layouts}))

@@ -1,30 +1,35 @@
 """Every step record stored as columns: one row per *chunk* of records.
 
 A block (a wire ``columns`` block, or step records turned into one at ingest:
-store/records.py) is cut into chunks of records in step order spanning fewer than
+store/split.py) is cut into chunks of records in step order spanning fewer than
 :data:`SPAN` steps (a block of 100 consecutive steps is one chunk), and each chunk is
-ONE row of each table below:
+ONE row of each table below, with its step numbers (``steps``: n int64), its first
+and last step (``step_lo``, ``step_hi``) and the uid of its first record (the next
+ones follow):
 
 - ``step_chunks``: the plain fields, ``fields`` naming the columns of ``data`` (n
   little-endian int64 or float64 values each, in that order), and ``notes``: NULL,
   or a JSON list of each record's other fields (``nonfinite``, ``timestep_layout``,
   fields this server does not know), null for a record without;
-- ``named_chunks``: the named scalars, ``data`` n rows of one name set's values
-  (store/named.py); a new family of named scalars is a new prefix of names;
+- ``named_chunks``: the named scalars (``param_norms/<p>``, ``gate_norms/<p>/<g>``,
+  ``profile/<m>/<key>``; a new family is a new prefix): ``data`` holds n rows of
+  float64 in the order of a *name set* (``names``: an id into ``named_sets``, the
+  JSON list of names per run and rank). A step sent again adds a row: the one
+  written last wins on read (``written``: the writer's clock, then the uid);
 - ``series_chunks``: one per-step series of a module (``family`` ``timesteps``: a
-  series of float64 per timestep), ``data`` n rows of ``len`` values; a new family
-  of per-step vectors is a new ``family`` value.
+  series of float64 per timestep), ``data`` n rows of ``len`` values.
 
-Each has the chunk's step numbers (``steps``: n int64), its first step and last
-(``step_lo``, ``step_hi``) and the uid of its first record (the next ones follow).
 One row per chunk instead of ~4 per record is what let SQLite ingest pass 50,000
 records/s (BENCHMARKS.md, "Ingest"). The rollups of every series come from the same
-columns (store/set_rollups.py).
+columns (store/rollups.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,13 +41,20 @@ from gradwatch.protocol.columns import split_name
 
 from ..column_checks import INT_COLUMNS, ints
 
+# The plain fields of a step record; ``backward_passes`` comes only from records
+# (store/split.py), never on the wire. ints decode as int64.
+INT_FIELDS = (*INT_COLUMNS, "graph_truncated", "backward_passes")
+FLOAT_FIELDS = FLOAT_COLUMNS
+# The plain fields a chunk may hold, in the order of its ``fields``.
+CHUNK_FIELDS = ("epoch", *FLOAT_FIELDS, *INT_FIELDS[1:])
+# The plain fields the history API serves (docs/API.md, ``/steps``), each rolled up.
+SCALAR_FIELDS = ("loss", "duration_s", "total_norm", "graph_nodes", "rss_bytes",
+                 "cuda_allocated_bytes", "cuda_reserved_bytes", "overhead", "backward_passes")
+INTEGER_FIELDS = tuple(name for name in SCALAR_FIELDS if name in INT_FIELDS)
+_LITTLE = sys.byteorder == "little"
 # A chunk's steps lie within step_lo .. step_lo + SPAN - 1, so the chunks that may
 # hold a step range are found on the (run, rank, step_lo) key alone.
 SPAN = 4096
-# The plain fields a chunk may hold, as in a block; ints decode as int64.
-# ``backward_passes`` comes only from records (store/records.py), never on the wire.
-CHUNK_FIELDS = ("epoch", *FLOAT_COLUMNS, *INT_COLUMNS[1:], "graph_truncated", "backward_passes")
-INT_FIELDS = frozenset((*INT_COLUMNS, "graph_truncated", "backward_passes"))
 
 # The columns of each table, in the order of its rows (and of PostgreSQL's COPY).
 STEP_COLUMNS = ("run_id", "rank", "step_lo", "step_hi", "uid", "n", "fields", "steps", "data",
@@ -138,18 +150,14 @@ def add_block(
     """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
     ``uid + 1 ...`` in block order. Returns the block's last step and last epoch. The
     groups hold numpy matrices of one dtype each (ints, floats, named floats) where
-    their values are finite (store/set_rollups.py)."""
+    their values are finite (store/rollups.py)."""
     steps = ints(block.step.i64)
     last_epoch = max(ints(block.epoch.i64)) if block.epoch is not None else 0
     columns = [(name, getattr(block, name, None)) for name in CHUNK_FIELDS]
     present: list[tuple[str, Any]] = [(n, c) for n, c in columns if c is not None]
     raw = [column.i64 if name in INT_FIELDS else column.f64 for name, column in present]
     fields = json.dumps([name for name, _ in present])
-    rolled = [
-        (name, data)
-        for (name, _), data in zip(present, raw, strict=True)
-        if name not in ("epoch", "t", "graph_truncated")
-    ]
+    rolled = [(n, data) for (n, _), data in zip(present, raw, strict=True) if n in SCALAR_FIELDS]
     keys.update(("scalar", name, "") for name, _ in rolled)
     named = block.named if block.named is not None and block.named.names else None
     if named is not None:
@@ -196,7 +204,7 @@ def _array_groups(
     rolled: _Rolled,
     named: Any,
 ) -> list[ColumnGroup]:
-    """Each chunk's rollup groups as numpy matrices of one dtype (store/set_rollups.py):
+    """Each chunk's rollup groups as numpy matrices of one dtype (store/rollups.py):
     the int columns with the steps, the float columns, the named scalars."""
     n = len(steps)
     ints_ = [(name, data) for name, data in rolled if name in INT_FIELDS]
@@ -222,8 +230,7 @@ def _array_groups(
 
 
 def _named_keys(names: list[str], keys: set[tuple[str, str, str]]) -> None:
-    """run_keys of named scalars, as store/named.py writes them (a profiled module
-    once, not per key)."""
+    """run_keys of named scalars (a profiled module once, not per key)."""
     for name in names:
         family, owner, key = split_name(name)
         keys.add((family, owner, "" if family == "profile" else key))
@@ -236,3 +243,29 @@ def scalar_out(value: Any) -> Any:
             return "NaN"
         return "Infinity" if value > 0 else "-Infinity"
     return value
+
+
+def digest(names: tuple[str, ...]) -> tuple[str, str]:
+    """(digest, JSON text) of a name set, as ``named_sets`` keeps it.
+
+    >>> digest(("param_norms/w",))[1]
+    '["param_norms/w"]'
+    """
+    text = json.dumps(list(names), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest(), text
+
+
+def decode_view(data: bytes) -> memoryview[float] | array[float]:
+    """Packed float64 values without copying them where the machine is little-endian
+    (a float view: 4x faster than an array for one field of 20k rows);
+    ``view[i::width].tolist()`` is a field of rows of ``width`` values.
+
+    >>> decode_view(bytes(8)).tolist()
+    [0.0]
+    """
+    if _LITTLE:
+        return memoryview(data).cast("d")
+    values = array("d")
+    values.frombytes(data)
+    values.byteswap()
+    return values

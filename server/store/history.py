@@ -1,9 +1,8 @@
 """The downsampled scalar history of a run: ``GET /api/runs/{id}/steps``.
 
 Min/max per aligned bucket of steps, answered from the rollups written at ingest
-(store/set_rollups.py) where a bucket is whole, and from the chunks (store/chunks.py)
+(store/rollups.py) where a bucket is whole, and from the chunks (store/chunk_reads.py)
 where it is cut by ``from``/``to``, still open, or finer than the smallest rollup.
-Mixed into :class:`gradwatch.server.store.reads.Reads`.
 """
 
 from __future__ import annotations
@@ -11,37 +10,44 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any
+
+from gradwatch.protocol.column_shapes import PROFILE_KEYS
 
 from ..downsample import bucket_width
-from . import rollups, set_rollups
-from .chunk_reads import combined_counts
-from .chunks import scalar_out
-from .named_reads import NamedReads, Points, bucket_extremes
-from .split import INTEGER_FIELDS, SCALAR_FIELDS
+from . import rollups
+from .chunk_reads import ChunkReads, Points, bucket_extremes, combined_counts
+from .chunks import INTEGER_FIELDS, SCALAR_FIELDS, scalar_out
 
-PROFILE_KEYS = ("forward_s", "backward_s", "calls")
 _FIELDS_EXPECTED = (
-    "fields: expected loss, duration_s, total_norm, graph_nodes, rss_bytes,"
-    " cuda_allocated_bytes, cuda_reserved_bytes, overhead, backward_passes,"
-    " param_norms/<param>, gate_norms/<param>/<gate> or"
-    " profile/<module>/<forward_s|backward_s|calls>"
+    f"fields: expected {', '.join(SCALAR_FIELDS)}, param_norms/<param>,"
+    f" gate_norms/<param>/<gate> or profile/<module>/<{'|'.join(PROFILE_KEYS)}>"
 )
 
 
-class HistoryReads(NamedReads):
-    """The ``steps`` query and its buckets; the backend supplies ``query``/``sql``.
-
-    Named fields are read from their chunks (:class:`NamedReads`)."""
-
-    # The backend: "sqlite" or "postgresql" (how its stored values order).
-    kind: ClassVar[str]
-
-    def scalar_fields(self, run_id: str) -> list[str]:
-        raise NotImplementedError
+class HistoryReads(ChunkReads):
+    """The ``steps`` query and its buckets; mixed into store/reads.py's Reads."""
 
     def run_summary(self, run_id: str) -> dict[str, Any]:
         raise NotImplementedError
+
+    def scalar_fields(self, run_id: str) -> list[str]:
+        """Every scalar field name the steps endpoint can answer for this run."""
+        keys = self.query(
+            "SELECT family, key, sub FROM run_keys WHERE run_id = ? AND family <> 'timesteps'"
+            " ORDER BY family, key, sub",
+            (run_id,),
+        )
+        present = {key for family, key, _ in keys if family == "scalar"}
+        names = [f for f in SCALAR_FIELDS if f in present]
+        for family, key, sub in keys:
+            if family == "param_norms":
+                names.append(f"param_norms/{key}")
+            elif family == "gate_norms":
+                names.append(f"gate_norms/{key}/{sub}")
+            elif family == "profile":
+                names.extend(f"profile/{key}/{p}" for p in PROFILE_KEYS)
+        return names
 
     @staticmethod
     def _plain(name: str) -> bool:
@@ -103,7 +109,7 @@ class HistoryReads(NamedReads):
                 continue
             points: Callable[[int, int], Points]
             if is_plain:
-                points = partial(self._plain_points, run_id, rank, name)
+                points = partial(self.chunk_points, run_id, rank, name)
             else:
                 if sets is None:
                     sets = self.name_sets(run_id, rank)
@@ -141,17 +147,11 @@ class HistoryReads(NamedReads):
             return 0, None, None
         blocks, rest = rollups.cover(lo, hi)
         parts = [
-            self.query(set_rollups.STEP_COUNT, (series, level, first, last))[0]
+            self.query(rollups.STEP_COUNT, (series, level, first, last))[0]
             for level, first, last in blocks
         ]
         parts.extend(self.chunk_count(run_id, rank, a, b) for a, b in rest)
         return combined_counts(parts)
-
-    def _plain_points(self, run_id: str, rank: int, name: str, lo: int, hi: int) -> Points:
-        """(steps, stored values) of a plain field in ``lo..hi``, both rows of a step
-        sent twice kept."""
-        points = self.chunk_points(run_id, rank, lo, hi, name)
-        return [p[0] for p in points], [p[2] for p in points]
 
     def extremes(
         self,
@@ -207,9 +207,9 @@ class HistoryReads(NamedReads):
             if inner:
                 shift = (width.bit_length() - 1) - level
                 span = (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1)
-                rows = self.query(set_rollups.SERIES_ROWS, span)
+                rows = self.query(rollups.SERIES_ROWS, span)
                 found.update(
-                    set_rollups.bucket_extremes(rows, shift, self.kind, self._stored_scalar)
+                    rollups.bucket_extremes(rows, shift, self.kind, self._stored_scalar)
                 )
         if raw:
             bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
@@ -229,19 +229,8 @@ def _integral(value: Any) -> Any:
 
 
 def _number(value: Any) -> Any:
-    """A column value as the protocol writes it (JSON text from json paths included)."""
-    kind = type(value)
-    if kind is float:  # the common case first: ~2.5x faster over 50k values
-        return value if value - value == 0 else scalar_out(value)
-    if kind is int:
-        return value
-    if isinstance(value, str):
-        if value in ("NaN", "Infinity", "-Infinity"):
-            return value
-        try:
-            return float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            return value
-    if isinstance(value, bool):
-        return int(value)
-    return scalar_out(value)
+    """A stored value as the protocol writes it: non-finite floats as strings (SQLite's
+    stored "NaN"/"Infinity" strings already are)."""
+    if type(value) is float and value - value != 0:
+        return scalar_out(value)
+    return value

@@ -1,16 +1,23 @@
 """PostgreSQL storage (psycopg 3): the same tables and SQL as SQLite.
 
 One writer connection on the store's writer thread, one read connection per reading
-thread; no pool is needed for that. Numbers live in ``double precision``, which holds
-NaN and the infinities natively; they leave as the protocol's strings. Use a fresh
-database or schema per deployment: ``postgresql://user@host/db?options=-csearch_path%3Dgw``.
+thread. Numbers live in ``double precision`` (NaN and the infinities natively); they
+leave as the protocol's strings. Use a fresh database or schema per deployment:
+``postgresql://user@host/db?options=-csearch_path%3Dgw``.
 
-Several replicas may share one database: each batch's transaction also stores its
-records for live viewers and NOTIFYs the other replicas (:mod:`.pgfeed`).
+Replicas that share one database see each other's batches live (docs/DEPLOY.md,
+"Replicas"): each batch's transaction stores its frame (store/writer_process.py: the
+blocks as raw bytes, no JSON on the write path) in the UNLOGGED table
+``live_batches``, kept :data:`RETAIN_S` seconds, and NOTIFYs a pointer to it (a NOTIFY
+payload holds 8000 bytes, less than a batch), ``{"r": replica, "id": row id, "run":
+run_id, "u": urgent}`` or, for a hello, ``{"r": replica, "run": run_id, "hello":
+true}``, on the schema's channel (:func:`channel_for`). It leaves at COMMIT, after
+the rows are readable; server/pg_listen.py listens, and ignores its own ``r``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -22,19 +29,49 @@ from gradwatch.protocol.messages import ALERT, END, NONFINITE_STRINGS
 
 from ..columns import records_json
 from ..settings import Settings
-from . import pgfeed, rollups, tables
+from . import rollups, tables
 from .base import Store
-from .handoff import batch_of, frame_bytes
+from .chunks import TABLES
+from .writer_process import batch_of, frame_bytes
 
-# Binary COPY of each chunk table: its columns' PostgreSQL types (store/chunks.py).
+# Rows of live_batches older than this are deleted: a replica whose LISTEN connection
+# was away for longer cannot catch up from the table (its viewers are told "lagged").
+RETAIN_S = 300.0
+# How often a writer deletes expired rows (seconds).
+PRUNE_EVERY_S = 30.0
+
+LIVE_TABLE = (
+    "CREATE UNLOGGED TABLE IF NOT EXISTS live_batches (id BIGSERIAL PRIMARY KEY,"
+    " replica TEXT NOT NULL, run_id TEXT NOT NULL, rank BIGINT NOT NULL, seq BIGINT NOT NULL,"
+    " urgent BOOLEAN NOT NULL, frame BYTEA NOT NULL,"
+    " created TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
+)
+# No compression of the frames: pglz on 300 KB of a batch took 17 ms, storing it
+# plainly 1.3 ms; the rows live 5 minutes and are never read by history.
+LIVE_STORAGE = "ALTER TABLE live_batches ALTER COLUMN frame SET STORAGE EXTERNAL"
+LIVE_INDEX = "CREATE INDEX IF NOT EXISTS live_batches_created ON live_batches (created)"
+# Per transaction: ids for its batches, one binary COPY of them (2-2.5x faster than
+# an INSERT of a bytea[] parameter: 40 against 80-114 ms for 30 batches of 300 KB),
+# then a pointer to each queued in the order they were stored (sent at COMMIT).
+LIVE_IDS = (
+    "SELECT nextval(pg_get_serial_sequence('live_batches', 'id')) FROM generate_series(1, %s)"
+)
+LIVE_COLUMNS = ("id", "replica", "run_id", "rank", "seq", "urgent", "frame")
+ANNOUNCE_BATCHES = (
+    "SELECT pg_notify(%s, json_build_object('r', %s::text, 'id', i, 'run', r, 'u', u)::text)"
+    " FROM unnest(%s::bigint[], %s::text[], %s::boolean[]) AS b(i, r, u) ORDER BY i"
+)
+ANNOUNCE_HELLO = (
+    "SELECT pg_notify(%s, json_build_object('r', %s::text, 'run', %s::text, 'hello', true)::text)"
+)
+PRUNE = "DELETE FROM live_batches WHERE created < clock_timestamp() - make_interval(secs => %s)"
+# Binary COPY of the chunk tables (store/chunks.py): each column's PostgreSQL type.
+_TEXT, _BYTES = {"run_id", "fields", "notes", "family", "module", "series"}, {"steps", "data"}
 _COPY_TYPES = {
-    "step_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "text", "bytea", "bytea",
-                    "text"],
-    "named_chunks": ["text", "int8", "int8", "int8", "int8", "int8", "int8", "int8", "bytea",
-                     "bytea"],
-    "series_chunks": ["text", "int8", "text", "text", "text", "int8", "int8", "int8", "int8",
-                      "int8", "bytea", "bytea"],
+    table: ["text" if c in _TEXT else "bytea" if c in _BYTES else "int8" for c in columns]
+    for table, columns in TABLES
 }
+_COPY_TYPES["live_batches"] = ["int8", "text", "text", "int8", "int8", "bool", "bytea"]
 # Transaction-level locks on rollup sets (another replica may write the same set):
 # keyed by schema and id, taken in id order so two writers never wait on each other.
 _LOCK_SETS = (
@@ -53,7 +90,7 @@ class PostgresStore(Store):
         # Set before the writer thread starts (in Store.__init__); the channel is set
         # by create_schema, which knows the connection's schema.
         self.replica = uuid.uuid4().hex[:16]
-        self.channel = pgfeed.channel_for("public")
+        self.channel = channel_for("public")
         self._pruned = 0.0
         # (run_id, rank, seq, urgent, frame) of the batches of the open transaction.
         self._live_pending: list[tuple[Any, ...]] = []
@@ -105,17 +142,17 @@ class PostgresStore(Store):
             schema = str(cur.fetchone()[0])
             where = f"PostgreSQL database {conn.info.dbname}, schema {schema}"
             tables.create_or_check(cur, where, found, ddl)
-            cur.execute(pgfeed.LIVE_TABLE)
-            cur.execute(pgfeed.LIVE_STORAGE)
-            cur.execute(pgfeed.LIVE_INDEX)
-            self.channel = pgfeed.channel_for(schema)
+            cur.execute(LIVE_TABLE)
+            cur.execute(LIVE_STORAGE)
+            cur.execute(LIVE_INDEX)
+            self.channel = channel_for(schema)
         conn.commit()
 
     # The writer thread runs these inside the transaction of the hello or batch, so the
     # notification leaves at its COMMIT, after the rows are readable by every replica.
     def _write_hello(self, cur: Any, hello: Any) -> None:
         super()._write_hello(cur, hello)
-        cur.execute(pgfeed.ANNOUNCE_HELLO, (self.channel, self.replica, hello.run_id))
+        cur.execute(ANNOUNCE_HELLO, (self.channel, self.replica, hello.run_id))
 
     def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
         if not super()._write_batch(cur, batch, session):
@@ -125,9 +162,9 @@ class PostgresStore(Store):
         frame = frame_bytes(batch, session)
         self._live_pending.append((batch.run_id, batch.rank, batch.seq, urgent, frame))
         now = time.monotonic()
-        if now - self._pruned > pgfeed.PRUNE_EVERY_S:
+        if now - self._pruned > PRUNE_EVERY_S:
             self._pruned = now
-            cur.execute(pgfeed.PRUNE, (pgfeed.RETAIN_S,))
+            cur.execute(PRUNE, (RETAIN_S,))
         return True
 
     # Binary COPY of the chunk rows: one round trip per table and batch, no SQL parsed
@@ -148,11 +185,13 @@ class PostgresStore(Store):
     def _flush(self, cur: Any) -> None:
         super()._flush(cur)
         if self._live_pending:
-            columns = [list(c) for c in zip(*self._live_pending, strict=True)]
-            self._live_pending.clear()
-            cur.execute(
-                pgfeed.ANNOUNCE_BATCHES, (self.replica, *columns, self.channel, self.replica)
-            )
+            pending, self._live_pending = self._live_pending, []
+            cur.execute(LIVE_IDS, (len(pending),))
+            ids = sorted(int(row[0]) for row in cur.fetchall())
+            rows = [(i, self.replica, *row) for i, row in zip(ids, pending, strict=True)]
+            self._insert_rows(cur, "live_batches", LIVE_COLUMNS, rows)
+            runs, urgent = [row[0] for row in pending], [row[3] for row in pending]
+            cur.execute(ANNOUNCE_BATCHES, (self.channel, self.replica, ids, runs, urgent))
 
     def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
         cur.execute(_LOCK_SETS, (set_ids,))
@@ -167,29 +206,17 @@ class PostgresStore(Store):
 
     value_key = staticmethod(rollups.postgres_key)
 
-    def bucket_extremes(
-        self,
-        table: str,
-        where: str,
-        params: Sequence[Any],
-        expr: str,
-        bounds: Sequence[tuple[int, int]],
-    ) -> list[tuple[int, Any]]:
-        # One statement per extreme: a LATERAL top-1 over each bucket's key range, so
-        # PostgreSQL never sorts the whole range (DISTINCT ON over 1e6 rows: 6.8 s vs 1.7 s).
-        # Non-finite floats order above every number (NaN highest), as in SQLite.
-        starts = [b[0] for b in bounds]
-        ends = [b[1] for b in bounds]
-        found: list[tuple[int, Any]] = []
-        for order in ("ASC", "DESC"):
-            found.extend(
-                self.query(
-                    "SELECT m.step, m.v FROM"  # noqa: S608
-                    " unnest(?::bigint[], ?::bigint[]) AS b(lo, hi) CROSS JOIN LATERAL"
-                    f" (SELECT step, {expr} AS v FROM {table} WHERE {where}"
-                    f" AND step >= b.lo AND step <= b.hi AND {expr} IS NOT NULL"
-                    f" ORDER BY {expr} {order}, step LIMIT 1) AS m",
-                    (starts, ends, *params),
-                )
-            )
-        return found
+
+def channel_for(schema: str) -> str:
+    """The NOTIFY channel of the replicas that share ``schema`` (channels are per
+    database, so deployments in different schemas of one database must not mix).
+
+    >>> channel_for("public")
+    'gradwatch_live_public'
+    >>> len(channel_for("x" * 80)) <= 63
+    True
+    """
+    name = f"gradwatch_live_{schema}"
+    if len(name.encode()) <= 63:  # PostgreSQL truncates identifiers at 63 bytes
+        return name
+    return "gradwatch_live_" + hashlib.sha256(schema.encode()).hexdigest()[:40]

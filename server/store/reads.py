@@ -1,19 +1,36 @@
-"""The history queries behind the REST API (and ``gradwatch report``).
+"""The history queries behind the REST API (and ``gradwatch report``), and archived runs.
 
 Every method is synchronous and safe from any thread; it answers plain JSON-able
-values with non-finite numbers as the protocol's strings.
+values with non-finite numbers as the protocol's strings. An archived run (a row of
+``run_archive``) is hidden from the runs list, its data kept and readable by id.
+
+Example:
+    >>> import os, tempfile
+    >>> from gradwatch.server.store import open_store
+    >>> from gradwatch.server.settings import Settings
+    >>> store = open_store(Settings(db=os.path.join(tempfile.mkdtemp(), "g.db")))
+    >>> store.set_archived("run-1", True)
+    >>> store.archived_ids()
+    {'run-1'}
+    >>> store.close()
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from typing import Any
 
 from ..column_checks import floats
 from ..downsample import pick_rows
 from .chunks import scalar_out
-from .history import PROFILE_KEYS, HistoryReads
-from .split import SCALAR_FIELDS
+from .history import HistoryReads
+
+_RUNS = (
+    "SELECT id, name, world_size, started, updated, last_step, last_epoch, alerts, host,"
+    " recurrent FROM runs"
+)
 
 
 class RunNotFound(KeyError):
@@ -21,20 +38,13 @@ class RunNotFound(KeyError):
 
 
 class Reads(HistoryReads):
-    """Query methods; mixed into :class:`gradwatch.server.store.base.Store`.
-
-    The downsampled scalar history (``steps``) lives in :class:`HistoryReads`.
-    """
-
-    # query, reader and sql: declared on HistoryReads, implemented by the Store.
+    """Query methods; mixed into :class:`gradwatch.server.store.base.Store`. The
+    downsampled scalar history (``steps``) lives in :class:`HistoryReads`."""
 
     # ----- runs --------------------------------------------------------------------
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run's summary, newest first (``status`` is computed by the caller)."""
-        runs = self.query(
-            "SELECT id, name, world_size, started, updated, last_step, last_epoch, alerts,"
-            " host, recurrent FROM runs ORDER BY started DESC"
-        )
+        runs = self.query(f"{_RUNS} ORDER BY started DESC")
         ranks: dict[str, list[tuple[Any, ...]]] = {}
         for run_id, rank, end_status in self.query(
             "SELECT run_id, rank, end_status FROM ranks ORDER BY run_id, rank"
@@ -43,11 +53,7 @@ class Reads(HistoryReads):
         return [self._summary(row, ranks.get(row[0], [])) for row in runs]
 
     def run_summary(self, run_id: str) -> dict[str, Any]:
-        found = self.query(
-            "SELECT id, name, world_size, started, updated, last_step, last_epoch, alerts,"
-            " host, recurrent FROM runs WHERE id = ?",
-            (run_id,),
-        )
+        found = self.query(f"{_RUNS} WHERE id = ?", (run_id,))
         if not found:
             raise RunNotFound(run_id)
         ranks = self.query(
@@ -115,26 +121,6 @@ class Reads(HistoryReads):
             profiled_modules=profiled,
         )
         return summary
-
-    def scalar_fields(self, run_id: str) -> list[str]:
-        """Every scalar field name the steps endpoint can answer for this run."""
-        names: list[str] = []
-        keys = self.query(
-            "SELECT family, key, sub FROM run_keys WHERE run_id = ? AND family <> 'timesteps'"
-            " ORDER BY family, key, sub",
-            (run_id,),
-        )
-        present = {key for family, key, _ in keys if family == "scalar"}
-        names.extend(f for f in SCALAR_FIELDS if f in present)
-        for family, key, sub in keys:
-            if family == "param_norms":
-                names.append(f"param_norms/{key}")
-            elif family == "gate_norms":
-                names.append(f"gate_norms/{key}/{sub}")
-            elif family == "profile":
-                names.extend(f"profile/{key}/{p}" for p in PROFILE_KEYS)
-        return names
-
 
     def timesteps(
         self,
@@ -220,3 +206,30 @@ class Reads(HistoryReads):
             record["rank"] = r
             out.append(record)
         return out
+
+    # ----- archived runs -------------------------------------------------------------
+    def set_archived(self, run_id: str, archived: bool) -> None:
+        """Archive (``True``) or bring back (``False``) one run; idempotent. On a short
+        connection of its own: rare and tiny, it must not queue behind a flood of
+        batches in the writer."""
+        conn = self.connect()
+        try:
+            cur = conn.cursor()
+            if archived:
+                cur.execute(
+                    self.sql(
+                        "INSERT INTO run_archive (run_id, archived_at) VALUES (?, ?)"
+                        " ON CONFLICT (run_id) DO NOTHING"
+                    ),
+                    (run_id, time.time()),
+                )
+            else:
+                cur.execute(self.sql("DELETE FROM run_archive WHERE run_id = ?"), (run_id,))
+            conn.commit()
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def archived_ids(self) -> set[str]:
+        """The ids of every archived run."""
+        return {str(run_id) for (run_id,) in self.query("SELECT run_id FROM run_archive")}

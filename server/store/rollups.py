@@ -1,27 +1,43 @@
 """Min/max rollups of every scalar series, kept at ingest, so history never scans 1e6 rows.
 
-For each series (a plain field, a named scalar or the step numbers, each with an id
-in ``series``) and each level ``L`` of :data:`LEVELS`, its set's row
-(store/set_rollups.py) holds per block of ``2**L`` steps (``block = step >> L``) the
-step and value of the block's min and of its max. The history API's buckets are
-aligned blocks of ``2**k`` steps (:func:`gradwatch.server.downsample.bucket_width`),
-so a bucket is exactly the union of ``2**(k-L)`` rollup rows of the largest level
-``L <= k``: a 1e6-step series answers 2,000 points from ~1,000 rollup rows.
+Each series (a plain field, a named scalar or the step numbers: :data:`STEP_SERIES`)
+has an id in ``series``. A chunk (store/chunks.py) brings ~35 series that share their
+steps, and keeps ONE row per (set of series, level, block) for them all:
 
-Ties keep the earliest step, for the min and the max alike (the reference's rule).
-Values order as each backend orders them (``key``): in SQLite numbers before text, so
-the ``"NaN"``/``"Infinity"`` strings win every max; in PostgreSQL NaN above +inf.
+- ``rollup_sets``: a set's series ids (``series``, comma-separated, in order) and
+  their ``kinds``, one letter each: ``q`` int64 values, ``d`` float64;
+- ``rollup_members``: which sets a series is in, and where;
+- ``set_rollups``: per block of ``2**L`` steps (``block = step >> L``, ``L`` in
+  :data:`LEVELS`), the number of records (``n``), their first and last step, and
+  ``data``: per series in set order 32 bytes, ``min_step`` (int64), the min value,
+  ``max_step`` (int64), the max value, as the kind says (a record of
+  :data:`ROW_DTYPES`; non-finite floats are float64 too).
+
+A history bucket of ``2**k`` steps (store/history.py) is exactly ``2**(k-L)`` rows of
+the largest level ``L <= k``. Ties keep the earliest step, for the min and the max.
+Values order as each backend orders its stored values (:func:`order_keys`): in SQLite
+numbers before text, so the ``"NaN"``/``"Infinity"`` strings win every max; in
+PostgreSQL NaN above +inf. The same block written again (the next batch) is merged
+with the stored row by the same rule (:func:`merge_arrays`); SQLite's writer holds the
+write lock from the chunk inserts to the commit, PostgreSQL's locks the sets.
 
 Example:
     >>> level_for(2048), cover(10, 2000)[0]
     (10, [(6, 1, 30)])
+    >>> found, rows = array_blocks(np.array([3, 70, 65]), np.array([[2.5], [1.0], [9.0]]),
+    ...                            "sqlite")
+    >>> found[1], rows[1].tolist()
+    ((6, 1, 2, 65, 70), [(70, 1.0, 65, 9.0)])
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 # Levels 16x apart: a bucket merges at most 16 rows of the level below it, and a batch
 # of 100 steps upserts ~6 rows per series (4 levels), a few % of its insert cost.
@@ -95,3 +111,186 @@ def cover(lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[tuple[int,
         pending.append(((last + 1) * size, b, i - 1))
         pending.append((a, first * size - 1, i - 1))
     return blocks, rest
+
+
+SET_INSERT = (
+    "INSERT INTO set_rollups (set_id, level, block, n, step_lo, step_hi, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (set_id, level, block) DO UPDATE SET"
+    " n = excluded.n, step_lo = excluded.step_lo, step_hi = excluded.step_hi,"
+    " data = excluded.data"
+)
+SERIES_ROWS = (
+    "SELECT m.position, m.kind, r.block, r.data FROM rollup_members m JOIN set_rollups r"
+    " ON r.set_id = m.set_id WHERE m.series = ? AND r.level = ? AND r.block >= ?"
+    " AND r.block <= ?"
+)
+STEP_COUNT = (
+    "SELECT SUM(r.n), MIN(r.step_lo), MAX(r.step_hi) FROM rollup_members m"
+    " JOIN set_rollups r ON r.set_id = m.set_id WHERE m.series = ? AND r.level = ?"
+    " AND r.block >= ? AND r.block <= ?"
+)
+# A row of a set whose series are all of one kind, as a numpy record per series.
+ROW_DTYPES = {
+    kind: np.dtype([("ls", "<i8"), ("lv", f"<{kind}8"), ("hs", "<i8"), ("hv", f"<{kind}8")])
+    for kind in ("i", "f")
+}
+
+
+def schema(integer: str, blob: str, serial: str, clustered: str) -> list[str]:
+    """CREATE statements of the tables above."""
+    return [
+        f"CREATE TABLE IF NOT EXISTS rollup_sets (id {serial}, series TEXT NOT NULL UNIQUE,"
+        " kinds TEXT NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS rollup_members (series {integer} NOT NULL,"
+        f" set_id {integer} NOT NULL, position {integer} NOT NULL, kind TEXT NOT NULL,"
+        f" PRIMARY KEY (series, set_id)){clustered}",
+        f"CREATE TABLE IF NOT EXISTS set_rollups (set_id {integer} NOT NULL,"
+        f" level {integer} NOT NULL, block {integer} NOT NULL, n {integer} NOT NULL,"
+        f" step_lo {integer} NOT NULL, step_hi {integer} NOT NULL, data {blob} NOT NULL,"
+        f" PRIMARY KEY (set_id, level, block)){clustered}",
+    ]
+
+
+@dataclass
+class Layout:
+    """One set's id and the kind of each of its series (``q`` int64, ``d`` float64)."""
+
+    id: int
+    kinds: str
+
+
+# int64 keys of float64 bits: x >= 0 as they are, x < 0 with the other bits flipped.
+_FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
+_INF = np.int64(0x7FF0_0000_0000_0000)
+_NAN = np.int64(0x7FF8_0000_0000_0000)
+
+
+def order_keys(values: np.ndarray, order: str) -> np.ndarray:
+    """int64 keys that order float64 ``values`` as the backend orders stored numbers:
+    ``"postgresql"``: -inf < numbers < +inf < NaN (every NaN equal); ``"sqlite"``:
+    numbers < "-Infinity" < "Infinity" < "NaN" (text after numbers, by its bytes).
+    -0.0 and 0.0 are equal, as both backends compare them. int64 values are their keys.
+
+    >>> order_keys(np.array([1.0, -2.0, -0.0, np.inf, -np.inf, np.nan]), "sqlite").argsort()
+    array([1, 2, 0, 4, 3, 5])
+    """
+    if values.dtype.kind != "f":
+        return values
+    bits = (values + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
+    keys = np.where(bits < 0, bits ^ _FLIP, bits)
+    if np.isfinite(values).all():
+        return keys
+    keys[np.isnan(values)] = _NAN
+    if order == "sqlite":  # "-Infinity" and "Infinity" above every number
+        keys[values == -np.inf] = _INF
+        keys[values == np.inf] = _INF + 1
+    return keys
+
+
+def array_blocks(
+    steps: np.ndarray, matrix: np.ndarray, order: str
+) -> tuple[list[tuple[int, int, int, int, int]], np.ndarray]:
+    """The rollup rows of a group of series of one dtype: ``matrix[i, k]`` is series
+    k's value at ``steps[i]``, compared by :func:`order_keys` (``order``: the
+    backend's). Returns each block's ``(level, block, n, first step, last step)`` of
+    every level and, row for row, its values: one record of :data:`ROW_DTYPES` per
+    series (the bytes of a row's ``data``). argmin/argmax keep the first of equal
+    values, and the records are in step order (a stable sort where they were not,
+    keeping equal steps in batch order): ties keep the earliest step."""
+    if steps.size > 1 and bool((steps[1:] < steps[:-1]).any()):
+        perm = np.argsort(steps, kind="stable")
+        steps, matrix = steps[perm], matrix[perm]
+    keys = order_keys(matrix, order)
+    finest = LEVELS[0]
+    blocks = steps >> finest
+    cuts = (np.flatnonzero(blocks[1:] != blocks[:-1]) + 1).tolist()
+    starts, ends = [0, *cuts], [*cuts, int(steps.size)]
+    fine = blocks[starts].tolist()
+    step_list = steps.tolist()
+    columns = np.arange(matrix.shape[1])
+    # Index (into steps) of each series' min and max per block: the finest blocks
+    # first, then the coarser ones (at most as many as the finest, per level).
+    lows = np.empty((len(fine) * len(LEVELS), matrix.shape[1]), np.intp)
+    highs = np.empty_like(lows)
+    for f, (i, j) in enumerate(zip(starts, ends, strict=True)):
+        part = keys[i:j]
+        lows[f] = part.argmin(0)
+        highs[f] = part.argmax(0)
+        lows[f] += i
+        highs[f] += i
+    found = [
+        (finest, fine[f], ends[f] - starts[f], step_list[starts[f]], step_list[ends[f] - 1])
+        for f in range(len(fine))
+    ]
+    for level, block, k, m in coarser(fine):
+        at = len(found)
+        if m - k == 1:
+            lows[at], highs[at] = lows[k], highs[k]
+        else:
+            # A coarser block's extremes are among its finest blocks'; the first of
+            # equal ones is the earliest step.
+            lo, hi = lows[k:m], highs[k:m]
+            lows[at] = lo[keys[lo, columns].argmin(0), columns]
+            highs[at] = hi[keys[hi, columns].argmax(0), columns]
+        first, last = step_list[starts[k]], step_list[ends[m - 1] - 1]
+        found.append((level, block, ends[m - 1] - starts[k], first, last))
+    lo, hi = lows[: len(found)], highs[: len(found)]
+    rows = np.empty(lo.shape, ROW_DTYPES[matrix.dtype.kind])
+    rows["ls"], rows["lv"] = steps[lo], matrix[lo, columns]
+    rows["hs"], rows["hv"] = steps[hi], matrix[hi, columns]
+    return found, rows
+
+
+def merge_arrays(old: np.ndarray, new: np.ndarray, order: str) -> np.ndarray:
+    """Rows as numpy records (elementwise: one row or many), ``new`` written after
+    ``old``: the lower value wins, then the earlier step; the higher value, then the
+    earlier step (values compared by :func:`order_keys`)."""
+    out = old.copy()
+    new_lo, old_lo = order_keys(new["lv"], order), order_keys(old["lv"], order)
+    low = (new_lo < old_lo) | ((new_lo == old_lo) & (new["ls"] < old["ls"]))
+    out["ls"][low], out["lv"][low] = new["ls"][low], new["lv"][low]
+    new_hi, old_hi = order_keys(new["hv"], order), order_keys(old["hv"], order)
+    high = (new_hi > old_hi) | ((new_hi == old_hi) & (new["hs"] < old["hs"]))
+    out["hs"][high], out["hv"][high] = new["hs"][high], new["hv"][high]
+    return out
+
+
+def kind_of(name: str, ints: Collection[str]) -> str:
+    """``q`` for the series of int64 columns (and the step numbers), else ``d``."""
+    return "q" if name == STEP_SERIES or name in ints else "d"
+
+
+def bucket_extremes(
+    rows: list[tuple[Any, ...]], shift: int, order: str, stored: Callable[[float], Any]
+) -> list[tuple[int, Any]]:
+    """(step, value) of the min and of the max of each bucket of ``2**shift`` blocks,
+    from the :data:`SERIES_ROWS` rows ``(position, kind, block, data)`` of one series
+    (in one set or several): the lower (higher) value, then the earlier step, in numpy;
+    non-finite floats as the backend stores them (``stored``)."""
+    parts: dict[tuple[int, str, int], tuple[list[int], list[bytes]]] = {}
+    for at, kind, block, data in rows:
+        found = parts.setdefault((at, kind, len(data)), ([], []))
+        found[0].append(block)
+        found[1].append(bytes(data))
+    if not parts:
+        return []
+    blocks = np.concatenate([np.array(b, np.int64) for b, _ in parts.values()])
+    records = np.concatenate(
+        [
+            np.frombuffer(b"".join(d), ROW_DTYPES["i" if kind == "q" else "f"]).reshape(
+                len(d), -1
+            )[:, at]
+            for (at, kind, _), (_, d) in parts.items()
+        ]
+    )
+    buckets = blocks >> shift
+    out: list[tuple[int, Any]] = []
+    for step, value, sign in (("ls", "lv", 1), ("hs", "hv", -1)):
+        keys = order_keys(records[value], order)
+        ranked = np.lexsort((records[step], sign * keys, buckets))
+        first = ranked[np.flatnonzero(np.diff(buckets[ranked], prepend=-1))]
+        values = records[value][first].tolist()
+        if records[value].dtype.kind == "f":
+            values = [v if v - v == 0 else stored(v) for v in values]
+        out.extend(zip(records[step][first].tolist(), values, strict=True))
+    return out

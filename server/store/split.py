@@ -1,49 +1,56 @@
-"""A validated batch as the rows of every table: its step records (sent as records or
-as columns) as chunks (store/records.py, store/chunks.py), its epochs, alerts and ends
-as rows of their own.
+"""A validated batch as the rows of every table: its step records as chunks
+(store/chunks.py), its epochs, alerts and ends as rows of their own.
+
+The wire carries step records two ways (docs/PROTOCOL.md): as ``columns`` blocks, and
+as records (a trainer's odd steps: ``nonfinite``, ``backward_passes``,
+``timestep_layout``, a field a newer trainer adds, or a sender that never packs). The
+store keeps both ONE way, so every read has one path: consecutive step records of one
+shape (the same fields, named names and series lengths) become one :class:`RecordBlock`
+shaped like a wire block, plus what a wire block cannot carry: ``backward_passes`` as
+an int64 column, and each record's other fields as a JSON object in ``notes``.
 
 Example:
     >>> from gradwatch.server.schema import parse_message
-    >>> split = split_batch(parse_message('{"type": "batch", "run_id": "r", "rank": 0,'
-    ...     ' "seq": 0, "records": [{"kind": "step", "step": 4, "loss": 0.5},'
-    ...     ' {"kind": "epoch", "epoch": 1, "step": 4}]}'), lambda v: v)
+    >>> batch = parse_message('{"type": "batch", "run_id": "r", "rank": 0, "seq": 0,'
+    ...     ' "records": [{"kind": "step", "step": 4, "loss": "NaN", "backward_passes": 3},'
+    ...     ' {"kind": "step", "step": 5, "loss": 0.5, "backward_passes": 2},'
+    ...     ' {"kind": "epoch", "epoch": 1, "step": 5}]}')
+    >>> ((block, uids),) = step_blocks(batch.records, 0)
+    >>> block.n, block.loss is not None, block.backward_passes is not None, list(uids)
+    (2, True, True, [1, 2])
+    >>> split = split_batch(batch, lambda v: v)
     >>> len(split.chunks.steps), len(split.epochs), split.last_step, split.last_epoch
-    (1, 1, 4, 1)
+    (1, 1, 5, 1)
 """
 
 from __future__ import annotations
 
+import struct
+import sys
 import zlib
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_core import to_json
 
-from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH
+from gradwatch.protocol.column_shapes import PROFILE_KEYS
+from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
 
-from .chunks import Chunks, add_block
-from .records import step_blocks
+from ..schema import (
+    FloatColumn,
+    IntColumn,
+    NamedColumns,
+    StepColumns,
+    TimestepColumns,
+)
+from .chunks import FLOAT_FIELDS, INT_FIELDS, Chunks, add_block
 
-# The plain fields the history API serves (docs/API.md, ``/steps``), and the integer ones.
-SCALAR_FIELDS = (
-    "loss",
-    "duration_s",
-    "total_norm",
-    "graph_nodes",
-    "rss_bytes",
-    "cuda_allocated_bytes",
-    "cuda_reserved_bytes",
-    "overhead",
-    "backward_passes",
-)
-INTEGER_FIELDS = (
-    "graph_nodes",
-    "rss_bytes",
-    "cuda_allocated_bytes",
-    "cuda_reserved_bytes",
-    "backward_passes",
-)
+# Kept per record in ``notes`` (besides fields the server does not know).
+NOTE_FIELDS = ("nonfinite", "timestep_layout")
+_LITTLE = sys.byteorder == "little"
+
 EPOCH_INSERT = (
     "INSERT INTO epochs (run_id, rank, epoch, step, t, duration_s, steps, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -100,30 +107,14 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             if record.step is not None:
                 last_step = max(last_step, record.step)
             out.epochs.append(
-                (
-                    run_id,
-                    rank,
-                    record.epoch,
-                    record.step,
-                    scalar(record.t),
-                    scalar(record.duration_s),
-                    record.steps,
-                    record.model_dump_json(exclude_none=True),
-                )
+                (run_id, rank, record.epoch, record.step, scalar(record.t),
+                 scalar(record.duration_s), record.steps, record.model_dump_json(exclude_none=True))
             )
         elif kind == "alert":
             out.problems += opens_problem(record)
             out.alerts.append(
-                (
-                    run_id,
-                    rank,
-                    record.step,
-                    record.code,
-                    record.severity,
-                    record.state,
-                    record.subject,
-                    record.model_dump_json(),
-                )
+                (run_id, rank, record.step, record.code, record.severity, record.state,
+                 record.subject, record.model_dump_json())
             )
         elif kind == "end":
             out.ends.append((record.status, record.step, record.t))
@@ -138,3 +129,119 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
     out.last_step = last_step if last_step >= 0 else None
     out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out
+
+
+class RecordBlock(StepColumns):
+    """Step records of one shape as a wire block (built, never validated: the records
+    were), plus what a wire block cannot carry."""
+
+    backward_passes: IntColumn | None = None
+    notes: list[dict[str, Any] | None] | None = None
+
+
+def floats(values: Sequence[Any]) -> bytes:
+    """Little-endian float64 bytes; the "NaN"/"Infinity" strings become floats."""
+    try:
+        packed = array("d", values)
+    except TypeError:
+        packed = array("d", [NONFINITE_STRINGS[v] if isinstance(v, str) else v for v in values])
+    if not _LITTLE:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _ints(values: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+def _named(record: Any) -> tuple[tuple[str, ...], list[Any]]:
+    """A record's named scalars: their names in the order of a wire block, and values."""
+    names: list[str] = []
+    values: list[Any] = []
+    if record.param_norms:
+        names.extend(f"param_norms/{p}" for p in record.param_norms)
+        values.extend(record.param_norms.values())
+    for param, by_gate in (record.gate_norms or {}).items():
+        names.extend(f"gate_norms/{param}/{g}" for g in by_gate)
+        values.extend(by_gate.values())
+    for module, entry in (record.profile or {}).items():
+        for key in PROFILE_KEYS:
+            value = getattr(entry, key)
+            if value is not None:
+                names.append(f"profile/{module}/{key}")
+                values.append(value)
+    return tuple(names), values
+
+
+def _series(values: Any) -> bytes:
+    packed = getattr(values, "f64", None)  # a series that came packed already is bytes
+    return bytes(packed) if packed is not None else floats(values)
+
+
+def _notes(record: Any) -> dict[str, Any] | None:
+    found = {name: getattr(record, name) for name in NOTE_FIELDS}
+    out = {k: v for k, v in found.items() if v is not None}
+    if record.__pydantic_extra__:
+        out.update(record.__pydantic_extra__)
+    return out or None
+
+
+def _shape(record: Any) -> tuple[Any, ...]:
+    d = record.__dict__
+    plain = tuple(f for f in (*FLOAT_FIELDS, *INT_FIELDS) if d.get(f) is not None)
+    names, values = _named(record)
+    series = tuple(
+        (module, name, len(values))
+        for module, by_name in (record.timesteps or {}).items()
+        for name, values in by_name.items()
+    )
+    return plain, names, series, values
+
+
+def step_blocks(records: Sequence[Any], uid: int) -> Iterator[tuple[RecordBlock, range]]:
+    """The step records of ``records`` as blocks of consecutive records of one shape,
+    each with its records' uids (``uid + 1`` for the first step record, then one more
+    for each)."""
+    run: list[tuple[Any, list[Any]]] = []
+    key: Any = None
+    first = uid + 1
+    for record in records:
+        if record.kind != "step":
+            continue
+        plain, names, series, values = _shape(record)
+        if (plain, names, series) != key and run:
+            yield _block(run, key), range(first, first + len(run))
+            first += len(run)
+            run = []
+        key = (plain, names, series)
+        run.append((record, values))
+    if run:
+        yield _block(run, key), range(first, first + len(run))
+
+
+def _block(run: list[tuple[Any, list[Any]]], key: Any) -> RecordBlock:
+    plain, names, series = key
+    records = [r for r, _ in run]
+    values: dict[str, Any] = {"kind": "step", "n": len(records)}
+    values["step"] = IntColumn.model_construct(i64=_ints([r.step for r in records]))
+    for name in plain:
+        column = [getattr(r, name) for r in records]
+        if name in FLOAT_FIELDS:
+            values[name] = FloatColumn.model_construct(f64=floats(column))
+        else:
+            values[name] = IntColumn.model_construct(i64=_ints([int(v) for v in column]))
+    if names:
+        f64 = floats([v for _, vs in run for v in vs])
+        values["named"] = NamedColumns.model_construct(names=list(names), f64=f64)
+    if series:
+        timesteps: dict[str, dict[str, TimestepColumns]] = {}
+        values["timesteps"] = timesteps
+        for module, name, length in series:
+            data = b"".join(_series(r.timesteps[module][name]) for r in records)
+            timesteps.setdefault(module, {})[name] = TimestepColumns.model_construct(
+                length=length, f64=data
+            )
+    notes = [_notes(r) for r in records]
+    if any(notes):
+        values["notes"] = notes
+    return RecordBlock.model_construct(**values)

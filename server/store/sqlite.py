@@ -9,19 +9,31 @@ of their own every :data:`CHECKPOINT_EVERY_S`, not inside the writer's commits a
 SQLite's automatic checkpoint would: measured on 2 KB of timestep blobs per record,
 commits took half as long without them (BENCHMARKS.md, "Ingest"). New databases use
 16 KiB pages, which hold a few of those blobs each (4 KiB pages: ~1.6x the write time).
+
+Run as ``python -m gradwatch.server.store.sqlite``, this module is the writer process
+(store/writer_process.py starts it): frames in on stdin, each one's verdict out on
+stdout after its commit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import sqlite3
+import sys
 import threading
+from concurrent.futures import Future
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
+from ..schema import Hello
 from ..settings import Settings
 from . import tables
-from .base import Store
+from .base import Store, StoreDataError
+from .writer_process import ProcessWriter, decode_batch, read_frame, write_frame
 
 # Often enough that the WAL stays a few MB at ~10 MB/s of ingest.
 CHECKPOINT_EVERY_S = 0.5
@@ -95,8 +107,6 @@ class SQLiteStore(Store):
     def remote_writer(self) -> Any:
         if not self.settings.writer_process or str(self.path) == ":memory:":
             return None
-        from .writer_process import ProcessWriter
-
         return ProcessWriter(self.settings)
 
     def _checkpoint_loop(self) -> None:
@@ -118,3 +128,52 @@ class SQLiteStore(Store):
             self._checkpointer = None
             with contextlib.suppress(sqlite3.Error), contextlib.closing(self.connect()) as conn:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+
+def main() -> None:
+    """The writer process: frames in on stdin, verdicts out on stdout, in the order of
+    commits; the settings come in an environment variable."""
+    values = json.loads(os.environ["GRADWATCH_WRITER_SETTINGS"])
+    source: IO[bytes] = sys.stdin.buffer
+    # The frames own stdout; anything printed by accident goes to stderr instead.
+    out: IO[bytes] = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    out_lock = threading.Lock()
+    store = SQLiteStore(replace(Settings(**values), writer_process=False))
+
+    def answer(ident: int, future: Future[Any]) -> None:
+        error = future.exception()
+        head: dict[str, Any] = {"id": ident}
+        if error is None:
+            head["result"] = future.result()
+        else:
+            head["error"] = str(error)
+            head["data_error"] = isinstance(error, StoreDataError)
+        with out_lock, contextlib.suppress(OSError, ValueError):
+            write_frame(out, head)
+            # The writer thread's answers leave together after its group (flush_answers).
+            if threading.current_thread() is not store.writer_thread:
+                out.flush()
+
+    def flush_answers() -> None:
+        with out_lock, contextlib.suppress(OSError, ValueError):
+            out.flush()
+
+    store.after_group = flush_answers
+    try:
+        while (frame := read_frame(source)) is not None:
+            head, body = frame
+            future: Future[Any]
+            if head["op"] == "hello":
+                ident = int(head["id"])
+                future = store.submit_hello(Hello.model_validate_json(head["hello"]))
+            else:
+                ident, batch, session = decode_batch(head, body)
+                future = store.submit_batch(batch, session)
+            future.add_done_callback(partial(answer, ident))
+    finally:
+        store.close()  # finishes every queued write (each answered), checkpoints
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
-"""The tables of a gradwatch database, and the version of their layout.
+"""The tables of a gradwatch database, the version of their layout, and the
+connections every read and write goes through (:class:`Database`).
 
 Step records live in chunks (store/chunks.py), their rollups one row per set of
-series (store/set_rollups.py); runs, ranks, batches (deduplication), epochs, alerts,
+series (store/rollups.py); runs, ranks, batches (deduplication), epochs, alerts,
 the keys of each run and archived runs beside them. ``meta`` holds
 ``schema_version``: a database of another layout is refused when it is opened, with
 what to do (:class:`SchemaMismatch`), never read half right. There is no migration:
@@ -18,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from typing import Any
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
-from .archive import TABLE as ARCHIVE_TABLE
 from .chunks import schema as chunk_schema
-from .set_rollups import schema as set_rollup_schema
+from .rollups import schema as rollup_schema
 
 # The layout this code reads and writes; any change to a table is a new number.
 SCHEMA_VERSION = 2
@@ -56,7 +59,7 @@ def statements(number: str, integer: str, blob: str, serial: str, clustered: str
         # An integer id per (run, rank, name) of every scalar series: its rollups' key.
         f"CREATE TABLE series (id {serial}, run_id TEXT NOT NULL,"
         f" rank {integer} NOT NULL, name TEXT NOT NULL, UNIQUE (run_id, rank, name))",
-        # A set of named scalars (store/named.py), found by a digest: a set of many long
+        # A set of named scalars (store/chunks.py), found by a digest: a set of many long
         # names would exceed PostgreSQL's limit on an index entry (~2.7 KB).
         f"CREATE TABLE named_sets (id {serial}, run_id TEXT NOT NULL,"
         f" rank {integer} NOT NULL, digest TEXT NOT NULL, names TEXT NOT NULL,"
@@ -71,9 +74,10 @@ def statements(number: str, integer: str, blob: str, serial: str, clustered: str
         "CREATE INDEX alerts_run ON alerts (run_id, id)",
         "CREATE TABLE run_keys (run_id TEXT NOT NULL, family TEXT NOT NULL,"
         " key TEXT NOT NULL, sub TEXT NOT NULL, PRIMARY KEY (run_id, family, key, sub))",
-        ARCHIVE_TABLE.format(number=number),
+        # Archived runs: hidden from the runs list, their data kept (store/reads.py).
+        f"CREATE TABLE run_archive (run_id TEXT PRIMARY KEY, archived_at {number})",
         *chunk_schema(integer, blob, clustered),
-        *set_rollup_schema(integer, blob, serial, clustered),
+        *rollup_schema(integer, blob, serial, clustered),
         "INSERT INTO meta (key, value) VALUES ('schema_version',"  # noqa: S608 (an int)
         f" '{SCHEMA_VERSION}')",
     ]
@@ -119,3 +123,61 @@ def layout_problem(db: str) -> str | None:
     if found is None or found == str(SCHEMA_VERSION):
         return None
     return str(SchemaMismatch(db, found))
+
+
+class Database(ABC):
+    """What reads and writes (the mixins of store/base.py's Store) share: SQL in one
+    dialect and one read connection per thread; a backend supplies the rest."""
+
+    # "sqlite" or "postgresql" (how non-finite values order).
+    kind: ClassVar[str]
+    # SQL written with "?" placeholders; PostgreSQL swaps them for "%s".
+    placeholder: ClassVar[str] = "?"
+    _local: threading.local
+    _readers: list[Any]
+    _readers_lock: threading.Lock
+
+    @abstractmethod
+    def connect(self) -> Any:
+        """A new DB-API connection (autocommit off)."""
+
+    @abstractmethod
+    def scalar_in(self, value: Any) -> Any:
+        """A protocol number as this backend stores it in a numeric column."""
+
+    def alive(self, conn: Any) -> bool:
+        """Whether ``conn`` can still be used (a PostgreSQL server may drop it)."""
+        return True
+
+    def sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
+        marks = ", ".join("?" for _ in columns)
+        names = ", ".join(columns)
+        return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING"  # noqa: S608
+
+    def reader(self) -> Any:
+        """This thread's read connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self.connect()
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        conn = self.reader()
+        try:
+            cur = conn.cursor()
+            cur.execute(self.sql(text), tuple(params))
+            result = list(cur.fetchall())
+            # End the read transaction so the next query sees new commits.
+            conn.rollback()
+        except Exception:
+            if not self.alive(conn):
+                self._local.conn = None  # reconnect on this thread's next query
+            else:
+                conn.rollback()
+            raise
+        return result

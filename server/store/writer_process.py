@@ -1,30 +1,36 @@
-"""SQLite's writer in a process of its own, beside the server's event loop.
+"""SQLite's writer in a process of its own, beside the server's event loop, and the
+frames the two processes speak.
 
-One Python process holds one GIL: at ~45,000 records/s the server's event loop
-(websocket frames, validation, acks) and the store's writer (rows, rollups, SQLite)
-took turns on one core while the other core idled. With the writer in a child
-process each has a core (BENCHMARKS.md, "Ingest in columns"). The server process
-validates, hands each message to the child over a pipe (store/handoff.py: a batch's
-blocks as their raw bytes) and gets each one's verdict back; the child runs the same
-:class:`~gradwatch.server.store.sqlite.SQLiteStore` writer (group commit, checkpoints)
-and answers only after the commit, so an ``ack`` still means "durable". Reads stay in
-the server process (SQLite WAL: readers never wait for the writer).
+Why (one GIL per process; validating and writing each get a core) and what it
+promises are in docs/DEPLOY.md, "What runs, and where the records go". The child
+(``python -m gradwatch.server.store.sqlite``) answers each frame after its commit; if
+it dies, what it held fails (not acknowledged: resent) and a new child starts; it
+ends when its pipe closes, so a ``kill -9`` of the server leaves no writer behind.
 
-If the child dies, the writes it held fail (not acknowledged: their trainers resend)
-and a new child starts for the next ones. The child ends when its pipe closes, so a
-``kill -9`` of the server leaves no writer behind.
+A frame is ``<u32 head length><u32 body length><head JSON><body bytes>``: a batch's
+column blocks as their raw bytes (checked already) under a small JSON head naming
+them, its other records (few) as their validated JSON, so nothing is parsed twice.
+Only this server's processes speak it (PostgreSQL keeps it for other replicas); nothing
+is unpickled or evaluated.
 
-Example (what ``gradwatch serve --db runs.db`` does):
-    >>> store = open_store(Settings(db="runs.db"))    # doctest: +SKIP
-    >>> store.submit_batch(batch, session).result()   # doctest: +SKIP
-    True
+Example:
+    >>> from gradwatch.server.schema import parse_message
+    >>> batch = parse_message('{"type": "batch", "run_id": "r", "rank": 0, "seq": 3,'
+    ...                       ' "records": [{"kind": "epoch", "epoch": 1}]}')
+    >>> head, parts = encode_batch(batch, "s1")
+    >>> head["id"] = 7
+    >>> ident, again, session = decode_batch(head, b"".join(parts))
+    >>> ident, again.seq, again.records[0].epoch, session
+    (7, 3, 1, 's1')
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
-import queue
+import struct
 import subprocess
 import sys
 import threading
@@ -33,12 +39,136 @@ try:
     import fcntl
 except ImportError:  # not on Windows: the pipe keeps its default size
     fcntl = None  # type: ignore[assignment]
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import IO, Any
 
+from gradwatch.protocol.column_shapes import FLOAT_COLUMNS
+
+from ..schema import (
+    RECORDS,
+    Batch,
+    FloatColumn,
+    IntColumn,
+    NamedColumns,
+    StepColumns,
+    TimestepColumns,
+)
 from ..settings import Settings
 from .base import StoreDataError, StoreError
-from .handoff import encode_batch, read_frame, write_frame
+from .chunks import CHUNK_FIELDS
+
+_SIZES = struct.Struct("<II")
+
+
+def write_frame(out: IO[bytes], head: dict[str, Any], body: Sequence[bytes] = ()) -> None:
+    """One frame: the head as JSON, then the body's parts (written as they are, not
+    joined: a batch's body is ~300 KB)."""
+    text = json.dumps(head, separators=(",", ":")).encode()
+    out.write(_SIZES.pack(len(text), sum(map(len, body))) + text)
+    for part in body:
+        out.write(part)
+
+
+def frame_bytes(batch: Batch, session: str) -> bytes:
+    """A batch's frame as one bytes object (kept by PostgreSQL for other replicas)."""
+    head, parts = encode_batch(batch, session)
+    head["id"] = 0
+    out = io.BytesIO()
+    write_frame(out, head, parts)
+    return out.getvalue()
+
+
+def batch_of(data: bytes) -> Batch:
+    """The batch of :func:`frame_bytes`."""
+    frame = read_frame(io.BytesIO(data))
+    if frame is None:
+        raise ValueError(f"expected a whole frame, got {len(data)} bytes")
+    return decode_batch(*frame)[1]
+
+
+def read_frame(source: IO[bytes]) -> tuple[dict[str, Any], bytes] | None:
+    """The next frame, or None at the end of the stream."""
+    sizes = _read_exactly(source, _SIZES.size)
+    if sizes is None:
+        return None
+    head_size, body_size = _SIZES.unpack(sizes)
+    head = _read_exactly(source, head_size)
+    body = _read_exactly(source, body_size) if body_size else b""
+    if head is None or body is None:
+        return None
+    return json.loads(head), body
+
+
+def _read_exactly(source: IO[bytes], size: int) -> bytes | None:
+    data = source.read(size)
+    while data is not None and 0 < len(data) < size:
+        more = source.read(size - len(data))
+        if not more:
+            return None
+        data += more
+    return data if data is not None and len(data) == size else None
+
+
+def encode_batch(batch: Batch, session: str) -> tuple[dict[str, Any], list[bytes]]:
+    """A validated batch as a frame's head (``id`` still to be set) and body parts."""
+    records = RECORDS.dump_json(batch.records, exclude_unset=True) if batch.records else b""
+    parts, blocks = [records], []
+    for block in batch.columns:
+        fields = [name for name in CHUNK_FIELDS if getattr(block, name, None) is not None]
+        parts.append(block.step.i64)
+        for name in fields:
+            column = getattr(block, name)
+            parts.append(column.f64 if name in FLOAT_COLUMNS else column.i64)
+        named = block.named.names if block.named is not None else None
+        if block.named is not None:
+            parts.append(block.named.f64)
+        by_module = (block.timesteps or {}).items()
+        series = [[module, name, c.length] for module, by in by_module for name, c in by.items()]
+        parts.extend(c.f64 for _, by in by_module for c in by.values())
+        blocks.append({"n": block.n, "fields": fields, "named": named, "timesteps": series})
+    head = {"op": "batch", "session": session, "run_id": batch.run_id, "rank": batch.rank,
+            "seq": batch.seq, "records": len(records), "blocks": blocks,
+            "extra": batch.__pydantic_extra__ or {}}
+    return head, parts
+
+
+def decode_batch(head: dict[str, Any], body: bytes) -> tuple[int, Batch, str]:
+    """(id, batch, session) of a batch frame made by :func:`encode_batch`."""
+    view = memoryview(body)
+    at = head["records"]
+
+    def take(size: int) -> bytes:
+        nonlocal at
+        at += size
+        return bytes(view[at - size : at])
+
+    records = RECORDS.validate_json(bytes(view[:at])) if at else []
+    columns = []
+    for spec in head["blocks"]:
+        n = spec["n"]
+        values: dict[str, Any] = {"kind": "step", "n": n}
+        values["step"] = IntColumn.model_construct(i64=take(8 * n))
+        for name in spec["fields"]:
+            if name in FLOAT_COLUMNS:
+                values[name] = FloatColumn.model_construct(f64=take(8 * n))
+            else:
+                values[name] = IntColumn.model_construct(i64=take(8 * n))
+        if spec["named"] is not None:
+            f64 = take(8 * n * len(spec["named"]))
+            values["named"] = NamedColumns.model_construct(names=spec["named"], f64=f64)
+        if spec["timesteps"]:
+            timesteps: dict[str, dict[str, TimestepColumns]] = {}
+            for module, name, length in spec["timesteps"]:
+                timesteps.setdefault(module, {})[name] = TimestepColumns.model_construct(
+                    length=length, f64=take(8 * n * length)
+                )
+            values["timesteps"] = timesteps
+        columns.append(StepColumns.model_construct(**values))
+    batch = Batch.model_construct(type="batch", run_id=head["run_id"], rank=head["rank"],
+                                  seq=head["seq"], records=records, columns=columns,
+                                  **head["extra"])
+    return head["id"], batch, head["session"]
 
 
 class WriterGone(StoreError):
@@ -46,33 +176,26 @@ class WriterGone(StoreError):
 
 
 class ProcessWriter:
-    """The server process's end: ``submit`` returns a Future resolved by the child."""
+    """The server process's end: the store's writer thread ``send``s each group's
+    frames; a thread reading the child's answers resolves their futures."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._lock = threading.Lock()
-        # id -> [future, the child its frame was written to (None: not yet)]
-        self._pending: dict[int, list[Any]] = {}
+        # id -> (future, the child its frame was written to)
+        self._pending: dict[int, tuple[Future[Any], Any]] = {}
         self._next = 0
         self._closing = False
         self._child: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
-        # Frames wait here for the sending thread: a 300 KB batch fills the pipe
-        # several times over, and the event loop that submits must not wait for that.
-        self._outbox: queue.SimpleQueue[tuple[int, dict[str, Any], list[bytes]] | None]
-        self._outbox = queue.SimpleQueue()
         self._start()
-        self._sender = threading.Thread(
-            target=self._send_frames, name="gradwatch-writer-send", daemon=True
-        )
-        self._sender.start()
 
     def _start(self) -> None:
         child = subprocess.Popen(
-            [sys.executable, "-m", "gradwatch.server.store.writer_child"],
+            [sys.executable, "-m", "gradwatch.server.store.sqlite"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "GRADWATCH_WRITER_SETTINGS": _settings_text(self.settings)},
+            env={**os.environ, "GRADWATCH_WRITER_SETTINGS": settings_text(self.settings)},
         )
         # A 300 KB batch fills the default 64 KB pipe ~5 times, each a wait for the
         # child to read; a 1 MiB pipe takes a whole frame at once (Linux only).
@@ -85,70 +208,51 @@ class ProcessWriter:
         )
         self._reader.start()
 
-    def submit(self, op: str, payload: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        if op == "hello":
-            head: dict[str, Any] = {"op": "hello", "hello": payload.model_dump_json()}
-            parts: list[bytes] = []
-        else:
-            batch, session = payload
-            head, parts = encode_batch(batch, session)
+    def send(self, group: list[tuple[str, Any, Future[Any]]]) -> None:
+        """Write the frames of ``(op, payload, future)`` items to the child, in order."""
+        frames = [
+            ({"op": "hello", "hello": payload.model_dump_json()}, [])
+            if op == "hello"
+            else encode_batch(*payload)
+            for op, payload, _ in group
+        ]
         with self._lock:
-            if self._closing:
-                future.set_exception(WriterGone("the store is closed"))
-                return future
-            ident = head["id"] = self._next
-            self._next += 1
-            self._pending[ident] = [future, None]
-        self._outbox.put((ident, head, parts))
-        return future
-
-    def _send_frames(self) -> None:
-        while True:
-            item = self._outbox.get()
-            if item is None:
-                return
-            ident, head, parts = item
-            with self._lock:
-                child = self._child
-                entry = self._pending.get(ident)
-                if entry is not None:
-                    entry[1] = child  # if this child dies unanswered, its reader fails it
-            try:
-                if child is None or child.stdin is None or child.poll() is not None:
-                    raise WriterGone("the writer process is not running")
+            child, first = self._child, self._next
+            self._next += len(group)
+            for ident, (_, _, future) in enumerate(group, first):
+                self._pending[ident] = (future, child)
+        try:
+            if child is None or child.stdin is None or child.poll() is not None:
+                raise WriterGone("the writer process is not running")
+            for ident, (head, parts) in enumerate(frames, first):
+                head["id"] = ident
                 write_frame(child.stdin, head, parts)
-                if self._outbox.empty():
-                    child.stdin.flush()
-            except (OSError, ValueError, WriterGone) as error:
-                with self._lock:
-                    entry = self._pending.pop(ident, None)
-                    self._restart_locked(child)
+            child.stdin.flush()
+        except Exception as error:  # a broken pipe, most likely: this child is done
+            with self._lock:
+                lost = [self._pending.pop(i, None) for i in range(first, first + len(group))]
+                self._restart_locked(child)
+            for entry in lost:
                 if entry is not None:
                     entry[0].set_exception(WriterGone(f"the writer process is gone ({error})"))
 
     def _read_answers(self, child: subprocess.Popen[bytes]) -> None:
         assert child.stdout is not None
-        while True:
-            frame = read_frame(child.stdout)
-            if frame is None:
-                break
-            head, _ = frame
+        while (frame := read_frame(child.stdout)) is not None:
+            head = frame[0]
             with self._lock:
                 entry = self._pending.pop(head["id"], None)
             if entry is None:
                 continue
-            future = entry[0]
             if "error" in head:
                 kind = StoreDataError if head.get("data_error") else StoreError
-                future.set_exception(kind(head["error"]))
+                entry[0].set_exception(kind(head["error"]))
             else:
-                future.set_result(head.get("result"))
+                entry[0].set_result(head.get("result"))
         child.stdout.close()
         child.wait()
         with self._lock:
-            # What was written to this child and never answered is lost with it; what
-            # the sending thread has not written yet goes to the next child.
+            # What was written to this child and never answered is lost with it.
             lost = [i for i, (_, to) in self._pending.items() if to is child]
             futures = [self._pending.pop(i)[0] for i in lost]
             self._restart_locked(child)
@@ -165,14 +269,12 @@ class ProcessWriter:
             self._start()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Let the child finish what it holds, then wait for it to end. Idempotent."""
+        """Let the child finish what it holds (every frame is sent: the store's writer
+        thread has ended), then wait for it to end. Idempotent."""
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-        self._outbox.put(None)
-        self._sender.join(timeout=timeout)  # every frame submitted is in the pipe
-        with self._lock:
             child, reader = self._child, self._reader
         if child is None:
             return
@@ -188,14 +290,7 @@ class ProcessWriter:
             reader.join(timeout=timeout)  # every answer read, the pipe closed
 
 
-def _settings_text(settings: Settings) -> str:
-    import json
-
-    # What the writer needs, and nothing secret.
-    return json.dumps(
-        {
-            "db": settings.db,
-            "sqlite_synchronous": settings.sqlite_synchronous,
-            "group_commit": settings.group_commit,
-        }
-    )
+def settings_text(settings: Settings) -> str:
+    """What the child needs of the settings, and nothing secret."""
+    keys = ("db", "sqlite_synchronous", "group_commit")
+    return json.dumps({key: getattr(settings, key) for key in keys})

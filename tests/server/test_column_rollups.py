@@ -1,5 +1,5 @@
 """Rollups and buckets computed in Python and numpy: the set rows written for a batch
-(store/set_rollups.py), merged per series as history merges them,
+(store/rollups.py), merged per series as history merges them,
 equal a brute-force reference over the same values; and the min/max of edge and fine
 buckets read from the chunks equal the reference too."""
 
@@ -16,16 +16,16 @@ from hypothesis import strategies as st
 
 from gradwatch.protocol.messages import NONFINITE_STRINGS
 from gradwatch.server.schema import parse_message
-from gradwatch.server.store.chunks import scalar_out
+from gradwatch.server.store.chunks import INTEGER_FIELDS, SCALAR_FIELDS, scalar_out
 from gradwatch.server.store.rollups import (
     LEVELS,
     STEP_SERIES,
     Key,
+    array_blocks,
     postgres_key,
     sqlite_key,
 )
-from gradwatch.server.store.set_rollups import array_blocks
-from gradwatch.server.store.split import INTEGER_FIELDS, SCALAR_FIELDS, split_batch
+from gradwatch.server.store.split import split_batch
 
 # A few values that tie, signed zeros, huge ones, the non-finite strings, an integer.
 VALUES = st.one_of(

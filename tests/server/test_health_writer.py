@@ -39,13 +39,14 @@ def _until_health(wire: Any, server: Any, status: int, timeout_s: float = 30.0) 
 
 
 def _writer_pid(server: Any) -> int:
-    """The server's writer child (store/writer_child.py, run by writer_process.py), from /proc."""
+    """The server's writer child (``python -m gradwatch.server.store.sqlite``, started by
+    store/writer_process.py), from /proc."""
     assert server.process is not None
     root = server.process.pid
     for task in Path(f"/proc/{root}/task").iterdir():
         for child in (task / "children").read_text().split():
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"store.writer_child" in cmdline:
+            if b"gradwatch.server.store.sqlite" in cmdline:
                 return int(child)
     raise AssertionError("expected a writer process under the server, found none")
 

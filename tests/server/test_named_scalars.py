@@ -1,4 +1,4 @@
-"""Named scalars kept as packed rows of a name set (store/named.py): a step sent again
+"""Named scalars kept as packed rows of a name set (store/chunks.py): a step sent again
 keeps the value written last, counts stay integers, long name sets store, and fields
 of several name sets read like a brute-force reference.
 (Rollups and Python buckets against their references: test_column_rollups.py.)"""

@@ -41,7 +41,7 @@ def _next_of(wire: Any, viewer: Any, kind: str, deadline: float) -> dict[str, An
 def _notify(db: str, schema: str, payloads: list[str]) -> None:
     import psycopg
 
-    from gradwatch.server.store.pgfeed import channel_for
+    from gradwatch.server.store.postgres import channel_for
 
     with psycopg.connect(db, autocommit=True) as conn:
         for payload in payloads:

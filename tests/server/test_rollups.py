@@ -1,4 +1,4 @@
-"""History from the rollups kept at ingest (store/set_rollups.py) on a real database:
+"""History from the rollups kept at ingest (store/rollups.py) on a real database:
 the answer equals the reference downsampling of the values sent, whatever the batches."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from gradwatch.server.downsample import minmax
 from gradwatch.server.schema import parse_message
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
-from gradwatch.server.store.rollups import LEVELS
-from gradwatch.server.store.set_rollups import ROW_DTYPES, array_blocks
+from gradwatch.server.store.rollups import LEVELS, ROW_DTYPES, array_blocks
 
 
 def _store_run(store, run: str, steps: list[int], values: list, batch_sizes: list[int]) -> None:

@@ -1,4 +1,4 @@
-"""Rollups per set of series (store/set_rollups.py): records that came as columns,
+"""Rollups per set of series (store/rollups.py): records that came as columns,
 mixed with records sent one by one (turned into columns at ingest), in any order and
 grouping of transactions, with ties and non-finite values, read back exactly as the
 same records sent one by one, and as the reference downsampling. (That history reads

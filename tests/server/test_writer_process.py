@@ -33,7 +33,7 @@ def writers_of(parent: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rpartition(")")[2].split()[1])
-        if ppid == parent and b"gradwatch.server.store.writer_child" in cmdline:
+        if ppid == parent and b"gradwatch.server.store.sqlite" in cmdline:
             found.append(int(entry.name))
     return found
 

@@ -198,6 +198,7 @@ def watch(
         "graph_limit": graph_limit,
         "scaler": scaler is not None,
         "depth": list(depth.stacks),
+        "depth_blocks": depth.block_names(model),
         "include": list(select.include),
         "exclude": list(select.exclude),
     }

@@ -12,8 +12,9 @@ ONE row of each table below:
 - ``named_chunks``: the named scalars, ``data`` n rows of one name set's values
   (store/named.py); a new family of named scalars is a new prefix of names;
 - ``series_chunks``: one per-step series of a module (``family`` ``timesteps``: a
-  series of float64 per timestep), ``data`` n rows of ``len`` values; a new family
-  of per-step vectors is a new ``family`` value.
+  series of float64 per timestep; ``depth``: a stack's series of float64 per block,
+  ``module`` the stack, ``series`` ``input``), ``data`` n rows of ``len`` values; a
+  new family of per-step vectors is a new ``family`` value.
 
 Each has the chunk's step numbers (``steps``: n int64), its first step and last
 (``step_lo``, ``step_hi``) and the uid of its first record (the next ones follow).
@@ -154,9 +155,12 @@ def add_block(
     named = block.named if block.named is not None and block.named.names else None
     if named is not None:
         _named_keys(named.names, keys)
-    for module, series_map in (block.timesteps or {}).items():
-        for series in series_map:
-            keys.add(("timesteps", module, series))
+    series_columns = [
+        ("timesteps", module, series, column)
+        for module, series_map in (block.timesteps or {}).items()
+        for series, column in series_map.items()
+    ] + [("depth", stack, "input", column) for stack, column in block_depth(block).items()]
+    keys.update((family, module, series) for family, module, series, _ in series_columns)
     notes = getattr(block, "notes", None)
     chunks = cuts(steps)
     out.groups.extend(_array_groups(steps, block.step.i64, chunks, rolled, named))
@@ -174,15 +178,20 @@ def add_block(
             data = named.f64[8 * width * start : 8 * width * stop]
             names = tuple(named.names)
             out.named.append((names, (run_id, rank, lo, hi, first, n, step_bytes, data)))
-        for module, series_map in (block.timesteps or {}).items():
-            for series, column in series_map.items():
-                size = 8 * column.length
-                part_data = column.f64[size * start : size * stop]
-                out.series.append(
-                    (run_id, rank, "timesteps", module, series, lo, hi, first, n,
-                     column.length, step_bytes, part_data)
-                )
+        for family, module, series, column in series_columns:
+            size = 8 * column.length
+            part_data = column.f64[size * start : size * stop]
+            out.series.append(
+                (run_id, rank, family, module, series, lo, hi, first, n,
+                 column.length, step_bytes, part_data)
+            )
     return max(steps), last_epoch
+
+
+def block_depth(block: Any) -> dict[str, Any]:
+    """A block's depth series (stack -> column): only blocks made of records have them
+    (store/records.py); a wire block has none."""
+    return getattr(block, "depth", None) or {}
 
 
 # (name, raw column) of the plain fields to roll up.

@@ -24,7 +24,7 @@ PROFILE_KEYS = ("forward_s", "backward_s", "calls")
 _FIELDS_EXPECTED = (
     "fields: expected loss, duration_s, total_norm, graph_nodes, rss_bytes,"
     " cuda_allocated_bytes, cuda_reserved_bytes, overhead, backward_passes,"
-    " param_norms/<param>, gate_norms/<param>/<gate> or"
+    " param_norms/<param>, update_ratios/<param>, gate_norms/<param>/<gate> or"
     " profile/<module>/<forward_s|backward_s|calls>"
 )
 
@@ -51,7 +51,7 @@ class HistoryReads(NamedReads):
             return True
         family, _, rest = name.partition("/")
         if (
-            (family == "param_norms" and rest)
+            (family in ("param_norms", "update_ratios") and rest)
             or (family == "gate_norms" and "/" in rest)
             or (family == "profile" and rest.rpartition("/")[2] in PROFILE_KEYS)
         ):

@@ -93,6 +93,7 @@ class Reads(HistoryReads):
         params: list[str] = []
         gates: list[str] = []
         profiled: list[str] = []
+        extra: dict[str, list[str]] = {}
         for family, key, sub in self.query(
             "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
             (run_id,),
@@ -106,6 +107,8 @@ class Reads(HistoryReads):
                     gates.append(key)
             elif family == "profile":
                 profiled.append(key)
+            elif family in ("depth", "update_ratios"):
+                extra.setdefault(family, []).append(key)
         summary.update(
             hello=hellos,
             modules=json.loads(modules_text) if modules_text else {},
@@ -113,11 +116,14 @@ class Reads(HistoryReads):
             parameters=params,
             gate_parameters=gates,
             profiled_modules=profiled,
+            depth=extra.get("depth", []),
+            update_ratio_parameters=extra.get("update_ratios", []),
         )
         return summary
 
     def scalar_fields(self, run_id: str) -> list[str]:
-        """Every scalar field name the steps endpoint can answer for this run."""
+        """Every scalar field name the steps endpoint answers by default for this run
+        (``update_ratios/<param>`` only when asked: /update_ratios sums them up)."""
         names: list[str] = []
         keys = self.query(
             "SELECT family, key, sub FROM run_keys WHERE run_id = ? AND family <> 'timesteps'"

@@ -8,7 +8,9 @@ fields, named names and series lengths) become one :class:`Block` shaped like a
 wire block, stored as chunks (store/chunks.py), so every read has one path. A block
 also carries what the wire's blocks cannot: ``backward_passes`` as an int64 column,
 and each record's other fields (``nonfinite``, ``timestep_layout``, unknown ones) as
-a JSON object in ``notes``.
+a JSON object in ``notes``. ``depth`` series are stored like ``timesteps`` (family
+``depth``, series ``input``) and ``update_ratios`` like ``param_norms`` (named
+scalars ``update_ratios/<parameter>``).
 
 Example:
     >>> from gradwatch.server.schema import parse_message
@@ -73,6 +75,7 @@ class Block:
     present: dict[str, Column] = field(default_factory=dict)
     named: Named | None = None
     timesteps: dict[str, dict[str, Column]] | None = None
+    depth: dict[str, Column] | None = None  # stack -> one series per record
     notes: list[dict[str, Any] | None] | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -104,6 +107,9 @@ def _named(record: Any) -> tuple[tuple[str, ...], list[Any]]:
     if record.param_norms:
         names.extend(f"param_norms/{p}" for p in record.param_norms)
         values.extend(record.param_norms.values())
+    if record.update_ratios:
+        names.extend(f"update_ratios/{p}" for p in record.update_ratios)
+        values.extend(record.update_ratios.values())
     for param, by_gate in (record.gate_norms or {}).items():
         names.extend(f"gate_norms/{param}/{g}" for g in by_gate)
         values.extend(by_gate.values())
@@ -134,10 +140,12 @@ def _shape(record: Any) -> tuple[Any, ...]:
     plain = tuple(f for f in (*FLOAT_FIELDS, *INT_FIELDS) if d.get(f) is not None)
     names, values = _named(record)
     series = tuple(
-        (module, name, len(values))
+        ("timesteps", module, name, len(values))
         for module, by_name in (record.timesteps or {}).items()
         for name, values in by_name.items()
     )
+    if record.depth:
+        series += tuple(("depth", stack, "", len(v)) for stack, v in record.depth.items())
     return plain, names, series, values
 
 
@@ -176,9 +184,14 @@ def _block(run: list[tuple[Any, list[Any]]], key: Any) -> Block:
         block.named = Named(list(names), floats([v for _, vs in run for v in vs]))
     if series:
         block.timesteps = {}
-        for module, name, length in series:
-            data = b"".join(_series(r.timesteps[module][name]) for r in records)
-            block.timesteps.setdefault(module, {})[name] = Column(f64=data, length=length)
+        for family, module, name, length in series:
+            if family == "timesteps":
+                data = b"".join(_series(r.timesteps[module][name]) for r in records)
+                block.timesteps.setdefault(module, {})[name] = Column(f64=data, length=length)
+            else:  # a depth series: one per stack
+                data = b"".join(_series(r.depth[module]) for r in records)
+                block.depth = {**(block.depth or {}), module: Column(f64=data, length=length)}
+        block.timesteps = block.timesteps or None
     notes = [_notes(r) for r in records]
     if any(notes):
         block.notes = notes

@@ -54,7 +54,7 @@ def stack_blocks(hello: dict[str, Any], stacks: Iterable[str]) -> dict[str, list
     said = said if isinstance(said, dict) else {}
     out: dict[str, list[str]] = {}
     for stack in stacks:
-        names = said.get(stack)
+        names: Any = said.get(stack)
         ok = isinstance(names, list) and all(isinstance(n, str) for n in names)
         out[stack] = list(names) if ok else []
     return out
@@ -62,7 +62,7 @@ def stack_blocks(hello: dict[str, Any], stacks: Iterable[str]) -> dict[str, list
 
 def _hello(detail: dict[str, Any], rank: int) -> dict[str, Any]:
     hellos = detail.get("hello") or {}
-    found = hellos.get(str(rank)) or next(iter(hellos.values()), {})
+    found: Any = hellos.get(str(rank)) or next(iter(hellos.values()), {})
     return found if isinstance(found, dict) else {}
 
 

@@ -439,8 +439,9 @@ export class RunView {
     let section = null;
     const step = num(first.step);
     const text = `${latest.code} at step ${first.step}`;
-    if (target.kind === "heatmap") {
-      const h = [...this.heatmaps.values()].find(({ view }) => view.module === target.module);
+    const stackMap = target.kind === "depth" ? this.depth.heatmaps.get(target.stack) : null;
+    if (stackMap || target.kind === "heatmap") {
+      const h = stackMap || [...this.heatmaps.values()].find(({ view }) => view.module === target.module);
       if (h) {
         await h.view.setVisible(true);
         h.view.mark(step, "#ff4d4d", text);

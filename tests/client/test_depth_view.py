@@ -6,7 +6,8 @@ live, its columns are the blocks by name, and its colours, the latest depth prof
 the update-to-weight ratio chart hold the numbers measured beside gradwatch with plain
 autograd (retain_grad on each block's input) and a snapshot around optimizer.step().
 A raw trainer then sends 40 blocks with a hostile stack name: names stay text, the
-ratio chart shows the top blocks, and its search box finds the others.
+ratio chart shows the top blocks, and its search box finds the others; a block's
+`spike` alert takes the reader to the stack's depth heatmap.
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ def test_many_blocks_are_summed_up_searchable_and_names_stay_text(gradwatch_serv
         records.append({"kind": "step", "step": step, "loss": 1.0,
                         "depth": {HOSTILE: [float(i + 1) for i in range(40)]},
                         "update_ratios": ratios})
+    records.append({"kind": "alert", "step": 2, "code": "spike", "severity": "warning",
+                    "state": "raised", "subject": HOSTILE, "message": "block 39 spiked",
+                    "evidence": {"first_block": 39}})
     with connect(server.url + "/ws/ingest") as ws:
         ws.send(json.dumps({"type": "hello", "protocol": 1, "run_id": run_id, "run": "forty",
                             "config": {"depth": [HOSTILE], "depth_blocks": {HOSTILE: names}}}))
@@ -208,4 +212,7 @@ def test_many_blocks_are_summed_up_searchable_and_names_stay_text(gradwatch_serv
     assert heading == f"Gradient flow through depth: {HOSTILE}"  # shown as text
     assert w.page.evaluate("() => window.__owned") is None
     assert w.page.locator("img[src=x]").count() == 0
+    # A block's spike alert shows on its stack's depth heatmap, at its step.
+    w.page.click("#alerts-list article.alert[data-code=spike] button.goto")
+    w.page.wait_for_selector("section[data-stack][data-marked='2']")
     assert w.errors == [], w.errors

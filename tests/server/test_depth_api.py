@@ -168,3 +168,17 @@ def test_depth_answers_say_what_is_wrong(gradwatch_server, wire):
     empty = wire.get_ok(server, f"/api/runs/{run_id}/depth?stack=none")
     assert empty["steps"] == [] and empty["values"] == [] and empty["max_blocks"] == 0
     assert wire.get_ok(server, f"/api/runs/{run_id}/update_ratios")["blocks"] == []
+
+
+def test_depth_answers_need_the_view_token(gradwatch_server, wire):
+    server = gradwatch_server(token="ingest-secret", view_token="view-secret")
+    run_id = wire.run_id()
+    with wire.connect(server, token="ingest-secret") as ws:
+        ws.send(json.dumps(hello(run_id)))
+        ws.send(json.dumps(wire.batch(run_id, 0, records(random.Random(1), range(2)))))
+        assert wire.recv(ws) == {"type": "ack", "seq": 0}
+    for path in (f"/api/runs/{run_id}/depth?stack=layers", f"/api/runs/{run_id}/update_ratios"):
+        status, body, _ = wire.get(server, path)
+        assert status == 401 and "expected a view token" in body["detail"], path
+        status, body, _ = wire.get(server, path, token="view-secret")
+        assert status == 200 and body["steps"] == [0], (path, body)

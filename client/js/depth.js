@@ -42,6 +42,19 @@ export function blockLabel(stack, names, l) {
   return Array.isArray(names) && typeof names[l] === "string" ? names[l] : `${stack}[${l}]`;
 }
 
+// Blocks labelled by name along x up to this many (long names cut from the left);
+// beyond, by number (the depth profile's hover names each block).
+const NAMED_TICKS = 12;
+const TICK_CHARS = 24;
+
+/** Tick labels of `width` blocks: their names (shortened) when few, else Plotly's numbers. */
+export function blockTicks(stack, names, width) {
+  if (width < 1 || width > NAMED_TICKS) return { tickmode: "auto" };
+  const ticks = [...Array(width).keys()];
+  const short = (t) => (t.length > TICK_CHARS ? `…${t.slice(t.length - TICK_CHARS + 1)}` : t);
+  return { tickmode: "array", tickvals: ticks, ticktext: ticks.map((l) => plotText(short(blockLabel(stack, names, l)))) };
+}
+
 /** A stack's depth heatmap: the time heatmap's drawing, with blocks along x. */
 class DepthHeatmap extends Heatmap {
   constructor(div, stack, names) {
@@ -50,9 +63,8 @@ class DepthHeatmap extends Heatmap {
   }
 
   xAxis() {
-    const ticks = [...Array(Math.max(this.width, 1)).keys()];
     return axis("block l (gradient at its input; loss side right)", { zeroline: false, range: this.xRange(),
-      tickvals: ticks, ticktext: ticks.map((l) => plotText(blockLabel(this.module, this.names, l))) });
+      ...blockTicks(this.module, this.names, this.width) });
   }
 
   async draw(matrix) {
@@ -120,7 +132,7 @@ class DepthProfile {
     // One stack: its block names along x; several: block numbers (names in the hover).
     const stacks = [...this.latest];
     const one = stacks.length === 1 ? stacks[0] : null;
-    const ticks = one ? { tickvals: one[1].values.map((_, l) => l), ticktext: one[1].values.map((_, l) => plotText(blockLabel(one[0], one[1].names, l))) } : {};
+    const ticks = one ? blockTicks(one[0], one[1].names, one[1].values.length) : {};
     return layout({
       xaxis: axis("block l (input of; loss side right)", { zeroline: false, ...ticks }),
       yaxis: axis("gradient norm ‖∂L/∂x_l‖ (log)", { type: "log", exponentformat: "power" }),
@@ -278,6 +290,8 @@ export class DepthPanels {
       }
       for (const [b, values] of byBlock) points.push({ key: RATIO + b, step: rec.step, value: blockRatio(values) });
     }
+    // A replay's records (replay.js) carry the ratios as the server summed them up.
+    for (const [b, value] of Object.entries(rec.update_ratio_blocks || {})) points.push({ key: RATIO + b, step: rec.step, value });
     return changed;
   }
 

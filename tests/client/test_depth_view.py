@@ -7,7 +7,7 @@ the update-to-weight ratio chart hold the numbers measured beside gradwatch with
 autograd (retain_grad on each block's input) and a snapshot around optimizer.step().
 A raw trainer then sends 40 blocks with a hostile stack name: names stay text, the
 ratio chart shows the top blocks, and its search box finds the others; a block's
-`spike` alert takes the reader to the stack's depth heatmap.
+`spike` alert takes the reader to the stack's depth heatmap; a replay shows the same.
 """
 
 from __future__ import annotations
@@ -216,3 +216,18 @@ def test_many_blocks_are_summed_up_searchable_and_names_stay_text(gradwatch_serv
     w.page.click("#alerts-list article.alert[data-code=spike] button.goto")
     w.page.wait_for_selector("section[data-stack][data-marked='2']")
     assert w.errors == [], w.errors
+
+    # A replay unfolds the same from history: depth rows and the blocks' ratios.
+    r = open_page(server, f"#/replay/{run_id}")
+    r.page.wait_for_selector("#replay-speed")
+    r.page.evaluate("() => { const v = window.gradwatch.state.view; v.seek(v.items.length); }")
+    wait_js(r.page, "() => document.getElementById('replay-label').textContent"
+                    ".startsWith('replayed all')")
+    heat = r.page.get_attribute("section[data-stack] div.chart", "id")
+    scroll_to(r.page, heat)
+    wait_js(r.page, f"() => document.getElementById('{heat}').data[0].y.length === 4")
+    scroll_to(r.page, "chart-ratios")
+    wait_js(r.page, "() => (document.getElementById('chart-ratios').data || []).length === 40")
+    trace = chart(r.page, "chart-ratios", find)
+    assert trace["y"] == pytest.approx([8e-4 * (s + 1) for s in range(4)], rel=1e-12)
+    assert r.errors == [], r.errors

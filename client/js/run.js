@@ -395,7 +395,13 @@ export class RunView {
       if (wasHidden && view.hasData && view.drawn) window.Plotly.Plots.resize(p.chart);
     }
     this.profile.panel.nodata.hidden = this.profile.view.hasData;
-    this.depth.profile.panel.nodata.hidden = this.depth.profile.view.hasData;
+    // The depth profile: only where the run has stacks of blocks, its chart once drawn.
+    const { view: dv, panel: dp } = this.depth.profile;
+    dp.section.hidden = !dv.hasData && !this.depth.heatmaps.size;
+    dp.nodata.hidden = dv.hasData;
+    const wasHidden = dp.chart.hidden;
+    dp.chart.hidden = !dv.hasData;
+    if (wasHidden && dv.hasData && dv.drawn) window.Plotly.Plots.resize(dp.chart);
   }
 
   /** A panel that joins the heatmap grid after load (a stack first seen live). */

@@ -231,3 +231,37 @@ def test_many_blocks_are_summed_up_searchable_and_names_stay_text(gradwatch_serv
     trace = chart(r.page, "chart-ratios", find)
     assert trace["y"] == pytest.approx([8e-4 * (s + 1) for s in range(4)], rel=1e-12)
     assert r.errors == [], r.errors
+
+
+PARAMS = ["blocks.3.attn.in_proj_weight", "blocks.30.mlp.0.weight", "blocks.3", "head.weight",
+          "scale", "enc.layers.1.w", "enc.layers.10.w", "a.b.c.d"]
+BLOCK_NAMES = [["blocks.3", "blocks.30"], [], ["enc.layers.1", "enc.layers.10", "enc"]]
+RATIOS = [[1e-3, "Infinity", 2e-3], ["NaN", "Infinity"], ["NaN"], [5e-324, 0.0], ["-Infinity"],
+          [1.0, "NaN", 3.0]]
+
+
+def test_live_blocks_are_summed_up_as_the_server_does(gradwatch_server, open_page):
+    """The page groups live ratios per block as /update_ratios does (server/depth_reads):
+    the same block for each parameter, the same value for each set of ratios."""
+    from gradwatch.server.depth_reads import block_of, block_ratio
+    from gradwatch.server.store.chunks import scalar_out
+
+    server = gradwatch_server()
+    w = open_page(server)
+    w.page.wait_for_selector("body[data-painted='1']")
+    js: Any = w.page.evaluate(
+        """async ([params, blocks, ratios]) => {
+            const d = await import("/static/js/depth.js");
+            const wire = (x) => (Number.isFinite(x) ? x : String(x));
+            return {
+                owners: blocks.map((b) => params.map((p) => d.blockOf(p, b))),
+                values: ratios.map((r) => wire(d.blockRatio(r))),
+            };
+        }""",
+        [PARAMS, BLOCK_NAMES, RATIOS],
+    )
+    assert js["owners"] == [[block_of(p, b) for p in PARAMS] for b in BLOCK_NAMES]
+    floats = [[float(v) if isinstance(v, str) else v for v in r] for r in RATIOS]
+    assert js["values"] == [scalar_out(block_ratio(r)) for r in floats]
+    assert js["owners"][0][:3] == ["blocks.3", "blocks.30", "blocks"]
+    assert w.errors == []

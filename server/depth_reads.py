@@ -27,11 +27,12 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gradwatch.protocol.messages import NONFINITE_STRINGS
+import numpy as np
 
 from .column_checks import floats
 from .downsample import pick_rows
 from .store.chunks import scalar_out
+from .store.named_matrix import named_matrix
 
 
 def block_of(param: str, blocks: Sequence[str]) -> str:
@@ -101,10 +102,6 @@ def depth_matrix(
     }
 
 
-def _number(value: Any) -> float:
-    return NONFINITE_STRINGS[value] if isinstance(value, str) else float(value)
-
-
 def block_ratio(values: Sequence[float]) -> float:
     """A block's ratio from its parameters': the largest finite one, else infinity
     when any is infinite, else NaN (NaN for no values).
@@ -131,38 +128,52 @@ def update_ratio_blocks(
     block its ``name``, ``stack`` (or None), ``parameters`` and ``values`` (one per
     step, None where none of its parameters has a ratio at that step)."""
     detail = store.run_detail(run_id)
-    params: list[str] = detail.get("update_ratio_parameters", [])
     stacks = stack_blocks(_hello(detail, rank), detail.get("depth", []))
     owner = {block: stack for stack, names in stacks.items() for block in names}
     known = list(owner)
     lo = 0 if start is None else start
     hi = 2**62 if stop is None else stop
-    memo: dict[Any, Any] = {}
-    sets = store.name_sets(run_id, rank)
-    by_block: dict[str, dict[str, tuple[list[int], list[Any]]]] = {}
-    every: set[int] = set()
-    for param in params:
-        steps, values = store.named_points(run_id, rank, f"update_ratios/{param}", lo, hi, memo,
-                                           sets)
-        if steps:
-            by_block.setdefault(block_of(param, known), {})[param] = (steps, values)
-            every.update(steps)
-    all_steps = sorted(every)
-    chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
-    at = {step: i for i, step in enumerate(chosen)}
+    steps, names, values, present = named_matrix(store, run_id, rank, "update_ratios/", lo, hi)
+    pick = pick_rows(len(steps), max_steps)
+    values, present = values[pick], present[pick]
+    members: dict[str, list[int]] = {}
+    for k, name in enumerate(names):
+        members.setdefault(block_of(name.removeprefix("update_ratios/"), known), []).append(k)
     order = {block: i for i, block in enumerate(known)}
     out = []
-    for block in sorted(by_block, key=lambda b: (order.get(b, len(order)), b)):
-        gathered: list[list[float]] = [[] for _ in chosen]
-        for steps, values in by_block[block].values():
-            for step, value in zip(steps, values, strict=True):
-                i = at.get(step)
-                if i is not None:
-                    gathered[i].append(_number(value))
+    for block in sorted(members, key=lambda b: (order.get(b, len(order)), b)):
+        cols = members[block]
         out.append({
             "name": block,
             "stack": owner.get(block),
-            "parameters": sorted(by_block[block]),
-            "values": [scalar_out(block_ratio(v)) if v else None for v in gathered],
+            "parameters": sorted(names[k].removeprefix("update_ratios/") for k in cols),
+            "values": block_ratios(values[:, cols], present[:, cols]),
         })
-    return {"rank": rank, "steps": chosen, "total_steps": len(all_steps), "blocks": out}
+    return {"rank": rank, "steps": [steps[i] for i in pick], "total_steps": len(steps),
+            "blocks": out}
+
+
+def block_ratios(values: Any, present: Any) -> list[Any]:
+    """:func:`block_ratio` of each row of a block's ratios (``present``: which are
+    there), as the protocol writes numbers; None for a row with none.
+
+    >>> import numpy as np
+    >>> block_ratios(np.array([[1e-3, np.inf], [np.nan, np.inf], [0.0, 0.0]]),
+    ...              np.array([[True, True], [True, True], [False, False]]))
+    [0.001, 'Infinity', None]
+    """
+    finite = present & np.isfinite(values)
+    top = np.where(finite, values, -np.inf).max(axis=1, initial=-np.inf)
+    infinite = (present & np.isinf(values)).any(axis=1)
+    out: list[Any] = []
+    for row, any_finite, any_inf, any_at_all in zip(
+        top.tolist(), finite.any(axis=1).tolist(), infinite.tolist(), present.any(axis=1).tolist(),
+        strict=True,
+    ):
+        if any_finite:
+            out.append(row)
+        elif any_at_all:
+            out.append("Infinity" if any_inf else "NaN")
+        else:
+            out.append(None)
+    return out

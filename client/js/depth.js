@@ -236,11 +236,15 @@ export class DepthPanels {
     return h;
   }
 
-  /** History of every stack and of the ratios; resolves when it is set on the views. */
-  async load(api, runId) {
+  /**
+   * History of every stack (resolves when it is set on the heatmaps) and of the ratios
+   * (drawn when it comes, as the line charts' history: first paint does not wait).
+   */
+  async load(api, runId, onError) {
     const id = encodeURIComponent(runId);
     const stacks = [...this.heatmaps.keys()];
     const ratios = api(`/api/runs/${id}/update_ratios`, { rank: this.rank, max_steps: 2000 });
+    ratios.catch(onError);
     this.ratios.view.setHistory(ratios.then((r) => this.ratioSeries(r)));
     const matrices = await Promise.all(stacks.map((stack) =>
       api(`/api/runs/${id}/depth`, { stack, rank: this.rank, max_steps: 500 })));
@@ -250,7 +254,6 @@ export class DepthPanels {
       if (m && m.steps && m.steps.length) this.profile.view.set(stack, m.steps[m.steps.length - 1], m.values[m.values.length - 1], this.names[stack]);
       this.heatmaps.get(stack).view.setHistory(m);
     });
-    return ratios;
   }
 
   /** The /update_ratios answer as LineChart series {key: {step, value}}. */

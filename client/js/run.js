@@ -217,7 +217,7 @@ export class RunView {
     if (this.ranksView) this.ranksView.load().catch((err) => this.showError(err));
     const [alerts, , ...matrices] = this.replay ? [[], null, ...heatmaps.map(() => null)] : await Promise.all([
       api(`/api/runs/${id}/alerts`),
-      this.depth.load(api, this.runId).catch((err) => this.showError(err)),
+      this.depth.load(api, this.runId, (err) => this.showError(err)).catch((err) => this.showError(err)),
       ...heatmaps.map(({ view }) =>
         api(`/api/runs/${id}/timesteps`, { module: view.module, series: view.series, rank: this.rank, max_steps: 500 })),
     ]);

@@ -182,3 +182,19 @@ def test_depth_answers_need_the_view_token(gradwatch_server, wire):
         assert status == 401 and "expected a view token" in body["detail"], path
         status, body, _ = wire.get(server, path, token="view-secret")
         assert status == 200 and body["steps"] == [0], (path, body)
+
+
+def test_a_step_sent_again_reads_its_latest_ratios_and_depth(gradwatch_server, gradwatch_db, wire):
+    server = gradwatch_server(db=gradwatch_db)
+    run_id = wire.run_id()
+    first = [{"kind": "step", "step": s, "depth": {"layers": [1.0, 2.0]},
+              "update_ratios": {"layers.0.w": 1e-3, "layers.1.w": 2e-3}} for s in range(3)]
+    again = {"kind": "step", "step": 1, "depth": {"layers": [5.0, 6.0]},
+             "update_ratios": {"layers.0.w": 7e-3, "layers.1.w": 1e-4}}
+    send(wire, server, run_id, [first, [again]])  # a resumed trainer sends step 1 again
+    ratios = wire.get_ok(server, f"/api/runs/{run_id}/update_ratios")
+    assert ratios["steps"] == [0, 1, 2]
+    assert {b["name"]: b["values"] for b in ratios["blocks"]} == {
+        "layers.0": [1e-3, 7e-3, 1e-3], "layers.1": [2e-3, 1e-4, 2e-3]}
+    heat = wire.get_ok(server, f"/api/runs/{run_id}/depth?stack=layers")
+    assert heat["steps"] == [0, 1, 2] and heat["values"][1] == [5.0, 6.0]

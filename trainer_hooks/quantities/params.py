@@ -99,6 +99,7 @@ class ParamNorms(Quantity):
         self.listeners: list[Callable[[], None]] = []
         # (id, version) of every parameter's .grad as the last pass left it
         self._left: list[tuple[int, int] | None] = []
+        self._sharded = False  # some watched parameter is a DTensor (FSDP2)
 
     def attach(self, model: nn.Module) -> None:
         index: dict[int, int] = {}
@@ -107,6 +108,7 @@ class ParamNorms(Quantity):
                 index[id(p)] = len(self._params)
                 self._names.append(name)
                 self._params.append(p)
+        self._sharded = any(is_sharded(p) for p in self._params)
         for _, module in model.named_modules():
             gates = gate_names(module)
             if not gates:
@@ -190,11 +192,12 @@ class ParamNorms(Quantity):
         # the gate norms on the host (sqrt of the sum of squares): the largest
         # gradients of an LSTM are then read once, not twice.
         # (A sharded one is normed whole: its gates straddle the shards.)
+        sharded = self._sharded
         split = {
             i: len(gates)
             for i, gates in self._gated
             if grads[i] is not None and grads[i].shape[0] % len(gates) == 0  # type: ignore[union-attr]
-            and not is_sharded(grads[i])
+            and not (sharded and is_sharded(grads[i]))
         }
         # FSDP2: each rank norms its shard (DTensor.to_local()); the squares are summed
         # over the shard groups below, per device, for all sharded gradients at once.
@@ -202,11 +205,11 @@ class ParamNorms(Quantity):
         scope = None
         for i, g in enumerate(grads):
             if g is not None:
-                local = local_part(g)
+                local = local_part(g) if sharded else g
                 slots, tensors, _ = groups.setdefault(local.device, ([], [], []))
                 if i in split:
                     continue
-                if local is not g:
+                if sharded and local is not g:
                     over = reduce_groups(g)
                     if over is None:  # Partial: not reduced yet, no norm from its parts
                         continue

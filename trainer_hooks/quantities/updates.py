@@ -49,7 +49,7 @@ from gradwatch.trainer_hooks.warn import WarnOnce
 
 from .base import Quantity
 from .calls import F64
-from .sharded import Groups, local_part, reduce_groups, reduce_norms
+from .sharded import Groups, is_sharded, local_part, reduce_groups, reduce_norms
 
 
 class UpdateRatios(Quantity):
@@ -72,6 +72,7 @@ class UpdateRatios(Quantity):
         self.select = select
         self.reduce_shards = reduce_shards
         self._over: dict[int, Groups] = {}  # slot -> shard groups, sharded ones only
+        self._sharded = False  # some watched parameter is a DTensor (FSDP2)
         self._index: dict[int, int] = {}  # id(parameter) -> slot
         self._names: list[str] = []
         # id(optimizer) -> (slots, parameters, copies before the step)
@@ -83,6 +84,7 @@ class UpdateRatios(Quantity):
     def attach(self, model: nn.Module) -> None:
         for name, p in model.named_parameters():
             if p.requires_grad and (self.select is None or self.select(name)):
+                self._sharded = self._sharded or is_sharded(p)
                 groups = reduce_groups(p)
                 if groups is None:  # a Partial parameter: no norm from its parts
                     continue
@@ -113,7 +115,8 @@ class UpdateRatios(Quantity):
                     slot = self._index.get(id(p))
                     if slot is not None:
                         slots.append(slot)
-                        params.append(local_part(p.detach()))  # FSDP2: the shard
+                        # FSDP2: the rank's shard (its local tensor, updated in place)
+                        params.append(local_part(p.detach()) if self._sharded else p.detach())
             if params:
                 with torch.no_grad():
                     copies = list(torch._foreach_mul(params, 1.0))

@@ -217,7 +217,11 @@ export class DepthPanels {
     const view = new LineChart(ratio.chart, ratioSpec((b) => this.stackOfBlock.get(b)));
     ratio.section.querySelector("header").append(lineSearch("ratios", view));
     this.ratios = { view, panel: ratio };
-    for (const stack of Array.isArray(summary.depth) ? summary.depth : []) this.addStack(stack);
+    // In the model's order, as the hello lists the stacks (the summary sorts by name).
+    const order = Object.keys(this.names);
+    const at = (stack) => (order.includes(stack) ? order.indexOf(stack) : order.length);
+    const stacks = Array.isArray(summary.depth) ? summary.depth.slice() : [];
+    for (const stack of stacks.sort((a, b) => at(a) - at(b))) this.addStack(stack);
   }
 
   /** The panels, in page order (heatmaps, profile; the ratio chart goes with the lines). */

@@ -239,14 +239,15 @@ def from_columns(block: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def split_name(name: str) -> tuple[str, str, str]:
-    """A block's named scalar as (family, owner, key): ``param_norms/<p>`` -> (.., p,
-    ""), ``gate_norms/<p>/<g>`` -> (.., p, g), ``profile/<m>/<k>`` -> (.., m, k).
+    """A block's named scalar as (family, owner, key): ``param_norms/<p>`` and
+    ``update_ratios/<p>`` -> (.., p, ""), ``gate_norms/<p>/<g>`` -> (.., p, g),
+    ``profile/<m>/<k>`` -> (.., m, k).
 
-    >>> split_name("gate_norms/lstm.weight_hh_l0/f")
-    ('gate_norms', 'lstm.weight_hh_l0', 'f')
+    >>> split_name("gate_norms/lstm.weight_hh_l0/f"), split_name("update_ratios/a/b")
+    (('gate_norms', 'lstm.weight_hh_l0', 'f'), ('update_ratios', 'a/b', ''))
     """
     head, _, tail = name.partition("/")
-    if head == "param_norms":
+    if head in ("param_norms", "update_ratios"):
         return head, tail, ""
     owner, _, key = tail.rpartition("/")
     return head, owner, key
@@ -260,8 +261,8 @@ def add_named(records: list[dict[str, Any]], names: list[str], values: Any) -> N
     for i, record in enumerate(records):
         row = values[i * width : (i + 1) * width]
         for (family, owner, key), value in zip(parts, row, strict=True):
-            if family == "param_norms":
-                record.setdefault("param_norms", {})[owner] = value
+            if family in ("param_norms", "update_ratios"):
+                record.setdefault(family, {})[owner] = value
             elif family == "gate_norms":
                 record.setdefault("gate_norms", {}).setdefault(owner, {})[key] = value
             else:

@@ -160,6 +160,9 @@ class StepRecord(TypedDict, total=False):
     depth: dict[str, list[Number]]
     # ||w_after - w_before|| / ||w_before|| of the optimizer step just taken, per parameter
     update_ratios: dict[str, Number]
+    # only with sharded (FSDP2) parameters: "global" (norms all-reduced over the
+    # shards) or "local" (each rank's shard norms)
+    norm_scope: Literal["global", "local"]
 
 
 class EpochRecord(TypedDict, total=False):

@@ -26,6 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from .api import require_viewer, router, version
+from .depth_api import depth_router
 from .ingest import ingest_endpoint
 from .metrics import metrics_router, watch_stalls
 from .security import SecurityMiddleware, token_cookie
@@ -119,6 +120,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         return JSONResponse({"detail": _first_error(error)}, status_code=422)
 
     app.include_router(router)
+    app.include_router(depth_router)
     app.include_router(metrics_router(require_viewer))
     app.add_api_websocket_route("/ws/ingest", ingest_endpoint)
     app.add_api_websocket_route("/ws/live", live_endpoint)

@@ -135,6 +135,10 @@ class StepRecord(_Open):
     cuda_reserved_bytes: Count | None = None
     overhead: Num | None = None
     profile: dict[Name, ProfileEntry] | None = None
+    # Gradient flow through depth (issue 19): stored as columns like timesteps and
+    # param_norms (store/split.py), no longer as a record's notes.
+    depth: dict[Name, Series] | None = None
+    update_ratios: dict[Name, Num] | None = None
 
 
 class EpochRecord(_Open):

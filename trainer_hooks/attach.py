@@ -38,6 +38,7 @@ from .quantities.depth import BlockSpec, DepthSeries
 from .quantities.graph import DEFAULT_LIMIT, GraphSize
 from .quantities.params import ParamNorms
 from .quantities.profile import ModuleProfile
+from .quantities.sharded import is_sharded
 from .quantities.stale import CellSpec, LossRetention, StaleState
 from .quantities.timesteps import RecurrentTimesteps
 from .quantities.updates import UpdateRatios
@@ -166,12 +167,21 @@ def watch(
     chosen = None if select.everything else select
 
     timesteps = _timesteps_quantity(cells, exact_hidden, select)
-    params = ParamNorms(scaler=scaler, select=chosen)
+    # Sharded (FSDP2) gradients' norms are made global by a collective per heavy step,
+    # which needs every rank to capture the same steps: a fixed interval, not a budget
+    # each rank measures for itself (quantities/sharded.py).
+    fixed = schedule.budget is None
+    params = ParamNorms(scaler=scaler, select=chosen, reduce_shards=fixed)
+    if not fixed and any(is_sharded(p) for p in model.parameters()):
+        once.warn("sharded", "gradwatch: the model's parameters are sharded (FSDP2) and heavy"
+                  " steps follow an overhead budget each rank measures for itself, so"
+                  " gradient norms are each rank's shard norms (norm_scope 'local'); pass"
+                  " every=N without overhead= for global norms")
     depth = DepthSeries(blocks, select=chosen, scaler=scaler)
     quantities: list[Quantity] = [params]
     timesteps.follow(params)  # the series describe the passes param_norms describe
     depth.follow(params)
-    quantities += [timesteps, depth, UpdateRatios(select=chosen)]
+    quantities += [timesteps, depth, UpdateRatios(select=chosen, reduce_shards=fixed)]
     quantities += [GraphSize(graph_limit), StaleState(cells), LossRetention()]
     if profile:
         quantities.append(ModuleProfile())
@@ -198,6 +208,7 @@ def watch(
         "graph_limit": graph_limit,
         "scaler": scaler is not None,
         "depth": list(depth.stacks),
+        "depth_blocks": depth.block_names(model),
         "include": list(select.include),
         "exclude": list(select.exclude),
     }

@@ -34,9 +34,9 @@ export function alertTarget(alert) {
     case "hotspot":
       return { kind: "modules" };
     case "spike":
-      // a loss spike on the loss chart; a block's gradient spike on the norms (a depth
-      // chart is a later step)
-      return alert.subject === "loss" ? { kind: "loss" } : { kind: "norms" };
+      // a loss spike on the loss chart; a block's gradient spike on its stack's depth
+      // heatmap (the norms where the page has none)
+      return alert.subject === "loss" ? { kind: "loss" } : { kind: "depth", stack: alert.subject };
     case "no_gradient":
       return alert.subject && alert.subject !== "model" ? { kind: "heatmap", module: alert.subject } : { kind: "norms" };
     default:

@@ -36,6 +36,14 @@ export function historyRecords(history, heatmapKeys, rank = 0) {
     const { module, series } = heatmapKeys[i];
     m.steps.forEach((step, j) => { ((rec(step).timesteps ||= {})[module] ||= {})[series] = m.values[j]; });
   });
+  // Depth (depth.js): each stack's rows, and the ratios already summed up per block.
+  for (const m of history.depth || []) {
+    if (m && Array.isArray(m.steps)) m.steps.forEach((step, j) => { (rec(step).depth ||= {})[m.stack] = m.values[j]; });
+  }
+  const ratios = history.ratios || { steps: [], blocks: [] };
+  for (const b of ratios.blocks || []) {
+    b.values.forEach((v, j) => { if (v !== null) (rec(ratios.steps[j]).update_ratio_blocks ||= {})[b.name] = v; });
+  }
   // Step rows carry no epoch: each step is in the epoch whose record ends at or after it
   // (what a live step record says), the steps after the last one in the next epoch.
   const ends = (history.epochs || []).filter((e) => Number.isFinite(e.step) && Number.isFinite(e.epoch))
@@ -55,14 +63,18 @@ export function historyRecords(history, heatmapKeys, rank = 0) {
 /** Everything a replay draws, from REST: steps, epochs, alerts and each heatmap's matrix. */
 export async function fetchHistory(view) {
   const id = encodeURIComponent(view.runId);
-  const [steps, epochs, alerts, ...matrices] = await Promise.all([
+  const stacks = [...view.depth.heatmaps.keys()];
+  const [steps, epochs, alerts, ratios, ...matrices] = await Promise.all([
     api(`/api/runs/${id}/steps`, { rank: view.rank, max_points: 2000 }),
     api(`/api/runs/${id}/epochs`, { rank: view.rank }),
     api(`/api/runs/${id}/alerts`),
+    api(`/api/runs/${id}/update_ratios`, { rank: view.rank, max_steps: 2000 }),
     ...[...view.heatmaps.values()].map(({ view: h }) =>
       api(`/api/runs/${id}/timesteps`, { module: h.module, series: h.series, rank: view.rank, max_steps: 500 })),
+    ...stacks.map((stack) => api(`/api/runs/${id}/depth`, { stack, rank: view.rank, max_steps: 500 })),
   ]);
-  return { steps, epochs, alerts, matrices };
+  const depth = matrices.splice(matrices.length - stacks.length, stacks.length);
+  return { steps, epochs, alerts, matrices, depth, ratios };
 }
 
 const HEALTH_EVERY_MS = 10000;

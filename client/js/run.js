@@ -10,6 +10,7 @@ import { CHARTS, FrameBatcher, NUMBERS } from "./batcher.js";
 import { purgeAll } from "./charts.js";
 import { drawAll } from "./lazy.js";
 import { connect } from "./live.js";
+import { DepthPanels } from "./depth.js";
 import { bySeries, heatmapKeys, historySeries, latestFromHistory } from "./history.js";
 import { fmt, fmtBytes, fmtSeconds, num, seriesValues } from "./num.js";
 import { panel, RollingMedian, specs } from "./panels.js";
@@ -142,9 +143,16 @@ export class RunView {
       return p.section;
     });
     this.trendNote = new TrendNote(this.charts.get("time").panel.note);
-    this.noHeat = heat.length ? null : el("section", { class: "panel", id: "panel-no-heatmap" },
+    // Gradient flow through depth (depth.js): its heatmaps beside the time heatmaps,
+    // its ratio chart among the line charts (fed the same live points).
+    this.depth = new DepthPanels(s, this.rank, (section, view, before) => this.joinPanel(section, view, before));
+    this.charts.set("ratios", this.depth.ratios);
+    lines.splice(1, 0, this.depth.ratios.panel.section);
+    this.noHeat = heat.length || this.depth.heatmaps.size ? null : el("section", { class: "panel", id: "panel-no-heatmap" },
       el("p", { class: "empty" }, "This run has no recurrent modules with per-timestep capture, so there is no heatmap."));
-    this.heatGrid = el("div", { class: "grid" }, heat, this.noHeat, prof.section);
+    // A run with stacks of blocks and no recurrent module: no empty per-timestep profile.
+    prof.section.hidden = !heat.length && this.depth.heatmaps.size > 0;
+    this.heatGrid = el("div", { class: "grid" }, heat, this.noHeat, prof.section, this.depth.sections());
     replaceChildren(this.root,
       el("h1", { id: "run-name" }, String(s.name ?? s.id)),
       this.subNode,
@@ -157,7 +165,7 @@ export class RunView {
       alertsSection,
       this.ranksView ? this.ranksView.section : null,
       el("div", { class: "toolbar" }, el("span", { class: "spacer" }),
-        scalePicker(() => { for (const { view } of this.heatmaps.values()) view.rescale(); })),
+        scalePicker(() => { for (const { view } of this.heatmaps.values()) view.rescale(); this.depth.rescale(); })),
       this.heatGrid,
       el("div", { class: "grid" }, lines));
     this.renderHeader();
@@ -207,8 +215,9 @@ export class RunView {
     const fields = scalars.then(([steps, epochs]) => historySeries(steps, epochs));
     for (const { view } of this.charts.values()) view.setHistory(fields);
     if (this.ranksView) this.ranksView.load().catch((err) => this.showError(err));
-    const [alerts, ...matrices] = this.replay ? [[], ...heatmaps.map(() => null)] : await Promise.all([
+    const [alerts, , ...matrices] = this.replay ? [[], null, ...heatmaps.map(() => null)] : await Promise.all([
       api(`/api/runs/${id}/alerts`),
+      this.depth.load(api, this.runId, (err) => this.showError(err)).catch((err) => this.showError(err)),
       ...heatmaps.map(({ view }) =>
         api(`/api/runs/${id}/timesteps`, { module: view.module, series: view.series, rank: this.rank, max_steps: 500 })),
     ]);
@@ -222,7 +231,7 @@ export class RunView {
     this.alertsPanel.render();
     this.updateNoData();
     // First paint: the profile, and whichever charts are on screen (lazy.js).
-    await Promise.all([this.profile.view.draw(), this.observeVisibility()]);
+    await Promise.all([this.profile.view.draw(), this.depth.profile.view.draw(), this.observeVisibility()]);
     if (this.closed) return;
     this.loaded = true;
     stats.paintedAt = performance.now();
@@ -239,7 +248,7 @@ export class RunView {
 
   /** Every chart view of the page (line charts, ranks' charts, heatmaps). */
   allCharts() {
-    return [...this.lineCharts(), ...this.heatmaps.values()].map(({ view }) => view);
+    return [...this.lineCharts(), ...this.heatmaps.values(), ...this.depth.heatmaps.values()].map(({ view }) => view);
   }
 
   scalarsArrived(fields) {
@@ -262,7 +271,7 @@ export class RunView {
   observeVisibility() {
     const byPanel = new Map();
     this.byPanel = byPanel;
-    for (const { view, panel: p } of [...this.lineCharts(), ...this.heatmaps.values(), this.profile]) byPanel.set(p.section, view);
+    for (const { view, panel: p } of [...this.lineCharts(), ...this.heatmaps.values(), this.profile, ...this.depth.views()]) byPanel.set(p.section, view);
     if (!byPanel.size) return Promise.resolve();
     return new Promise((resolve) => {
       let first = true;
@@ -312,6 +321,7 @@ export class RunView {
             trendChanged = true;
           }
         }
+        this.depthChanged = this.depth.take(rec, points) || this.depthChanged;
         for (const [module, seriesMap] of Object.entries(rec.timesteps || {})) {
           for (const [series, wire] of Object.entries(seriesMap || {})) {
             const values = seriesValues(wire);
@@ -359,7 +369,11 @@ export class RunView {
       this.rankItems = [];
       this.ranksView.push(items);
     }
-    for (const { view } of [...this.charts.values(), ...this.heatmaps.values()]) view.catchUp();
+    for (const { view } of [...this.charts.values(), ...this.heatmaps.values(), ...this.depth.heatmaps.values()]) view.catchUp();
+    if (this.depthChanged) {
+      this.depthChanged = false;
+      this.depth.profile.view.redraw();
+    }
     if (this.profileChanged) {
       this.profileChanged = false;
       this.profile.view.redraw();
@@ -381,6 +395,24 @@ export class RunView {
       if (wasHidden && view.hasData && view.drawn) window.Plotly.Plots.resize(p.chart);
     }
     this.profile.panel.nodata.hidden = this.profile.view.hasData;
+    // The depth profile: only where the run has stacks of blocks, its chart once drawn.
+    const { view: dv, panel: dp } = this.depth.profile;
+    dp.section.hidden = !dv.hasData && !this.depth.heatmaps.size;
+    dp.nodata.hidden = dv.hasData;
+    const wasHidden = dp.chart.hidden;
+    dp.chart.hidden = !dv.hasData;
+    if (wasHidden && dv.hasData && dv.drawn) window.Plotly.Plots.resize(dp.chart);
+  }
+
+  /** A panel that joins the heatmap grid after load (a stack first seen live). */
+  joinPanel(section, view, before) {
+    if (this.noHeat) this.noHeat.remove();
+    this.noHeat = null;
+    this.heatGrid.insertBefore(section, before);
+    if (this.byPanel && this.observer) {
+      this.byPanel.set(section, view);
+      this.observer.observe(section);
+    } else view.force();
   }
 
   /** A module's series first seen live: its heatmap panel joins the page now. */
@@ -388,6 +420,7 @@ export class RunView {
     const [module, series] = [key.slice(0, key.lastIndexOf("|")), key.slice(key.lastIndexOf("|") + 1)];
     const h = heatmapPanel(module, series);
     this.heatmaps.set(key, h);
+    this.profile.panel.section.hidden = false;
     if (this.noHeat) this.noHeat.remove();
     this.noHeat = null;
     // Beside its module's other heatmaps, in their order (a layer's after the input).
@@ -412,8 +445,9 @@ export class RunView {
     let section = null;
     const step = num(first.step);
     const text = `${latest.code} at step ${first.step}`;
-    if (target.kind === "heatmap") {
-      const h = [...this.heatmaps.values()].find(({ view }) => view.module === target.module);
+    const stackMap = target.kind === "depth" ? this.depth.heatmaps.get(target.stack) : null;
+    if (stackMap || target.kind === "heatmap") {
+      const h = stackMap || [...this.heatmaps.values()].find(({ view }) => view.module === target.module);
       if (h) {
         await h.view.setVisible(true);
         h.view.mark(step, "#ff4d4d", text);

@@ -11,13 +11,14 @@ ones follow):
   little-endian int64 or float64 values each, in that order), and ``notes``: NULL,
   or a JSON list of each record's other fields (``nonfinite``, ``timestep_layout``,
   fields this server does not know), null for a record without;
-- ``named_chunks``: the named scalars (``param_norms/<p>``, ``gate_norms/<p>/<g>``,
-  ``profile/<m>/<key>``; a new family is a new prefix): ``data`` holds n rows of
+- ``named_chunks``: the named scalars (``param_norms/<p>``, ``update_ratios/<p>``,
+  ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``; a new family is a new prefix): ``data`` holds n rows of
   float64 in the order of a *name set* (``names``: an id into ``named_sets``, the
   JSON list of names per run and rank). A step sent again adds a row: the one
   written last wins on read (``written``: the writer's clock, then the uid);
 - ``series_chunks``: one per-step series of a module (``family`` ``timesteps``: a
-  series of float64 per timestep), ``data`` n rows of ``len`` values.
+  series of float64 per timestep; ``depth``: a stack's series of float64 per block,
+  ``module`` the stack, ``series`` ``input``), ``data`` n rows of ``len`` values.
 
 One row per chunk instead of ~4 per record is what let SQLite ingest pass 50,000
 records/s (BENCHMARKS.md, "Ingest"). The rollups of every series come from the same
@@ -162,9 +163,12 @@ def add_block(
     named = block.named if block.named is not None and block.named.names else None
     if named is not None:
         _named_keys(named.names, keys)
-    for module, series_map in (block.timesteps or {}).items():
-        for series in series_map:
-            keys.add(("timesteps", module, series))
+    series_columns = [
+        ("timesteps", module, series, column)
+        for module, series_map in (block.timesteps or {}).items()
+        for series, column in series_map.items()
+    ] + [("depth", stack, "input", column) for stack, column in block_depth(block).items()]
+    keys.update((family, module, series) for family, module, series, _ in series_columns)
     notes = getattr(block, "notes", None)
     chunks = cuts(steps)
     out.groups.extend(_array_groups(steps, block.step.i64, chunks, rolled, named))
@@ -182,15 +186,20 @@ def add_block(
             data = named.f64[8 * width * start : 8 * width * stop]
             names = tuple(named.names)
             out.named.append((names, (run_id, rank, lo, hi, first, n, step_bytes, data)))
-        for module, series_map in (block.timesteps or {}).items():
-            for series, column in series_map.items():
-                size = 8 * column.length
-                part_data = column.f64[size * start : size * stop]
-                out.series.append(
-                    (run_id, rank, "timesteps", module, series, lo, hi, first, n,
-                     column.length, step_bytes, part_data)
-                )
+        for family, module, series, column in series_columns:
+            size = 8 * column.length
+            part_data = column.f64[size * start : size * stop]
+            out.series.append(
+                (run_id, rank, family, module, series, lo, hi, first, n,
+                 column.length, step_bytes, part_data)
+            )
     return max(steps), last_epoch
+
+
+def block_depth(block: Any) -> dict[str, Any]:
+    """A block's depth series (stack -> column): only blocks made of records have them
+    (store/split.py); a wire block has none."""
+    return getattr(block, "depth", None) or {}
 
 
 # (name, raw column) of the plain fields to roll up.

@@ -21,7 +21,8 @@ from .chunks import INTEGER_FIELDS, SCALAR_FIELDS, scalar_out
 
 _FIELDS_EXPECTED = (
     f"fields: expected {', '.join(SCALAR_FIELDS)}, param_norms/<param>,"
-    f" gate_norms/<param>/<gate> or profile/<module>/<{'|'.join(PROFILE_KEYS)}>"
+    f" update_ratios/<param>, gate_norms/<param>/<gate> or"
+    f" profile/<module>/<{'|'.join(PROFILE_KEYS)}>"
 )
 
 
@@ -32,7 +33,8 @@ class HistoryReads(ChunkReads):
         raise NotImplementedError
 
     def scalar_fields(self, run_id: str) -> list[str]:
-        """Every scalar field name the steps endpoint can answer for this run."""
+        """Every scalar field name the steps endpoint answers by default for this run
+        (``update_ratios/<param>`` only when asked: /update_ratios sums them up)."""
         keys = self.query(
             "SELECT family, key, sub FROM run_keys WHERE run_id = ? AND family <> 'timesteps'"
             " ORDER BY family, key, sub",
@@ -57,7 +59,7 @@ class HistoryReads(ChunkReads):
             return True
         family, _, rest = name.partition("/")
         if (
-            (family == "param_norms" and rest)
+            (family in ("param_norms", "update_ratios") and rest)
             or (family == "gate_norms" and "/" in rest)
             or (family == "profile" and rest.rpartition("/")[2] in PROFILE_KEYS)
         ):

@@ -99,6 +99,7 @@ class Reads(HistoryReads):
         params: list[str] = []
         gates: list[str] = []
         profiled: list[str] = []
+        extra: dict[str, list[str]] = {}
         for family, key, sub in self.query(
             "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
             (run_id,),
@@ -112,6 +113,8 @@ class Reads(HistoryReads):
                     gates.append(key)
             elif family == "profile":
                 profiled.append(key)
+            elif family in ("depth", "update_ratios"):
+                extra.setdefault(family, []).append(key)
         summary.update(
             hello=hellos,
             modules=json.loads(modules_text) if modules_text else {},
@@ -119,6 +122,8 @@ class Reads(HistoryReads):
             parameters=params,
             gate_parameters=gates,
             profiled_modules=profiled,
+            depth=extra.get("depth", []),
+            update_ratio_parameters=extra.get("update_ratios", []),
         )
         return summary
 

@@ -7,7 +7,9 @@ as records (a trainer's odd steps: ``nonfinite``, ``backward_passes``,
 store keeps both ONE way, so every read has one path: consecutive step records of one
 shape (the same fields, named names and series lengths) become one :class:`RecordBlock`
 shaped like a wire block, plus what a wire block cannot carry: ``backward_passes`` as
-an int64 column, and each record's other fields as a JSON object in ``notes``.
+an int64 column, ``depth`` series (stored like ``timesteps``: family ``depth``,
+series ``input``), and each record's other fields as a JSON object in ``notes``.
+``update_ratios`` are named scalars like ``param_norms`` (``update_ratios/<p>``).
 
 Example:
     >>> from gradwatch.server.schema import parse_message
@@ -136,6 +138,7 @@ class RecordBlock(StepColumns):
     were), plus what a wire block cannot carry."""
 
     backward_passes: IntColumn | None = None
+    depth: dict[str, TimestepColumns] | None = None  # stack -> one series per record
     notes: list[dict[str, Any] | None] | None = None
 
 
@@ -161,6 +164,9 @@ def _named(record: Any) -> tuple[tuple[str, ...], list[Any]]:
     if record.param_norms:
         names.extend(f"param_norms/{p}" for p in record.param_norms)
         values.extend(record.param_norms.values())
+    if record.update_ratios:
+        names.extend(f"update_ratios/{p}" for p in record.update_ratios)
+        values.extend(record.update_ratios.values())
     for param, by_gate in (record.gate_norms or {}).items():
         names.extend(f"gate_norms/{param}/{g}" for g in by_gate)
         values.extend(by_gate.values())
@@ -191,10 +197,12 @@ def _shape(record: Any) -> tuple[Any, ...]:
     plain = tuple(f for f in (*FLOAT_FIELDS, *INT_FIELDS) if d.get(f) is not None)
     names, values = _named(record)
     series = tuple(
-        (module, name, len(values))
+        ("timesteps", module, name, len(values))
         for module, by_name in (record.timesteps or {}).items()
         for name, values in by_name.items()
     )
+    if record.depth:
+        series += tuple(("depth", stack, "", len(v)) for stack, v in record.depth.items())
     return plain, names, series, values
 
 
@@ -233,14 +241,21 @@ def _block(run: list[tuple[Any, list[Any]]], key: Any) -> RecordBlock:
     if names:
         f64 = floats([v for _, vs in run for v in vs])
         values["named"] = NamedColumns.model_construct(names=list(names), f64=f64)
-    if series:
-        timesteps: dict[str, dict[str, TimestepColumns]] = {}
-        values["timesteps"] = timesteps
-        for module, name, length in series:
+    timesteps: dict[str, dict[str, TimestepColumns]] = {}
+    depth: dict[str, TimestepColumns] = {}
+    for family, module, name, length in series:
+        if family == "timesteps":
             data = b"".join(_series(r.timesteps[module][name]) for r in records)
             timesteps.setdefault(module, {})[name] = TimestepColumns.model_construct(
                 length=length, f64=data
             )
+        else:  # a depth series: one per stack
+            data = b"".join(_series(r.depth[module]) for r in records)
+            depth[module] = TimestepColumns.model_construct(length=length, f64=data)
+    if timesteps:
+        values["timesteps"] = timesteps
+    if depth:
+        values["depth"] = depth
     notes = [_notes(r) for r in records]
     if any(notes):
         values["notes"] = notes

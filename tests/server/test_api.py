@@ -20,6 +20,8 @@ def test_openapi_schema_is_published(shared_gradwatch_server, wire):
         "/api/runs/{run_id}",
         "/api/runs/{run_id}/steps",
         "/api/runs/{run_id}/timesteps",
+        "/api/runs/{run_id}/depth",
+        "/api/runs/{run_id}/update_ratios",
         "/api/runs/{run_id}/alerts",
         "/api/health",
     ):

@@ -1,5 +1,6 @@
 """A real server takes step records with ``depth`` and ``update_ratios`` and a ``spike``
-alert: nothing refused, nothing repaired, the alert listed and counted."""
+alert: nothing refused, nothing repaired, the alert listed and counted, the depth
+series and the ratios read back by stack and block."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def test_depth_update_ratios_and_spike_reach_a_real_server(
     assert {("spike", "loss", 25), ("spike", "trunk", 25)} <= raised
     run = get(f"{server.http}/api/runs/{monitor.run_id}")
     assert run["alerts"] >= 1 and run["last_step"] == 29
+    # Read back: the named stack's blocks by their module names, a row per step, and
+    # the ratios summed up per block (the trunk's blocks, then the other modules).
+    assert run["depth"] == ["trunk"]
+    heat = get(f"{server.http}/api/runs/{monitor.run_id}/depth?stack=trunk")
+    assert heat["blocks"] == ["1", "2", "3"] and heat["steps"] == list(range(30))
+    assert all(len(row) == 3 and min(row) > 0 for row in heat["values"])
+    ratios = get(f"{server.http}/api/runs/{monitor.run_id}/update_ratios")
+    assert [b["name"] for b in ratios["blocks"]] == ["1", "2", "3", "0", "4"]
+    assert ratios["blocks"][0]["parameters"] == ["1.f.bias", "1.f.weight"]

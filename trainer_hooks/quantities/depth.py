@@ -189,6 +189,15 @@ class DepthSeries(Quantity):
                 hook = partial(self._pre, s, b)
                 self._handles.append(block.register_forward_pre_hook(hook, with_kwargs=True))
 
+    def block_names(self, model: nn.Module) -> dict[str, list[str]]:
+        """Each stack's blocks by their ``named_modules()`` names, in order (the
+        dashboard's labels; ``hello.config.depth_blocks``)."""
+        names = {id(module): name for name, module in model.named_modules()}
+        return {
+            label: [names.get(id(block), f"{label}[{b}]") for b, block in enumerate(blocks)]
+            for label, blocks in self.stacks.items()
+        }
+
     def follow(self, passes: ParamNorms) -> None:
         """Report the backward passes ``passes`` reports (after the last ``.grad`` reset)."""
         self._passes = passes

@@ -36,6 +36,7 @@ from torch.autograd import Variable
 from gradwatch.protocol.messages import GRU_GATES, LSTM_GATES
 
 from .base import Quantity
+from .sharded import Groups, is_sharded, local_part, reduce_groups, reduce_norms
 
 _GATED_PREFIXES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
@@ -69,9 +70,18 @@ class ParamNorms(Quantity):
     heavy = True
     idle_when_light: ClassVar[bool] = True
 
-    def __init__(self, scaler: Any = None, select: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        scaler: Any = None,
+        select: Callable[[str], bool] | None = None,
+        reduce_shards: bool = True,
+    ) -> None:
         super().__init__()
         self.scaler = scaler
+        #: sharded (FSDP2) gradients: all-reduce their squared norms so that the norms
+        #: are global (a collective per heavy step: every rank must capture the same
+        #: steps); False: each rank's shard norms, marked local (quantities/sharded.py)
+        self.reduce_shards = reduce_shards
         self.select = select  # include=/exclude= of watch(), on parameter names
         self._names: list[str] = []
         self._params: list[nn.Parameter] = []
@@ -90,6 +100,7 @@ class ParamNorms(Quantity):
         self.listeners: list[Callable[[], None]] = []
         # (id, version) of every parameter's .grad as the last pass left it
         self._left: list[tuple[int, int] | None] = []
+        self._sharded = False  # some watched parameter is a DTensor (FSDP2)
 
     def attach(self, model: nn.Module) -> None:
         index: dict[int, int] = {}
@@ -98,6 +109,7 @@ class ParamNorms(Quantity):
                 index[id(p)] = len(self._params)
                 self._names.append(name)
                 self._params.append(p)
+        self._sharded = any(is_sharded(p) for p in self._params)
         for _, module in model.named_modules():
             gates = gate_names(module)
             if not gates:
@@ -180,17 +192,34 @@ class ParamNorms(Quantity):
         # A packed recurrent weight is normed per gate only; its own norm follows from
         # the gate norms on the host (sqrt of the sum of squares): the largest
         # gradients of an LSTM are then read once, not twice.
+        # (A sharded one is normed whole: its gates straddle the shards.)
+        sharded = self._sharded
         split = {
             i: len(gates)
             for i, gates in self._gated
             if grads[i] is not None and grads[i].shape[0] % len(gates) == 0  # type: ignore[union-attr]
+            and not (sharded and is_sharded(grads[i]))
         }
+        # FSDP2: each rank norms its shard (DTensor.to_local()); the squares are summed
+        # over the shard groups below, per device, for all sharded gradients at once.
+        reduce_at: dict[torch.device, dict[Groups, list[int]]] = {}
+        scope = None
         for i, g in enumerate(grads):
             if g is not None:
-                slots, tensors, _ = groups.setdefault(g.device, ([], [], []))
-                if i not in split:
-                    slots.append(i)
-                    tensors.append(g.detach())
+                local = local_part(g) if sharded else g
+                slots, tensors, _ = groups.setdefault(local.device, ([], [], []))
+                if i in split:
+                    continue
+                if sharded and local is not g:
+                    over = reduce_groups(g)
+                    if over is None:  # Partial: not reduced yet, no norm from its parts
+                        continue
+                    scope = "global" if self.reduce_shards else "local"
+                    reduce_at.setdefault(local.device, {}).setdefault(over, []).append(
+                        len(tensors)
+                    )
+                slots.append(i)
+                tensors.append(local.detach())
         for i, count in split.items():
             g = grads[i]
             assert g is not None
@@ -203,8 +232,11 @@ class ParamNorms(Quantity):
             vec = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))
             if scale is not None:
                 vec = vec / scale.to(device=device, dtype=torch.float64, non_blocking=True)
+            if self.reduce_shards and device in reduce_at:
+                vec = reduce_norms(vec, reduce_at[device])
             norms.append(vec)
         return {
+            "scope": scope,
             "norms": norms,
             "slots": [slots for slots, _, _ in groups.values()],
             "gated": [gated for _, _, gated in groups.values()],
@@ -260,6 +292,8 @@ class ParamNorms(Quantity):
             "gate_norms": gate_norms,
             "total_norm": math.sqrt(math.fsum(v * v for v in param_norms.values())),
         }
+        if payload.get("scope"):  # sharded gradients: their norms are global or local
+            fields["norm_scope"] = payload["scope"]
         # In the order backward produced them: the first is where the gradient first
         # went non-finite on its way back from the loss (everything before it in the
         # forward pass inherits the NaN); parameters never seen come last.

@@ -49,6 +49,7 @@ from gradwatch.trainer_hooks.warn import WarnOnce
 
 from .base import Quantity
 from .calls import F64
+from .sharded import Groups, is_sharded, local_part, reduce_groups, reduce_norms
 
 
 class UpdateRatios(Quantity):
@@ -56,15 +57,23 @@ class UpdateRatios(Quantity):
 
     Args:
         select: include=/exclude= of ``watch()``, applied to parameter names.
+        reduce_shards: sharded (FSDP2) parameters: all-reduce the squared norms of
+            their shards so the ratios are global (a collective per heavy step: every
+            rank must capture the same steps); False: each rank's shard ratio.
     """
 
     name: ClassVar[str] = "update_ratios"
     heavy: ClassVar[bool] = True
     idle_when_light: ClassVar[bool] = True
 
-    def __init__(self, select: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self, select: Callable[[str], bool] | None = None, reduce_shards: bool = True
+    ) -> None:
         super().__init__()
         self.select = select
+        self.reduce_shards = reduce_shards
+        self._over: dict[int, Groups] = {}  # slot -> shard groups, sharded ones only
+        self._sharded = False  # some watched parameter is a DTensor (FSDP2)
         self._index: dict[int, int] = {}  # id(parameter) -> slot
         self._names: list[str] = []
         # id(optimizer) -> (slots, parameters, copies before the step)
@@ -76,6 +85,12 @@ class UpdateRatios(Quantity):
     def attach(self, model: nn.Module) -> None:
         for name, p in model.named_parameters():
             if p.requires_grad and (self.select is None or self.select(name)):
+                self._sharded = self._sharded or is_sharded(p)
+                groups = reduce_groups(p)
+                if groups is None:  # a Partial parameter: no norm from its parts
+                    continue
+                if groups:
+                    self._over[len(self._names)] = groups
                 self._index[id(p)] = len(self._names)
                 self._names.append(name)
         self._handles.append(register_optimizer_step_pre_hook(self._pre))
@@ -101,7 +116,8 @@ class UpdateRatios(Quantity):
                     slot = self._index.get(id(p))
                     if slot is not None:
                         slots.append(slot)
-                        params.append(p.detach())
+                        # FSDP2: the rank's shard (its local tensor, updated in place)
+                        params.append(local_part(p.detach()) if self._sharded else p.detach())
             if params:
                 with torch.no_grad():
                     copies = list(torch._foreach_mul(params, 1.0))
@@ -128,11 +144,28 @@ class UpdateRatios(Quantity):
                     weight = torch.stack(torch._foreach_norm(before, 2, dtype=F64))
                     torch._foreach_sub_(before, after)  # the copies now hold -Δw
                     update = torch.stack(torch._foreach_norm(before, 2, dtype=F64))
-                    self._ratios.append(([slots[i] for i in members], update / weight))
+                    member_slots = [slots[i] for i in members]
+                    if self._over and self.reduce_shards:
+                        weight, update = self._global(member_slots, weight, update)
+                    self._ratios.append((member_slots, update / weight))
         except Exception as e:  # never into the training loop
             self._once.warn("update_ratios", f"gradwatch: update_ratios failed ({e!r})")
         finally:
             self.cost_s += time.perf_counter() - started
+
+    def _global(
+        self, slots: list[int], weight: torch.Tensor, update: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both norms of the sharded parameters made global, in one reduction each
+        group: the weight norms and the update norms side by side."""
+        n = len(slots)
+        positions: dict[Groups, list[int]] = {}
+        for k, slot in enumerate(slots):
+            groups = self._over.get(slot)
+            if groups:
+                positions.setdefault(groups, []).extend((k, n + k))
+        both = reduce_norms(torch.cat([weight, update]), positions)
+        return both[:n], both[n:]
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
         """``{"groups": [(slots, float64 device tensor), ...]}``; never syncs."""

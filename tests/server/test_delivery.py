@@ -159,7 +159,8 @@ def test_kill_9_mid_run_and_restart_stores_every_step_exactly_once(
         # then on, batches go to the spool rather than the in-flight window.
         assert trainer.wait_disconnected(60)
         trainer.train(40)  # training goes on while the server is gone
-        assert trainer.sink.stats()["spooled_batches"] > 0
+        assert trainer.monitor.flush(60)  # every record so far handed to the sink...
+        assert trainer.sink.stats()["spooled_batches"] > 0  # ...which spools them
         server.restart()
         trainer.train(15)
         assert trainer.monitor.close(timeout=60)

@@ -163,6 +163,7 @@ class StepRecord(TypedDict, total=False):
     # only with sharded (FSDP2) parameters: "global" (norms all-reduced over the
     # shards) or "local" (each rank's shard norms)
     norm_scope: Literal["global", "local"]
+    global_total_norm: Number
 
 
 class EpochRecord(TypedDict, total=False):

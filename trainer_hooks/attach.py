@@ -152,7 +152,9 @@ def watch(
     # DDP/DataParallel wrap the model as `.module`: watch the model itself, so names are
     # the same as in a single-process run (no "module." prefix) and hooks are the same.
     wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+    averaged = False  # DDP averages the ranks' gradients: their total is recorded too
     while isinstance(model, wrappers):
+        averaged = averaged or isinstance(model, nn.parallel.DistributedDataParallel)
         model = model.module
     if not isinstance(graph_limit, int) or graph_limit < 1:
         raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
@@ -171,7 +173,7 @@ def watch(
     # which needs every rank to capture the same steps: a fixed interval, not a budget
     # each rank measures for itself (quantities/sharded.py).
     fixed = schedule.budget is None
-    params = ParamNorms(scaler=scaler, select=chosen, reduce_shards=fixed)
+    params = ParamNorms(scaler=scaler, select=chosen, reduce_shards=fixed, averaged=averaged)
     if not fixed and any(is_sharded(p) for p in model.parameters()):
         once.warn("sharded", "gradwatch: the model's parameters are sharded (FSDP2) and heavy"
                   " steps follow an overhead budget each rank measures for itself, so"

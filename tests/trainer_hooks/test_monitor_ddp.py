@@ -1,4 +1,5 @@
-"""DDP: two real gloo ranks on loopback, each reporting its own rank and gradients."""
+"""DDP: two real gloo ranks on loopback, each reporting its own rank and gradients,
+and the global total norm of the gradient DDP averaged."""
 
 from __future__ import annotations
 
@@ -100,3 +101,9 @@ def test_each_ddp_rank_reports_its_own_rank_and_gradients(tmp_path: Path) -> Non
             # what a side-by-side view of ranks is for
             assert got == pytest.approx(local, rel=1e-6)
             assert got != pytest.approx(final, rel=1e-3)
+            # ...and the global total: the norm of the gradient DDP averaged over the
+            # ranks, the one the optimizer steps with (the same on both ranks)
+            assert record["global_total_norm"] == pytest.approx(
+                sum(v * v for v in final) ** 0.5, rel=1e-6
+            )
+            assert record["total_norm"] == pytest.approx(sum(v * v for v in local) ** 0.5)

@@ -75,9 +75,15 @@ class ParamNorms(Quantity):
         scaler: Any = None,
         select: Callable[[str], bool] | None = None,
         reduce_shards: bool = True,
+        averaged: bool = False,
     ) -> None:
         super().__init__()
         self.scaler = scaler
+        #: DistributedDataParallel: after DDP's own end-of-backward callback ``.grad``
+        #: holds the gradient averaged over the ranks (what the optimizer steps with);
+        #: its total norm is recorded too, as ``global_total_norm`` (no collective of
+        #: ours: DDP's all-reduce made it)
+        self.averaged = averaged
         #: sharded (FSDP2) gradients: all-reduce their squared norms so that the norms
         #: are global (a collective per heavy step: every rank must capture the same
         #: steps); False: each rank's shard norms, marked local (quantities/sharded.py)
@@ -170,6 +176,10 @@ class ParamNorms(Quantity):
             with torch.no_grad():
                 self._pending = self._norms()
                 self._pending["order"] = self._order
+            if self.averaged:
+                # queued from a callback, it runs after the callbacks queued before it,
+                # DDP's (which copies the averaged buckets into .grad) among them
+                Variable._execution_engine.queue_callback(self._capture_averaged)
         except Exception as e:  # never into the training loop
             self._pending = {"error": f"{type(e).__name__}: {e}"}
         self._task = None
@@ -181,6 +191,29 @@ class ParamNorms(Quantity):
                 listener()
             except Exception as e:  # an autograd callback: never into the training loop
                 self._pending = {"error": f"{type(e).__name__}: {e}"}
+        self.cost_s += time.perf_counter() - started
+
+    def _capture_averaged(self) -> None:
+        pending = self._pending
+        if pending is None or "error" in pending:
+            return
+        started = time.perf_counter()
+        try:
+            by_device: dict[torch.device, list[torch.Tensor]] = {}
+            for p in self._params:
+                if p.grad is not None:
+                    by_device.setdefault(p.grad.device, []).append(p.grad.detach())
+            scale = self._scale()
+            vecs = []
+            with torch.no_grad():
+                for device, grads in by_device.items():
+                    vec = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64))
+                    if scale is not None:
+                        vec = vec / scale.to(device=device, dtype=torch.float64, non_blocking=True)
+                    vecs.append(vec)
+            pending["averaged"] = vecs
+        except Exception as e:  # an autograd callback: never into the training loop
+            pending["averaged_error"] = f"{type(e).__name__}: {e}"
         self.cost_s += time.perf_counter() - started
 
     def _norms(self) -> dict[str, Any]:
@@ -294,6 +327,11 @@ class ParamNorms(Quantity):
         }
         if payload.get("scope"):  # sharded gradients: their norms are global or local
             fields["norm_scope"] = payload["scope"]
+        averaged = payload.get("averaged")
+        if averaged:  # DDP: the total norm of the gradient averaged over the ranks
+            fields["global_total_norm"] = math.sqrt(
+                math.fsum(v * v for vec in averaged for v in vec.tolist())
+            )
         # In the order backward produced them: the first is where the gradient first
         # went non-finite on its way back from the loss (everything before it in the
         # forward pass inherits the NaN); parameters never seen come last.

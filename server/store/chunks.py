@@ -12,8 +12,8 @@ ones follow):
   or a JSON list of each record's other fields (``nonfinite``, ``timestep_layout``,
   fields this server does not know), null for a record without;
 - ``named_chunks``: the named scalars (``param_norms/<p>``, ``update_ratios/<p>``,
-  ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``; a new family is a new prefix): ``data`` holds n rows of
-  float64 in the order of a *name set* (``names``: an id into ``named_sets``, the
+  ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``; a new family is a new prefix):
+  ``data`` holds n rows of float64 in the order of a *name set* (``names``: an id into ``named_sets``, the
   JSON list of names per run and rank). A step sent again adds a row: the one
   written last wins on read (``written``: the writer's clock, then the uid);
 - ``series_chunks``: one per-step series of a module (``family`` ``timesteps``: a

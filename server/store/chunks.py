@@ -13,9 +13,9 @@ ones follow):
   fields this server does not know), null for a record without;
 - ``named_chunks``: the named scalars (``param_norms/<p>``, ``update_ratios/<p>``,
   ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``; a new family is a new prefix):
-  ``data`` holds n rows of float64 in the order of a *name set* (``names``: an id into ``named_sets``, the
-  JSON list of names per run and rank). A step sent again adds a row: the one
-  written last wins on read (``written``: the writer's clock, then the uid);
+  ``data`` holds n rows of float64 in the order of a *name set* (``names``: an id
+  into ``named_sets``, the JSON list of names per run and rank). A step sent again
+  adds a row: the one written last wins on read (``written``: the writer's clock, then the uid);
 - ``series_chunks``: one per-step series of a module (``family`` ``timesteps``: a
   series of float64 per timestep; ``depth``: a stack's series of float64 per block,
   ``module`` the stack, ``series`` ``input``), ``data`` n rows of ``len`` values.

@@ -204,14 +204,10 @@ class ParamNorms(Quantity):
                 if p.grad is not None:
                     by_device.setdefault(p.grad.device, []).append(p.grad.detach())
             scale = self._scale()
-            vecs = []
             with torch.no_grad():
-                for device, grads in by_device.items():
-                    vec = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64))
-                    if scale is not None:
-                        vec = vec / scale.to(device=device, dtype=torch.float64, non_blocking=True)
-                    vecs.append(vec)
-            pending["averaged"] = vecs
+                pending["averaged"] = [
+                    _unscaled_norms(grads, device, scale) for device, grads in by_device.items()
+                ]
         except Exception as e:  # an autograd callback: never into the training loop
             pending["averaged_error"] = f"{type(e).__name__}: {e}"
         self.cost_s += time.perf_counter() - started
@@ -262,9 +258,7 @@ class ParamNorms(Quantity):
         scale = self._scale()
         norms: list[torch.Tensor] = []
         for device, (_, tensors, _) in groups.items():
-            vec = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))
-            if scale is not None:
-                vec = vec / scale.to(device=device, dtype=torch.float64, non_blocking=True)
+            vec = _unscaled_norms(tensors, device, scale)
             if self.reduce_shards and device in reduce_at:
                 vec = reduce_norms(vec, reduce_at[device])
             norms.append(vec)
@@ -350,3 +344,14 @@ class ParamNorms(Quantity):
         if payload.get("passes", 1) > 1:
             fields["backward_passes"] = payload["passes"]
         return fields
+
+
+def _unscaled_norms(
+    tensors: list[torch.Tensor], device: torch.device, scale: torch.Tensor | None
+) -> torch.Tensor:
+    """‖t‖₂ of each tensor of one device in float64, divided by the AMP loss scale when
+    there is one: device ops only (no sync)."""
+    vec = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))
+    if scale is not None:
+        vec = vec / scale.to(device=device, dtype=torch.float64, non_blocking=True)
+    return vec

@@ -67,16 +67,8 @@ class DepthHeatmap extends Heatmap {
       ...blockTicks(this.module, this.names, this.width) });
   }
 
-  async draw(matrix) {
-    this.steps = matrix && Array.isArray(matrix.steps) ? matrix.steps.slice() : [];
-    this.raw = matrix && Array.isArray(matrix.values) ? matrix.values.slice() : [];
-    this.width = Math.max(matrix && matrix.max_blocks ? matrix.max_blocks : 0, ...this.raw.map((r) => r.length), 0);
-    this.lastStep = this.steps.length ? this.steps[this.steps.length - 1] : -1;
-    await plot(this.div, this.traces(), layout({
-      xaxis: this.xAxis(), yaxis: axis("training step", { zeroline: false }),
-      margin: { l: 70, r: 16, t: 12, b: 52 },
-    }));
-    this.drawn = true;
+  maxWidth(matrix) {
+    return matrix && matrix.max_blocks ? matrix.max_blocks : 0;
   }
 
   traces() {

@@ -104,14 +104,23 @@ export class Heatmap extends OnScreen {
     return this.steps.length;
   }
 
+  /** The answer's widest row as its endpoint says it (a subclass reads its own key). */
+  maxWidth(matrix) {
+    return matrix && matrix.max_timesteps ? matrix.max_timesteps : 0;
+  }
+
+  xAxis() {
+    return axis("timestep t (sequence position)", { zeroline: false, range: this.xRange() });
+  }
+
   /** First paint: matrix = GET /api/runs/{id}/timesteps answer (possibly empty). */
   async draw(matrix) {
     this.steps = matrix && Array.isArray(matrix.steps) ? matrix.steps.slice() : [];
     this.raw = matrix && Array.isArray(matrix.values) ? matrix.values.slice() : [];
-    this.width = Math.max(matrix && matrix.max_timesteps ? matrix.max_timesteps : 0, ...this.raw.map((r) => r.length), 0);
+    this.width = Math.max(this.maxWidth(matrix), ...this.raw.map((r) => r.length), 0);
     this.lastStep = this.steps.length ? this.steps[this.steps.length - 1] : -1;
     await plot(this.div, this.traces(), layout({
-      xaxis: axis("timestep t (sequence position)", { zeroline: false, range: this.xRange() }),
+      xaxis: this.xAxis(),
       yaxis: axis("training step", { zeroline: false }),
       margin: { l: 70, r: 16, t: 12, b: 52 },
     }));

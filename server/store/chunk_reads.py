@@ -176,6 +176,14 @@ class ChunkReads(Database):
             out[set_id] = found
         return out
 
+    def named_chunk_rows(self, run_id: str, rank: int, lo: int, hi: int) -> list[tuple[Any, ...]]:
+        """``(uid, written, name set id, steps bytes, data bytes)`` of every named chunk
+        of one rank that may hold a step of ``lo..hi``."""
+        return self._chunks(
+            "uid, written, names, steps, data", "named_chunks", "run_id = ? AND rank = ?",
+            (run_id, rank), lo, hi,
+        )
+
     def named_points(
         self,
         run_id: str,
@@ -196,13 +204,8 @@ class ChunkReads(Database):
         if chunks is None:
             chunks = memo[lo, hi] = [
                 (written, uid, set_id, ints(bytes(steps)), decode_view(bytes(data)))
-                for uid, written, set_id, steps, data in self._chunks(
-                    "uid, written, names, steps, data",
-                    "named_chunks",
-                    "run_id = ? AND rank = ?",
-                    (run_id, rank),
-                    lo,
-                    hi,
+                for uid, written, set_id, steps, data in self.named_chunk_rows(
+                    run_id, rank, lo, hi
                 )
             ]
         held = [(i, sets.get(c[2]) or {}) for i, c in enumerate(chunks)]

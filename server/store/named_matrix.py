@@ -34,14 +34,7 @@ def named_matrix(
     # step -> ((written, uid of the row), chunk number, row) of its row written last
     latest: dict[int, tuple[tuple[int, int], int, int]] = {}
     chunks: list[tuple[list[int], Any]] = []
-    for uid, written, set_id, steps, data in store._chunks(
-        "uid, written, names, steps, data",
-        "named_chunks",
-        "run_id = ? AND rank = ?",
-        (run_id, rank),
-        lo,
-        hi,
-    ):
+    for uid, written, set_id, steps, data in store.named_chunk_rows(run_id, rank, lo, hi):
         found = wanted.get(set_id)
         if found is None:
             names = sets.get(set_id) or {}

@@ -50,6 +50,40 @@ def test_sliding_trend_equals_brute_force_trend_on_random_windows(window: int, k
             sliding.release()
 
 
+@pytest.mark.parametrize(
+    "points",
+    [
+        # subnormal y differences over x gaps of 2: the slope rounds to zero, so a pair
+        # whose newer y is larger does not rise (the sorted-y count would say it does)
+        [(0.0, 5e-324), (2.0, 1e-323), (4.0, 1.5e-323), (6.0, 2e-323), (8.0, 1.0)],
+        # a tiny point followed by ordinary ones: the counts may only come from sorted
+        # y values again once the tiny point has left the window
+        [(0.0, 1.0), (2.0, -5e-324), (4.0, 0.0), (6.0, 0.0), (8.0, 1.0), (10.0, 2.0)],
+        # x goes back and repeats, then rises again
+        [(0.0, 1.0), (1.0, 2.0), (0.5, 3.0), (0.5, 0.5), (2.0, 1.0), (3.0, 4.0), (4.0, 0.0)],
+    ],
+)
+@pytest.mark.parametrize("window", [2, 3])
+def test_sliding_trend_counts_exactly_where_slopes_are_not_the_y_differences_sign(
+    points: list[tuple[float, float]], window: int
+) -> None:
+    sliding = SlidingTrend(window)
+    for i, (x, y) in enumerate(points):
+        sliding.push(x, y)
+        held = points[max(0, i - window + 1) : i + 1]
+        expected = trend([p[0] for p in held], [p[1] for p in held])
+        assert sliding.rising() == expected[2], held
+
+
+def test_sliding_trend_counts_from_sorted_values_on_an_ordinary_run() -> None:
+    """The usual case (steps that only grow, ordinary seconds) takes the sorted-y count."""
+    rng = random.Random(3)
+    sliding = SlidingTrend(30)
+    for step in range(100):
+        sliding.push(float(step), rng.gauss(0.02, 0.005))
+    assert sliding._ys_sorted == sorted(sliding.ys)  # type: ignore[attr-defined]
+
+
 def test_sliding_trend_falls_back_while_a_non_finite_point_is_in_the_window() -> None:
     sliding = SlidingTrend(4)
     points = [(0.0, 1.0), (1.0, math.nan), (2.0, 3.0), (3.0, math.inf), (4.0, 5.0),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from typing import Any
 
@@ -84,3 +85,42 @@ def test_no_detector_fails_on_any_record_stream(stream: list[dict[str, Any]]) ->
         engine.finish()
     assert [str(w.message) for w in caught] == []
     assert [d.code for d in engine.detectors] == [cls.code for cls in DETECTORS]
+
+
+
+def _warm_stream() -> list[dict[str, Any]]:
+    """Heavy and light records with every field a detector reads, some of it growing."""
+    out: list[dict[str, Any]] = []
+    for n in range(40):
+        record: dict[str, Any] = {"kind": "step", "step": n, "t": float(n),
+                                  "duration_s": 0.01 * (1 + n % 3), "loss": 2.0 - n / 50}
+        if n % 4 == 0:
+            record |= {
+                "total_norm": 1.0 + n, "graph_nodes": 100 + 10 * n,
+                "timesteps": {"lstm": {"input": [10.0 ** -(k + n / 10) for k in range(12)]}},
+                "profile": {"lstm": {"forward_s": 0.001 * n, "backward_s": 0.002, "calls": 1}},
+            }
+        out.append(record)
+    return out
+
+
+@settings(max_examples=100, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(records, max_size=25))
+def test_a_detector_skipped_for_lack_of_its_fields_would_have_done_nothing(
+    stream: list[dict[str, Any]],
+) -> None:
+    """The engine calls a detector only for records with a field it ``needs``: on any
+    record without them, the detector returns nothing and its state stays as it was."""
+    engine = DiagnosisEngine({"graph_min_points": 2, "slowdown_min_points": 2})
+    skippable = [d for d in engine.detectors if d.needs is not None]
+    assert {d.code for d in skippable} >= {"vanishing", "graph_growth", "hotspot"}
+    for record in _warm_stream():
+        engine.observe(record)
+    for detector in skippable:
+        assert detector.needs is not None
+        for record in stream:
+            without = {k: v for k, v in record.items() if k not in detector.needs}
+            before = pickle.dumps(vars(detector))
+            assert detector.observe(without) == {}, (detector.code, without)
+            assert pickle.dumps(vars(detector)) == before, (detector.code, without)

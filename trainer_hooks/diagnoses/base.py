@@ -53,6 +53,10 @@ class Detector:
     """Base of every detector: ``code`` is the alert code; ``observe`` judges one record."""
 
     code: ClassVar[str] = ""
+    #: the fields without which ``observe`` returns ``{}`` and changes nothing: the
+    #: engine does not call it for a record that has none of them (most records are
+    #: light steps with a loss and a time only); None: every record
+    needs: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = config

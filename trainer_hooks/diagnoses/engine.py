@@ -125,7 +125,10 @@ class DiagnosisEngine:
         t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else time.time()
         self._last_step, self._last_t = step, t
         alerts: list[dict[str, Any]] = []
+        fields = record.keys()
         for detector in self.detectors:
+            if detector.needs is not None and fields.isdisjoint(detector.needs):
+                continue  # it would return {} and change nothing
             try:
                 verdicts = detector.observe(record)
             except Exception as e:  # a broken detector must never stop the monitor

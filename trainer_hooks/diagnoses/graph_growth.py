@@ -48,6 +48,7 @@ from .trend import SlidingTrend
 
 class GraphGrowthDetector(Detector):
     code = "graph_growth"
+    needs = frozenset({"graph_nodes"})
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)

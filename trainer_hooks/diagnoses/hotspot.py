@@ -53,6 +53,7 @@ def _parent(name: str) -> str:
 
 class HotspotDetector(Detector):
     code = "hotspot"
+    needs = frozenset({"profile"})
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)

@@ -34,6 +34,7 @@ MODEL = "model"
 
 class NoGradientDetector(Detector):
     code = "no_gradient"
+    needs = frozenset({"timesteps", "total_norm"})
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)

@@ -42,6 +42,7 @@ def suggest_truncation(reach: int) -> int:
 
 class VanishingDetector(Detector):
     code = "vanishing"
+    needs = frozenset({"timesteps"})
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)

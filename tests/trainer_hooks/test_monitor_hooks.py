@@ -88,6 +88,66 @@ def test_hooks_never_change_outputs_or_gradients_and_remove_leaves_no_trace(tmp_
     assert "profile" in records[0] and "param_norms" in records[0]
 
 
+def test_light_steps_run_with_no_gradwatch_hook_on_the_model_or_the_optimizers(
+    tmp_path: Path,
+) -> None:
+    """Hooks that only return still cost a Python call per call on every light step:
+    the model (a fused LSTM, a cell, a stack of blocks) and every optimizer carry
+    gradwatch's hooks on capturing steps only, and the light steps still record."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    torch.manual_seed(1)
+
+    class Stacked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seq = Seq2Seq()
+            self.blocks = nn.ModuleList(nn.Linear(2, 2) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.seq(x)
+            for block in self.blocks:
+                y = y + torch.tanh(block(y))
+            return y
+
+    def heavy_hooks(model: Stacked) -> list[int]:
+        """The hooks of the heavy quantities (the stale-state check's own pre-hooks on
+        the recurrent modules follow their own pace)."""
+        return [
+            *(len(block._forward_pre_hooks) for block in model.blocks),
+            len(model.seq.encoder._forward_hooks),
+            len(model.seq.decoder._forward_hooks),
+            *(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters()),
+            len(_global_optimizer_pre_hooks),
+            len(_global_optimizer_post_hooks),
+        ]
+
+    model = Stacked()
+    plain = hook_state(model)
+    unhooked = heavy_hooks(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    hooked: list[list[bool]] = []
+    path = tmp_path / "light.jsonl"
+    with watch(model, run="light", every=3, spool=path, diagnose=False) as monitor:
+        for _ in range(7):
+            hooked.append([n > before for n, before in zip(heavy_hooks(model), unhooked,
+                                                           strict=True)])
+            optimizer.zero_grad()
+            loss = model(torch.randn(2, 4, 3)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            monitor.step(loss)
+    assert [all(h) for h in hooked] == [True, False, False, True, False, False, True]
+    assert [any(h) for h in hooked] == [True, False, False, True, False, False, True]
+    assert hook_state(model) == plain and heavy_hooks(model) == unhooked
+    steps = [r for r in records_of(path) if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(7))
+    assert all(isinstance(r["loss"], float) for r in steps)
+    heavy = [r["step"] for r in steps if "timesteps" in r]
+    assert heavy == [0, 3, 6]
+    assert all(set(steps[i]) >= {"depth", "update_ratios", "param_norms"} for i in heavy)
+
+
 def test_no_grad_and_inference_mode_passes_capture_nothing(tmp_path: Path) -> None:
     model = Seq2Seq()
     path = tmp_path / "eval.jsonl"

@@ -9,6 +9,10 @@ background thread, plain Python) never meet.
 Life cycle, driven by the Monitor:
 
 1. ``attach(model)`` once, from ``watch()``: register hooks, keep their handles.
+   Hooks that only a capturing step needs come from ``hooks()`` instead: ``arm()``
+   adds them for a capturing step and takes them off for a light one, where a hook
+   that only returns would still cost a Python call (and ``Module.__call__``'s slower
+   hooked path) on every call of every light step.
 2. ``start_step(capture)`` when a training step begins (at ``watch()`` and right
    after every ``monitor.step()``). ``capture=False`` means this step is not a heavy
    one: hooks must return at once and hold nothing.
@@ -65,6 +69,7 @@ class Quantity:
         #: last read it; hooks may add to it (``time.perf_counter()`` deltas) and the
         #: Monitor sums it into the step's ``overhead`` and resets it.
         self.cost_s = 0.0
+        self._detached = False
 
     def attach(self, model: torch.nn.Module) -> None:
         """Register this quantity's hooks on ``model`` (keep them in ``self._handles``)."""
@@ -80,8 +85,27 @@ class Quantity:
         """Turn a host-side payload into record fields (runs on the background thread)."""
         return payload
 
+    def hooks(self) -> list[RemovableHandle]:
+        """Register the hooks a capturing step needs and return their handles."""
+        return []
+
+    def arm(self, on: bool) -> None:
+        """Hook for a capturing step (:meth:`hooks`), unhook for a light one.
+
+        Adding or removing them happens only where a heavy step follows a light one
+        or back (every step with ``every=1``: the hooks then stay on).
+        """
+        if on and not self._handles and not self._detached:
+            self._handles = list(self.hooks())
+        elif not on:
+            self._unhook()
+
     def detach(self) -> None:
         """Remove every hook this quantity registered; safe to call twice."""
+        self._detached = True
+        self._unhook()
+
+    def _unhook(self) -> None:
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()

@@ -184,10 +184,14 @@ class DepthSeries(Quantity):
     def attach(self, model: nn.Module) -> None:
         self.stacks = find_stacks(model, self.block_specs, self.select)
         self._labels = list(self.stacks)
-        for s, label in enumerate(self._labels):
-            for b, block in enumerate(self.stacks[label]):
-                hook = partial(self._pre, s, b)
-                self._handles.append(block.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def hooks(self) -> list[Any]:
+        """A forward pre-hook per block, on capturing steps only (:meth:`arm`)."""
+        return [
+            block.register_forward_pre_hook(partial(self._pre, s, b), with_kwargs=True)
+            for s, label in enumerate(self._labels)
+            for b, block in enumerate(self.stacks[label])
+        ]
 
     def block_names(self, model: nn.Module) -> dict[str, list[str]]:
         """Each stack's blocks by their ``named_modules()`` names, in order (the
@@ -268,6 +272,7 @@ class DepthSeries(Quantity):
 
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
+        self.arm(capture)
         self.generation += 1
         self._seen, self._called = [], {}
         self._scale = None

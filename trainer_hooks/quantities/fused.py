@@ -66,6 +66,7 @@ class FusedCapture:
         self.calls: list[Call] = []
         self._last_state: torch.UntypedStorage | None = None  # what the previous call returned
         self._pending: tuple[Call, torch.Tensor] | None = None  # pre-hook -> forward hook
+        self._handles: list[Any] = []
         self._split: _LayerSplit | None = None  # active during a heavy call's forward
         # timestep index of each packed row, per (batch_sizes, device); built once per shape
         self._packed_index: OrderedDict[tuple[tuple[int, ...], str], torch.Tensor] = OrderedDict()
@@ -86,10 +87,23 @@ class FusedCapture:
             )
 
     def register(self) -> list[Any]:
-        return [
-            self.module.register_forward_pre_hook(self._pre, with_kwargs=True),
-            self.module.register_forward_hook(self._post, with_kwargs=True),
-        ]
+        """Hook the module now (``watch()``); :meth:`arm` then follows the schedule."""
+        self.arm(True)
+        return []
+
+    def arm(self, on: bool) -> None:
+        """Hook the module for a heavy step, unhook it for a light one: two hooks that
+        only return still cost two Python calls and ``Module.__call__``'s slower
+        hooked path on every call of a light step (~20 µs a step on a busy loop)."""
+        if on and not self._handles:
+            self._handles = [
+                self.module.register_forward_pre_hook(self._pre, with_kwargs=True),
+                self.module.register_forward_hook(self._post, with_kwargs=True),
+            ]
+        elif not on and self._handles:
+            handles, self._handles = self._handles, []
+            for handle in handles:
+                handle.remove()
 
     # -- forward ---------------------------------------------------------------------
 

@@ -123,19 +123,16 @@ class ParamNorms(Quantity):
             for local, p in module.named_parameters(recurse=False):
                 if local.startswith(_GATED_PREFIXES) and id(p) in index:
                     self._gated.append((index[id(p)], gates))
-        self._arm(True)
+        self.arm(True)
 
-    def _arm(self, on: bool) -> None:
-        """Hook the parameters for a heavy step, unhook them for a light one: a hook
-        that only returns still costs autograd a Python call per parameter per
-        backward (a 4-layer transformer has 50 parameters), while adding or removing
-        them happens only where a heavy step follows a light one or back."""
-        if on and not self._handles:
-            for i, p in enumerate(self._params):
-                hook = partial(self._on_grad, i)
-                self._handles.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
-        elif not on and self._handles:
-            super().detach()
+    def hooks(self) -> list[Any]:
+        """A post-accumulate-grad hook per parameter: one that only returned would
+        still cost autograd a Python call per parameter per backward (a 4-layer
+        transformer has 50 parameters), so they are on only for capturing steps."""
+        return [
+            p.register_post_accumulate_grad_hook(partial(self._on_grad, i))  # type: ignore[no-untyped-call]
+            for i, p in enumerate(self._params)
+        ]
 
     def _on_grad(self, index: int, param: torch.Tensor) -> None:
         # After each parameter's gradient is accumulated, in backward order. The first
@@ -278,15 +275,14 @@ class ParamNorms(Quantity):
 
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
-        if self._params:
-            self._arm(capture)
+        self.arm(capture)
         self._pending = None
         self.passes = self.since_reset = 0
         self._left = []
 
     def detach(self) -> None:
         super().detach()
-        self._params = []  # start_step no longer hooks them again
+        self._params = []
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
         pending, self._pending = self._pending, None

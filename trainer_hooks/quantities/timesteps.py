@@ -192,6 +192,7 @@ class RecurrentTimesteps(Quantity):
     def detach(self) -> None:
         super().detach()
         for fused in self._fused:
+            fused.arm(False)
             fused.reset()  # pops a per-layer mode left by a forward that raised
         for cell in self._cells:
             cell.arm(False)
@@ -210,6 +211,7 @@ class RecurrentTimesteps(Quantity):
         self._ends = []
         for fused in self._fused:
             fused.reset()
+            fused.arm(capture)
         for cell in self._cells:
             cell.reset()
             cell.arm(capture)

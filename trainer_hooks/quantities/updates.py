@@ -93,8 +93,11 @@ class UpdateRatios(Quantity):
                     self._over[len(self._names)] = groups
                 self._index[id(p)] = len(self._names)
                 self._names.append(name)
-        self._handles.append(register_optimizer_step_pre_hook(self._pre))
-        self._handles.append(register_optimizer_step_post_hook(self._post))
+
+    def hooks(self) -> list[Any]:
+        """Every optimizer's step pre- and post-hook, on capturing steps only (:meth:`arm`)."""
+        return [register_optimizer_step_pre_hook(self._pre),
+                register_optimizer_step_post_hook(self._post)]
 
     def detach(self) -> None:
         super().detach()
@@ -102,6 +105,7 @@ class UpdateRatios(Quantity):
 
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
+        self.arm(capture)
         self._ratios = []
 
     def _pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -48,6 +48,7 @@ import bisect
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -356,7 +357,7 @@ class LossRetention(Quantity):
     def __init__(self) -> None:
         super().__init__()
         self.step = -1
-        self._refs: list[tuple[int, weakref.ref[_Sentinel]]] = []
+        self._refs: deque[tuple[int, weakref.ref[_Sentinel]]] = deque()
         self._alerted = False
 
     def start_step(self, capture: bool) -> None:
@@ -369,13 +370,16 @@ class LossRetention(Quantity):
         sentinel = _Sentinel()
         node: Any = loss.grad_fn
         node.metadata["gradwatch_step"] = sentinel
-        self._refs.append((self.step, weakref.ref(sentinel)))
-        held = [(s, r) for s, r in self._refs if self.step - s >= self.AGE and r() is not None]
-        self._refs = [(s, r) for s, r in self._refs if self.step - s < self.AGE]
-        if not held:
+        refs = self._refs
+        refs.append((self.step, weakref.ref(sentinel)))
+        oldest = None
+        while self.step - refs[0][0] >= self.AGE:  # each loss is looked at once, AGE old
+            then, ref = refs.popleft()
+            if oldest is None and ref() is not None:
+                oldest = then
+        if oldest is None:
             return {}
         self._alerted = True
-        oldest = held[0][0]
         return {
             "alerts": [
                 {

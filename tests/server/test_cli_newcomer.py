@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from gradwatch.protocol.spool import SpoolError, read_spool
-from gradwatch.server.cli import build_parser, serving_banner
+from gradwatch.server.cli import build_parser
+from gradwatch.server.serving import serving_banner
 from gradwatch.server.settings import Settings
 from gradwatch.trainer_hooks import GradwatchWarning, watch
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gradwatch.server.cli import serving_banner
+from gradwatch.server.serving import serving_banner
 from gradwatch.server.settings import Settings
 
 

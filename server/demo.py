@@ -11,7 +11,9 @@ in the user's data folder: :func:`~gradwatch.server.settings.default_db`), so
 ``gradwatch report`` finds its runs; each round, the first one of a restart
 included, archives the listed runs of the examples it is about to train (readable
 by id, listed with ``?archived=true``), so neither a round nor a restart piles up
-another set of runs, and other runs in that database are left alone. ``--replay``
+another set of runs. Only runs a demo started are archived: their ids begin with
+``demo-`` (``$GRADWATCH_RUN_ID``, set for each trainer), so a user's own run that
+happens to share an example's name is left alone, as is every other run. ``--replay``
 serves what the database holds without training.
 
 Example:
@@ -34,6 +36,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -94,11 +97,21 @@ def run_name(command: list[str]) -> str:
     return command[command.index("--run") + 1]
 
 
+#: the run ids of the demo's trainers begin with this (and only theirs are archived)
+DEMO_RUN_ID_PREFIX = "demo-"
+
+
+def demo_run_id() -> str:
+    """A fresh run id for one demo trainer: the prefix, then a UUID4."""
+    return f"{DEMO_RUN_ID_PREFIX}{uuid.uuid4()}"
+
+
 def archive_earlier(url: str, names: set[str]) -> int:
-    """Archive the listed runs called one of ``names``: a round about to start replaces
-    them, so the runs list keeps one run per example instead of one per round (they
-    stay readable by id, and listed with ``?archived=true``). Best effort: returns how
-    many were archived; a server that does not answer costs nothing but this."""
+    """Archive the listed runs a demo started (ids beginning with ``demo-``) called one
+    of ``names``: a round about to start replaces them, so the runs list keeps one run
+    per example instead of one per round (they stay readable by id, and listed with
+    ``?archived=true``). Best effort: returns how many were archived; a server that
+    does not answer costs nothing but this."""
     headers = {"Content-Type": "application/json"}
     token = os.environ.get("GRADWATCH_TOKEN")
     if token:
@@ -109,8 +122,10 @@ def archive_earlier(url: str, names: set[str]) -> int:
         with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310
             listed = json.loads(answer.read())
         for run in listed:
-            if run.get("name") not in names:
-                continue
+            if run.get("name") not in names or not str(run.get("id", "")).startswith(
+                DEMO_RUN_ID_PREFIX
+            ):
+                continue  # not one of the demo's own runs: never touched
             body = json.dumps({"archived": True}).encode()
             put = urllib.request.Request(  # noqa: S310 - http://127.0.0.1, the demo's own server
                 f"{url}/api/runs/{run['id']}/archived", data=body, headers=headers, method="PUT"
@@ -290,7 +305,10 @@ def _supervise(
                 pending = list(pairs)  # round again: the demo stays live until stopped
             pair = pending.pop(0)
             archive_earlier(demo.url, {run_name(command) for command in pair})
-            running[:] = [start(command, env, group=server.pid) for command in pair]
+            running[:] = [
+                start(command, dict(env, GRADWATCH_RUN_ID=demo_run_id()), group=server.pid)
+                for command in pair
+            ]
             continue
         try:
             code = server.wait(timeout=1.0)  # the tick of this supervisor

@@ -61,6 +61,26 @@ def wait_for(what: Callable[[], Any], timeout: float, process: subprocess.Popen[
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
+def user_run(db: Path, name: str) -> str:
+    """A run of the user's own in the demo's database (written before the demo starts)."""
+    from gradwatch.server.schema import parse_message
+    from gradwatch.server.settings import Settings
+    from gradwatch.server.store import open_store
+
+    run_id = "mine-0001"
+    store = open_store(Settings(db=str(db)))
+    try:
+        hello = {"type": "hello", "protocol": 1, "run_id": run_id, "run": name}
+        store.submit_hello(parse_message(json.dumps(hello))).result()
+        step = {"kind": "step", "step": 0, "epoch": 0, "t": time.time(), "loss": 1.5,
+                "duration_s": 0.01}
+        batch = {"type": "batch", "run_id": run_id, "rank": 0, "seq": 0, "records": [step]}
+        assert store.submit_batch(parse_message(json.dumps(batch)), "").result()
+    finally:
+        store.close()
+    return run_id
+
+
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Starts `gradwatch demo` (db under tmp_path); at teardown, even after a failure,
@@ -97,45 +117,54 @@ def test_the_demo_goes_round_until_sigterm_stops_it_all_and_a_restart_does_not_p
     demo: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     port = free_port()
+    # a user's own run in the same database, named like an example: never archived
+    mine = user_run(tmp_path / "demo.db", "long_lstm")
     first = demo(port, "--only", "long_lstm", "--steps", "8")
 
+    def demo_runs(archived: bool = False) -> list[dict[str, Any]]:
+        return [r for r in runs(port, archived=archived) if r["id"] != mine]
+
     def rounds_finished() -> int:
-        done = [r for r in runs(port, archived=True) if r["status"] == "finished"]
+        done = [r for r in demo_runs(archived=True) if r["status"] == "finished"]
         return len(done) // 2
 
     wait_for(lambda: rounds_finished() >= 2, 200, first)  # round two: still live
     # every round's runs are kept, but the list shows one run per example: a round
     # archives the one before it as it starts
-    assert len(runs(port, archived=True)) >= 4
+    assert len(demo_runs(archived=True)) >= 4
     # (between two rounds a name may be missing for a moment, never listed twice)
     for _ in range(3):
-        named = [r["name"] for r in runs(port)]
+        named = [r["name"] for r in demo_runs()]
         assert set(named) <= {"long_lstm", "long_lstm-fixed"}, named
         assert len(named) == len(set(named)), named
+    assert mine in {r["id"] for r in runs(port)}  # listed, not archived
     assert len(processes_with(str(tmp_path))) >= 2  # the demo and its server at least
-    first_ids = {r["id"] for r in runs(port, archived=True)}
+    first_ids = {r["id"] for r in demo_runs(archived=True)}
     first.send_signal(signal.SIGTERM)
     output, _ = first.communicate(timeout=60)
     text = output.decode()
     assert first.returncode == 0, text
     assert f"http://127.0.0.1:{port}" in text and "SIGTERM: stopping trainers and server" in text
-    assert runs(port) == []
+    assert demo_runs() == []
     assert gone(str(tmp_path))  # the demo waited for every child before exiting
 
     again = demo(port, "--only", "long_lstm", "--steps", "8")
 
     def new_finished() -> int:
-        return len([r for r in runs(port, archived=True)
+        return len([r for r in demo_runs(archived=True)
                     if r["id"] not in first_ids and r["status"] == "finished"])
 
     wait_for(lambda: new_finished() >= 2, 200, again)  # a round of this demo's own
     # One database for every start: the first demo's runs are all kept, archived by
     # this demo's first round, so the list shows one run per example.
-    listed = runs(port)
+    listed = demo_runs()
     named = [r["name"] for r in listed]
     assert set(named) <= {"long_lstm", "long_lstm-fixed"} and len(named) == len(set(named))
-    assert first_ids <= {r["id"] for r in runs(port, archived=True)}
+    assert first_ids <= {r["id"] for r in demo_runs(archived=True)}
     assert not first_ids & {r["id"] for r in listed}
+    assert all(r["id"].startswith("demo-") for r in demo_runs(archived=True))
+    # two demos and three rounds later, the user's run is listed as it was
+    assert mine in {r["id"] for r in runs(port)}
     again.send_signal(signal.SIGTERM)
     again.communicate(timeout=60)
     assert again.returncode == 0

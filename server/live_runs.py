@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import statistics
 import struct
 import time
@@ -41,6 +42,16 @@ class Latest:
     overhead: float | None = None
     arrived: float = 0.0  # server clock: when the newest step arrived
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    #: (overhead x duration_s, duration_s) of the recent steps that carry both
+    costs: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))
+
+    @property
+    def overhead_share(self) -> float | None:
+        """gradwatch's share of the recent steps' time, weighted by step time: a single
+        step's ``overhead`` flips between a light step's few per cent and a heavy
+        step's ~100 % under a budget."""
+        time_s = sum(d for _, d in self.costs)
+        return sum(c for c, _ in self.costs) / time_s if time_s > 0 else None
 
 
 def _last(column: Any, code: str) -> float | int | None:
@@ -54,11 +65,20 @@ def _last(column: Any, code: str) -> float | int | None:
     return None if isinstance(value, float) and value != value else value  # NaN: absent
 
 
-def _floats(column: Any) -> list[float]:
+def _floats(column: Any, keep_nan: bool = False) -> list[float]:
     if column is None:
         return []
     data: bytes = column.f64
-    return [v for v in struct.unpack(f"<{len(data) // 8}d", data) if v == v]
+    values = struct.unpack(f"<{len(data) // 8}d", data)
+    return list(values) if keep_nan else [v for v in values if v == v]
+
+
+def _cost(overhead: Any, duration: Any) -> tuple[float, float] | None:
+    """(overhead x duration, duration) of one step, when both are finite numbers."""
+    if overhead is None or duration is None:
+        return None
+    o, d = float(overhead), float(duration)
+    return (o * d, d) if math.isfinite(o) and math.isfinite(d) and d > 0 else None
 
 
 class LiveRuns:
@@ -79,12 +99,19 @@ class LiveRuns:
             if len(self.latest) > MAX_TRACKED:
                 self.forget(min(self.latest.items(), key=lambda kv: kv[1].arrived)[0][0])
         newest: dict[str, Any] | None = None
+        # (step, cost): a batch holds light steps as columns and heavy ones as records,
+        # so they are put in step order before the window keeps the last ones
+        costs: list[tuple[int, tuple[float, float] | None]] = []
         for block in batch.columns:
             values = {name: _last(getattr(block, name), "q" if name == "step" else "d")
                       for name in _FIELDS}
             if newest is None or (values["step"] or 0) >= (newest["step"] or 0):
                 newest = values
             latest.durations.extend(_floats(block.duration_s))
+            steps = block.step.i64 if block.step is not None else b""
+            costs += zip(struct.unpack(f"<{len(steps) // 8}q", steps),
+                         map(_cost, _floats(block.overhead, keep_nan=True),
+                             _floats(block.duration_s, keep_nan=True)), strict=False)
         from .schema import AlertRecord, EndRecord, StepRecord
 
         for record in batch.records:
@@ -93,6 +120,7 @@ class LiveRuns:
                     newest = {name: getattr(record, name) for name in _FIELDS}
                 if record.duration_s is not None:
                     latest.durations.append(float(record.duration_s))
+                costs.append((record.step, _cost(record.overhead, record.duration_s)))
             elif isinstance(record, AlertRecord):
                 open_ = self.problems.setdefault(batch.run_id, {})
                 subject = (batch.rank, record.code, record.subject)
@@ -103,6 +131,8 @@ class LiveRuns:
             elif isinstance(record, EndRecord):
                 self.forget(batch.run_id)
                 return
+        costs.sort(key=lambda sc: sc[0])
+        latest.costs.extend(cost for _, cost in costs if cost is not None)
         if newest is not None:
             for name, value in newest.items():
                 setattr(latest, name, value)

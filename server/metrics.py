@@ -69,6 +69,8 @@ def _registry(state: AppState) -> Any:
                 "grad_norm_total": ("The last step's total gradient norm", "total_norm"),
                 "step_duration_seconds": ("The last step's duration", "duration_s"),
                 "overhead_ratio": ("gradwatch's share of the last step's time", "overhead"),
+                "overhead_share": ("gradwatch's share of the time of the last 256 steps,"
+                                   " weighted by step time", "overhead_share"),
             }
             families = {
                 name: GaugeMetricFamily(f"gradwatch_{name}", text, labels=labels)

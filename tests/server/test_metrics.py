@@ -128,3 +128,59 @@ def test_a_trainer_that_hangs_while_connected_shows_stalled_then_live_again(
         trainer.send(json.dumps(wire.batch(run_id, 1, [wire.step(20)])))
         assert wire.recv(trainer)["seq"] == 1
         assert wire.get_ok(server, f"/api/runs/{run_id}")["status"] == "live"
+
+
+def test_overhead_share_is_recent_steps_time_weighted_from_records_and_columns(
+    gradwatch_server: Callable[..., Any], wire: Any, tmp_path: Any
+) -> None:
+    """`gradwatch_overhead_share`: sum(overhead x duration) / sum(duration) of the last
+    256 steps, against the API's stored steps. A real trainer under the default
+    budget (light steps travel as columns, heavy ones as records), then a rank sent
+    as records whose last step is a heavy one (its own share 1.1)."""
+    server = gradwatch_server()
+    model = torch.nn.LSTM(3, 6)
+    monitor = watch(model, run="share", server=server.url, spool=tmp_path / "s.jsonl",
+                    diagnose=False)
+    try:
+        for _ in range(300):
+            loss = model(torch.randn(7, 2, 3))[0].pow(2).mean()
+            loss.backward()
+            monitor.step(loss)
+        assert monitor.flush(30)
+        run_id = monitor.run_id
+        key = labels("share", run_id, rank="0")
+        deadline = time.monotonic() + 30
+        got = scrape(wire, server)
+        while got.get("gradwatch_step", {}).get(key) != 299 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the server until the last batch is stored
+            got = scrape(wire, server)
+    finally:
+        monitor.close()
+    fields = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=overhead,duration_s"
+                                 "&from=44&max_points=5000")["fields"]
+    assert fields["overhead"]["step"] == list(range(44, 300))
+    pairs = list(zip(fields["overhead"]["value"], fields["duration_s"]["value"], strict=True))
+    expected = sum(o * d for o, d in pairs) / sum(d for _, d in pairs)
+    assert abs(got["gradwatch_overhead_share"][key] - expected) <= 1e-9 * expected
+
+    other = wire.run_id()
+    records = []
+    for n in range(30):
+        heavy = n % 10 == 9
+        records.append(wire.step(n, overhead=1.1 if heavy else 0.03 + 0.001 * n,
+                                 duration_s=0.02 if heavy else 0.01))
+    with wire.connect(server) as ws:
+        ws.send(json.dumps(wire.hello(other, run="records")))
+        ws.send(json.dumps(wire.batch(other, 0, records)))
+        assert wire.recv(ws)["type"] == "ack"
+    light = [(0.03 + 0.001 * n) * 0.01 for n in range(30) if n % 10 != 9]
+    expected = (sum(light) + 3 * 1.1 * 0.02) / (27 * 0.01 + 3 * 0.02)
+    deadline = time.monotonic() + 30  # the ack goes out before /metrics hears of it
+    got = scrape(wire, server)
+    while (got.get("gradwatch_step", {}).get(labels("records", other, rank="0")) != 29
+           and time.monotonic() < deadline):
+        time.sleep(0.05)  # polling the server until it has taken the batch in
+        got = scrape(wire, server)
+    assert abs(got["gradwatch_overhead_share"][labels("records", other, rank="0")]
+               - expected) <= 1e-12
+    assert got["gradwatch_overhead_ratio"][labels("records", other, rank="0")] == 1.1

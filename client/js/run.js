@@ -13,6 +13,7 @@ import { connect } from "./live.js";
 import { DepthPanels } from "./depth.js";
 import { bySeries, heatmapKeys, historySeries, latestFromHistory } from "./history.js";
 import { fmt, fmtBytes, fmtSeconds, num, seriesValues } from "./num.js";
+import { OVERHEAD_WINDOW, OverheadShare, overheadText, unseenLeftOut } from "./overhead.js";
 import { panel, RollingMedian, specs } from "./panels.js";
 import { Profile } from "./profile.js";
 import { RanksView } from "./ranks.js";
@@ -35,6 +36,7 @@ export class RunView {
     this.rankItems = [];
     this.profileChanged = false;
     this.buffer = []; // live records that arrive while history loads
+    this.overhead = new OverheadShare();
     this.loaded = false;
     this.charts = new Map();
     this.heatmaps = new Map();
@@ -188,7 +190,7 @@ export class RunView {
     const items = [["step", fmt(rec.step)], ["epoch", fmt(rec.epoch ?? this.epoch ?? this.summary.last_epoch)], ["loss", fmt(rec.loss)],
       ["total norm", fmt(rec.total_norm)], ["step time", fmtSeconds(rec.duration_s)],
       ["graph nodes", fmt(rec.graph_nodes)], ["memory", fmtBytes(rec.rss_bytes)],
-      ["gradwatch overhead", rec.overhead === undefined ? "–" : `${(num(rec.overhead) * 100).toFixed(1)} %`]];
+      ["gradwatch overhead", overheadText(this.overhead.share(), rec, unseenLeftOut(this.summary, this.rank))]];
     // Built once, then only the values that changed are rewritten (this runs per draw).
     if (!this.statValues || !this.statValues.size || !this.statsNode.contains(this.statValues.values().next().value)) {
       this.statValues = new Map(items.map(([k]) => [k, el("span", { class: "v", dataset: { stat: k } })]));
@@ -196,7 +198,9 @@ export class RunView {
     }
     for (const [k, v] of items) {
       const node = this.statValues.get(k);
-      if (node.textContent !== v) node.textContent = v;
+      const [text, title] = Array.isArray(v) ? v : [v, ""];
+      if (node.textContent !== text) node.textContent = text;
+      if (node.title !== title) node.title = title;
     }
   }
 
@@ -211,8 +215,14 @@ export class RunView {
     const scalars = this.replay ? Promise.resolve([{ fields: {} }, []]) : Promise.all([
       api(`/api/runs/${id}/steps`, { rank: this.rank, max_points: 2000 }),
       api(`/api/runs/${id}/epochs`, { rank: this.rank }),
+      // the overhead stat's window, step by step (the series above may be downsampled)
+      api(`/api/runs/${id}/steps`, { rank: this.rank, fields: "overhead,duration_s",
+        from: Math.max(0, (num(this.summary.last_step) ?? 0) - OVERHEAD_WINDOW + 1), max_points: 4 * OVERHEAD_WINDOW }),
     ]);
-    const fields = scalars.then(([steps, epochs]) => historySeries(steps, epochs));
+    const fields = scalars.then(([steps, epochs, tail]) => {
+      if (tail) this.overhead.fromHistory(tail.fields || {});
+      return historySeries(steps, epochs);
+    });
     for (const { view } of this.charts.values()) view.setHistory(fields);
     if (this.ranksView) this.ranksView.load().catch((err) => this.showError(err));
     const [alerts, , ...matrices] = this.replay ? [[], null, ...heatmaps.map(() => null)] : await Promise.all([
@@ -310,6 +320,7 @@ export class RunView {
       if (rank !== this.rank && rec.kind !== "alert") continue; // drawn by ranksView above
       if (rec.kind === "step") {
         lastStep = rec;
+        this.overhead.push(rec.step, rec.overhead, rec.duration_s);
         for (const [key, value] of recordFields(rec)) points.push({ key, step: rec.step, value });
         if (nonFiniteNote(rec)) points.push({ key: "nonfinite", step: rec.step, value: 1 });
         const m = this.trend.push(rec.duration_s);

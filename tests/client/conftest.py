@@ -175,6 +175,7 @@ class RawTrainer:
         token: str | None = None,
         rank: int = 0,
         world_size: int = 1,
+        config: dict[str, Any] | None = None,
     ) -> None:
         from websockets.sync.client import connect
 
@@ -189,7 +190,7 @@ class RawTrainer:
             "world_size": world_size, "host": "test-box", "pid": 1,
             "model": {"modules": [{"name": "lstm", "type": "LSTM"}], "parameters": 100,
                       "recurrent": ["lstm"]},
-            "config": {"every": 1},
+            "config": {"every": 1} if config is None else config,
         }))  # fmt: skip
 
     def send(self, records: list[dict[str, Any]]) -> None:
@@ -214,8 +215,9 @@ def raw_trainer() -> Iterator[Any]:
         token: str | None = None,
         rank: int = 0,
         world_size: int = 1,
+        config: dict[str, Any] | None = None,
     ) -> RawTrainer:
-        t = RawTrainer(server, name, run_id, token, rank, world_size)
+        t = RawTrainer(server, name, run_id, token, rank, world_size, config)
         made.append(t)
         return t
 

@@ -31,6 +31,17 @@ def labels(run: str, run_id: str, **more: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted({"run": run, "run_id": run_id, **more}.items()))
 
 
+def scrape_at_step(wire: Any, server: Any, key: tuple[tuple[str, str], ...], step: int) -> Samples:
+    """Scrape until ``key``'s gradwatch_step is ``step`` (at most 30 s): the ack of a
+    batch goes out before /metrics hears of it."""
+    deadline = time.monotonic() + 30
+    got = scrape(wire, server)
+    while got.get("gradwatch_step", {}).get(key) != step and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the server until it has taken the batch in
+        got = scrape(wire, server)
+    return got
+
+
 def test_a_live_trainer_is_in_metrics_with_its_last_step_and_leaves_when_it_ends(
     gradwatch_server: Callable[..., Any], wire: Any, tmp_path: Any
 ) -> None:
@@ -48,11 +59,7 @@ def test_a_live_trainer_is_in_metrics_with_its_last_step_and_leaves_when_it_ends
         assert monitor.flush(30)
         run_id = monitor.run_id
         key = labels("prom", run_id, rank="0")
-        deadline = time.monotonic() + 30
-        got = scrape(wire, server)
-        while got.get("gradwatch_step", {}).get(key) != 4 and time.monotonic() < deadline:
-            time.sleep(0.05)  # polling the server until the last batch is stored
-            got = scrape(wire, server)
+        got = scrape_at_step(wire, server, key, 4)
     finally:
         monitor.close()
     assert got["gradwatch_step"][key] == 4
@@ -149,11 +156,7 @@ def test_overhead_share_is_recent_steps_time_weighted_from_records_and_columns(
         assert monitor.flush(30)
         run_id = monitor.run_id
         key = labels("share", run_id, rank="0")
-        deadline = time.monotonic() + 30
-        got = scrape(wire, server)
-        while got.get("gradwatch_step", {}).get(key) != 299 and time.monotonic() < deadline:
-            time.sleep(0.05)  # polling the server until the last batch is stored
-            got = scrape(wire, server)
+        got = scrape_at_step(wire, server, key, 299)
     finally:
         monitor.close()
     fields = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=overhead,duration_s"
@@ -175,12 +178,7 @@ def test_overhead_share_is_recent_steps_time_weighted_from_records_and_columns(
         assert wire.recv(ws)["type"] == "ack"
     light = [(0.03 + 0.001 * n) * 0.01 for n in range(30) if n % 10 != 9]
     expected = (sum(light) + 3 * 1.1 * 0.02) / (27 * 0.01 + 3 * 0.02)
-    deadline = time.monotonic() + 30  # the ack goes out before /metrics hears of it
-    got = scrape(wire, server)
-    while (got.get("gradwatch_step", {}).get(labels("records", other, rank="0")) != 29
-           and time.monotonic() < deadline):
-        time.sleep(0.05)  # polling the server until it has taken the batch in
-        got = scrape(wire, server)
+    got = scrape_at_step(wire, server, labels("records", other, rank="0"), 29)
     assert abs(got["gradwatch_overhead_share"][labels("records", other, rank="0")]
                - expected) <= 1e-12
     assert got["gradwatch_overhead_ratio"][labels("records", other, rank="0")] == 1.1

@@ -210,7 +210,7 @@ class StaleState(Quantity):
                     module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
                 )
         elif not on and self._armed:
-            super().detach()
+            self._unhook()
         self._armed = on
 
     def detach(self) -> None:

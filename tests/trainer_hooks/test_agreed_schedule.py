@@ -1,7 +1,8 @@
 """The agreed schedule (trainer_hooks/agreed.py) on two real gloo ranks started by the
 real ``torchrun``: ranks whose budgets allow different intervals take the same heavy
 steps, at the larger interval (MAX: every rank stays within its budget), and an
-interval below 3 keeps the agreed probe steps light on every rank."""
+interval below 3 keeps the agreed probe steps light on every rank; a rank that stops
+taking part costs the others one bounded wait and a warning."""
 
 from __future__ import annotations
 
@@ -15,20 +16,22 @@ from .conftest import Torchrun
 
 WORKER = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, warnings
     import torch.distributed as dist
     from gradwatch.trainer_hooks.agreed import AgreedSchedule
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
 
-    def run(heavy_span):
+    def run(heavy_span, stop=None, wait_s=None):
         # A heavy step of heavy_span against light steps of 10 ms that gradwatch's
         # timers see 0.1 ms of: with a 5 % budget, 12 ms proposes an interval of 5,
         # 14 ms one of 10 (Schedule's doctest), 10.1 ms one of 1.
-        s = AgreedSchedule(every=1, overhead=0.05)
+        s = AgreedSchedule(every=1, overhead=0.05, wait_s=wait_s)
         out = []
         for step in range(120):
+            if step == stop:
+                break
             proposal = s.interval  # what this rank proposes if step starts an agreement
             heavy = s.capture(step)
             out.append({"step": step, "heavy": heavy, "proposal": proposal,
@@ -38,8 +41,14 @@ WORKER = textwrap.dedent(
         return out
 
     result = {"max": run([0.012, 0.014][rank]), "probe": run(0.0101)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # rank 1 stops monitoring after step 39, alive: rank 0 waits wait_s at step 64
+        result["stops"] = run(0.014, stop=[None, 40][rank], wait_s=1.0)
+    result["warnings"] = [str(w.message) for w in caught]
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    dist.barrier()  # rank 1 stays until rank 0 has given up on it
     dist.destroy_process_group()
     """
 )
@@ -72,3 +81,13 @@ def test_ranks_with_different_budgets_take_the_same_heavy_steps(
     assert steps[0][-1]["agreed"] == 1
     # every step heavy at an interval of 1, but the probe's light, light, heavy, light
     assert [s for s in range(48, 120) if s not in heavy[0]] == [60, 61, 63]
+
+    steps = [r["stops"] for r in ranks]
+    assert len(steps[0]) == 120 and len(steps[1]) == 40
+    heavy = [[s["step"] for s in rank if s["heavy"]] for rank in steps]
+    assert heavy[0][: len(heavy[1])] == heavy[1]  # agreed while both took part
+    assert [w for w in ranks[1]["warnings"] if "gradwatch" in w] == []
+    [warning] = [w for w in ranks[0]["warnings"] if "gradwatch" in w]
+    assert "could not agree" in warning and "norm_scope 'local'" in warning
+    # from step 64 on, rank 0's own budget (10, the same): heavy steps go on
+    assert [s for s in heavy[0] if s >= 64] == [70, 80, 90, 100, 110]

@@ -5,7 +5,8 @@ global, equal on both ranks to the unsharded model's (``torch.nn.utils.
 get_total_norm`` and per-parameter norms of the same gradient) and marked
 ``norm_scope: "global"``, and so are the update-to-weight ratios. A rank that leaves
 costs the others their agreement, never their training: they warn once, go on with
-their own steps and keep norms local."""
+their own steps and keep norms local: each rank's shard norms, marked ``"local"``,
+whose squares add up over the ranks to the global ones."""
 
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ WORKER = textwrap.dedent(
         warnings.simplefilter("always")
         monitor = watch(model, run="fsdp2", spool=os.path.join(out_dir, f"{mode}{rank}.jsonl"),
                         run_id="6f1c0000-0000-4000-8000-00000000f5d2", diagnose=False, **kwargs)
+        if mode == "local":  # as if the agreement had failed on both ranks at once
+            monitor.schedule._fall_back("given up by the test")
         for step in range(steps):
             if mode == "leaves" and step >= 20:
                 if rank == 1:  # leaves: no close, no goodbye, as a crashed rank would
@@ -153,6 +156,30 @@ def test_fsdp2_under_the_default_budget_agrees_on_heavy_steps_and_norms_are_glob
         assert a["param_norms"] == b["param_norms"]
     light = [r for r in ranks[0][0] if "param_norms" not in r]
     assert light and not [r for r in light if "norm_scope" in r or "update_ratios" in r]
+
+
+@pytest.mark.slow
+def test_fsdp2_norms_after_the_agreement_failed_are_local_shard_norms_and_say_so(
+    torchrun: Torchrun, tmp_path: Path
+) -> None:
+    ranks = run_ranks(torchrun, tmp_path, "local", 4)
+    for _, expected in ranks:
+        [warning] = [w for w in expected["warnings"] if "gradwatch" in w]
+        assert "given up by the test" in warning and "norm_scope 'local'" in warning
+        assert expected["reduced"] == [False, False]
+    heavy = [[r for r in steps if "param_norms" in r] for steps, _ in ranks]
+    # each rank's own budget schedule, still calibrating: every third step heavy
+    assert [r["step"] for r in heavy[0]] == [r["step"] for r in heavy[1]] == [0, 3]
+    truth = ranks[0][1]["expected"]
+    for a, b in zip(*heavy, strict=True):
+        assert a["norm_scope"] == b["norm_scope"] == "local"
+        for name in NAMES:
+            shards = [a["param_norms"][name], b["param_norms"][name]]
+            whole = truth[a["step"]]["params"][name]
+            assert shards != pytest.approx([whole] * 2, rel=1e-3)
+            # each rank's shard: their squares add up to the whole parameter's
+            assert (shards[0] ** 2 + shards[1] ** 2) ** 0.5 == pytest.approx(whole, rel=1e-5)
+            assert name in a["update_ratios"] and name in b["update_ratios"]
 
 
 @pytest.mark.slow

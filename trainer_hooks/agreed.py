@@ -7,9 +7,12 @@ and would pick each rank's own steps; :class:`AgreedSchedule` keeps those
 measurements (each rank proposes the interval its budget allows) and makes the
 choice of steps a function of the step number and of an interval all ranks share:
 
-- heavy steps are those with ``step % interval == 0``; with an interval below 3
-  (no light step after a light one to measure against), steps 60, 61 and 63 of every
-  64 are light (the probe: light, light, heavy, light);
+- a step is heavy when ``interval`` steps have passed since the last heavy one (step
+  0 is heavy): every rank decides from the same intervals at the same steps, so the
+  same; counting from the last heavy step (rather than ``step % interval == 0``) a
+  changed interval never skips heavy steps for long. With an interval below 3 (no
+  light step after a light one to measure against), steps 60, 61 and 63 of every 64
+  are light (the probe: light, light, heavy, light);
 - every ``AGREE_EVERY`` (16) steps, at the start of the step, each rank starts an
   asynchronous all-reduce (MAX) of its proposed interval on a process group of
   gradwatch's own (gloo, CPU: it never interleaves with the training's collectives,
@@ -92,6 +95,7 @@ class AgreedSchedule(Schedule):
         #: called once when the agreement is given up (the ranks' steps then differ)
         self.on_fallback: list[Callable[[], None]] = []
         self.failed = False
+        self._shared_heavy = -self.max_interval  # the last heavy step (step 0 is one)
         self._work: Any = None
         self._proposal = torch.zeros(1, dtype=torch.float64)
         timeout = datetime.timedelta(seconds=max(self.wait_s, 1.0))
@@ -105,7 +109,10 @@ class AgreedSchedule(Schedule):
             return super().capture(step)
         if self.agreed < 3 and step % self.PROBE_AFTER in self.PROBE_LIGHT:
             return False
-        return step % self.agreed == 0
+        if step - self._shared_heavy >= self.agreed:
+            self._shared_heavy = step
+            return True
+        return False
 
     def _agree(self) -> None:
         """Read the agreement started AGREE_EVERY steps ago; start the next one."""

@@ -73,7 +73,15 @@ def test_ranks_with_different_budgets_take_the_same_heavy_steps(
         proposed = max(steps[0][at - 16]["proposal"], steps[1][at - 16]["proposal"])
         assert steps[0][at]["agreed"] == steps[1][at]["agreed"] == proposed
     assert heavy[0][:6] == [0, 3, 6, 9, 12, 15]  # calibration until the first agreement
-    assert [s for s in heavy[0] if s >= 48] == [50, 60, 70, 80, 90, 100, 110]
+    # a step is heavy when the agreed interval has passed since the last heavy one
+    last = None
+    for s in steps[0]:
+        assert s["heavy"] == (last is None or s["step"] - last >= s["agreed"]), s
+        last = s["step"] if s["heavy"] else last
+    # calibrated by step 32, proposed there, agreed from step 48: rank 1's 10
+    assert steps[0][47]["agreed"] == 3 and steps[0][48]["agreed"] == 10
+    gaps = {b - a for a, b in zip(heavy[0], heavy[0][1:], strict=False) if a >= 45}
+    assert gaps == {10}
 
     steps = [r["probe"] for r in ranks]
     heavy = [[s["step"] for s in rank if s["heavy"]] for rank in steps]
@@ -89,5 +97,7 @@ def test_ranks_with_different_budgets_take_the_same_heavy_steps(
     assert [w for w in ranks[1]["warnings"] if "gradwatch" in w] == []
     [warning] = [w for w in ranks[0]["warnings"] if "gradwatch" in w]
     assert "could not agree" in warning and "norm_scope 'local'" in warning
-    # from step 64 on, rank 0's own budget (10, the same): heavy steps go on
-    assert [s for s in heavy[0] if s >= 64] == [70, 80, 90, 100, 110]
+    # from step 64 on, rank 0's own budget (10, the same): heavy steps go on, counted
+    # from the last shared one
+    last = max(s for s in heavy[0] if s < 64)
+    assert [s for s in heavy[0] if s >= 64] == list(range(last + 10, 120, 10))

@@ -115,3 +115,27 @@ def test_a_model_with_hundreds_of_parameters_draws_the_largest_and_finds_the_res
     assert chart(r.page, "chart-norms", "d.data.length") == 9
     check_searched(r.page, server, trainer.run_id)
     assert r.errors == [], r.errors
+
+
+def test_a_live_run_that_starts_with_hundreds_of_parameters_is_bounded_at_once(
+    gradwatch_server, open_page, raw_trainer
+):
+    # the page is open before the first record: the chart is drawn empty, and the
+    # first live batch brings 320 parameters at once
+    server = gradwatch_server()
+    trainer = raw_trainer(server, "big-model-live")
+    w = open_page(server, f"#/run/{trainer.run_id}")
+    w.page.wait_for_selector("body[data-painted='1']")
+    trainer.send([big_step(0)])
+    scroll_to(w.page, "chart-norms")
+    wait_js(w.page, "() => document.getElementById('chart-norms').dataset.lines === '320'")
+    trainer.send([big_step(s) for s in range(1, 40)])
+    wait_js(w.page, """() => { const d = document.getElementById('chart-norms');
+        const t = d.data.find((t) => t.name === 'total norm');
+        return !!t && t.x.length === 40; }""")
+    wait_js(w.page, f"""() => !!document.getElementById('chart-norms').data
+        .find((t) => t.name === {json.dumps(JUMPER)})""")
+    assert sorted(chart(w.page, "chart-norms", GROUPED)) == top(39)
+    assert chart(w.page, "chart-norms", "d.data.length") == 9
+    check_searched(w.page, server, trainer.run_id)
+    assert w.errors == [], w.errors

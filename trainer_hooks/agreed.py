@@ -24,6 +24,14 @@ choice of steps a function of the step number and of an interval all ranks share
   ``s``: in steady state the wait finds it done. Until the first result, the
   interval is the calibration's 3.
 
+Before the group is made (``new_group`` waits for every rank, as long as the store's
+timeout, often 30 minutes), the ranks meet on the process group's store: each adds
+one to a counter, the last to arrive decides "go"; one that has waited ``JOIN_S``
+(30 s) decides "no" instead. The first decision stands (``compare_set``), so every
+rank obeys the same one: where some rank never calls ``watch()`` (rank 0 watching
+alone), the others give up the agreement after ``JOIN_S`` and keep norms local,
+where a group would have waited for that rank, and that rank for them in training.
+
 If the wait fails or times out (``WAIT_S``: a rank left, or stopped monitoring) or
 the all-reduce cannot start, the schedule warns once, goes on as the rank's own
 budget schedule and calls :attr:`AgreedSchedule.on_fallback` (``watch()`` then
@@ -42,6 +50,7 @@ Example (one process: a group of one rank agrees with itself):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from collections.abc import Callable
 from typing import Any
@@ -66,7 +75,8 @@ class AgreedSchedule(Schedule):
 
     Creating one is a collective (a new process group): every rank creates it, in
     the same order relative to the training's own ``new_group`` calls, as
-    ``watch()`` does on every rank.
+    ``watch()`` does on every rank; where some rank does not within ``JOIN_S``,
+    creating it raises RuntimeError on every rank that did.
     """
 
     #: steps between agreements (and between starting one and reading it)
@@ -75,6 +85,9 @@ class AgreedSchedule(Schedule):
     WAIT_S = 10.0
     #: with an interval below 3, the steps of every PROBE_AFTER kept light
     PROBE_LIGHT = (60, 61, 63)
+    #: longest wait at creation for every rank to create one too, in seconds
+    JOIN_S = 30.0
+    _created = 0  # agreed schedules this process made: the store keys of each
 
     def __init__(
         self,
@@ -98,8 +111,25 @@ class AgreedSchedule(Schedule):
         self._shared_heavy = -self.max_interval  # the last heavy step (step 0 is one)
         self._work: Any = None
         self._proposal = torch.zeros(1, dtype=torch.float64)
+        self._join()
         timeout = datetime.timedelta(seconds=max(self.wait_s, 1.0))
         self._group: Any = dist.new_group(backend="gloo", timeout=timeout)
+
+    def _join(self) -> None:
+        """Meet the other ranks on the store; RuntimeError unless all came (module doc)."""
+        AgreedSchedule._created += 1
+        prefix = f"gradwatch/agreed/{AgreedSchedule._created}/"
+        store = dist.distributed_c10d._get_default_store()
+        if store.add(prefix + "joined", 1) == dist.get_world_size():
+            decision = store.compare_set(prefix + "decision", "", "go")
+        else:
+            # a timeout raises: then "no", unless another rank said "go" meanwhile
+            with contextlib.suppress(Exception):
+                store.wait([prefix + "decision"], datetime.timedelta(seconds=self.JOIN_S))
+            decision = store.compare_set(prefix + "decision", "", "no")
+        if decision != b"go":
+            raise RuntimeError(f"not every rank created its agreed schedule (called watch()) "
+                               f"within {self.JOIN_S:g} s")
 
     def capture(self, step: int) -> bool:
         """True when ``step`` is a heavy step on every rank; call once per step, in order."""

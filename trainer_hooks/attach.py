@@ -77,8 +77,8 @@ def _schedule(
     except Exception as e:  # no process group: each rank's own budget, local norms
         once.warn("sharded", "gradwatch: the model's parameters are sharded (FSDP2) and the"
                   f" ranks cannot agree on heavy steps ({type(e).__name__}: {e}), so gradient"
-                  " norms are each rank's shard norms (norm_scope 'local'); pass every=N"
-                  " without overhead= for global norms")
+                  " norms are each rank's shard norms (norm_scope 'local'); global norms"
+                  " need watch() on every rank")
         return Schedule(every=every, overhead=overhead)
 
 

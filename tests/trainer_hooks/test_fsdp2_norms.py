@@ -45,11 +45,18 @@ WORKER = textwrap.dedent(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     twin_optimizer = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
     kwargs = {"every": 1} if mode == "fixed" else {}  # else the default: the budget
-    expected, reduced = [], None
+    expected, reduced = [], []
+    if mode == "alone":  # only rank 0 watches: it waits this long for rank 1 at watch()
+        from gradwatch.trainer_hooks.agreed import AgreedSchedule
+        AgreedSchedule.JOIN_S = 2.0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        monitor = watch(model, run="fsdp2", spool=os.path.join(out_dir, f"{mode}{rank}.jsonl"),
-                        run_id="6f1c0000-0000-4000-8000-00000000f5d2", diagnose=False, **kwargs)
+        monitor = None
+        if mode != "alone" or rank == 0:
+            monitor = watch(model, run="fsdp2",
+                            spool=os.path.join(out_dir, f"{mode}{rank}.jsonl"),
+                            run_id="6f1c0000-0000-4000-8000-00000000f5d2", diagnose=False,
+                            **kwargs)
         if mode == "local":  # as if the agreement had failed on both ranks at once
             monitor.schedule._fall_back("given up by the test")
         for step in range(steps):
@@ -66,7 +73,8 @@ WORKER = textwrap.dedent(
             model.zero_grad()
             loss.backward()
             optimizer.step()
-            monitor.step(loss)
+            if monitor is not None:
+                monitor.step(loss)
             # FSDP2 averages the ranks' gradients: the twin's loss is the ranks' mean
             twin.zero_grad()
             (sum(twin(x).pow(2).mean() for x in batches) / world).backward()
@@ -80,8 +88,9 @@ WORKER = textwrap.dedent(
                 "ratios": {n: norm(p.detach() - b) / norm(b)
                            for n, p, b in zip(names, twin.parameters(), before)},
             })
-        reduced = [getattr(q, "reduce_shards", None) for q in monitor.quantities]
-        monitor.close()
+        if monitor is not None:
+            reduced = [getattr(q, "reduce_shards", None) for q in monitor.quantities]
+            monitor.close()
     with open(os.path.join(out_dir, f"{mode}-expected{rank}.json"), "w") as f:
         json.dump({"expected": expected, "reduced": [r for r in reduced if r is not None],
                    "warnings": [str(w.message) for w in caught]}, f)
@@ -180,6 +189,23 @@ def test_fsdp2_norms_after_the_agreement_failed_are_local_shard_norms_and_say_so
             # each rank's shard: their squares add up to the whole parameter's
             assert (shards[0] ** 2 + shards[1] ** 2) ** 0.5 == pytest.approx(whole, rel=1e-5)
             assert name in a["update_ratios"] and name in b["update_ratios"]
+
+
+@pytest.mark.slow
+def test_fsdp2_watched_on_rank_0_alone_costs_a_bounded_wait_and_norms_stay_local(
+    torchrun: Torchrun, tmp_path: Path
+) -> None:
+    # rank 1 never calls watch(): rank 0 gives up the agreement after JOIN_S (2 s
+    # here) instead of waiting for a process group rank 1 never joins, while rank 1
+    # waits for rank 0 in FSDP's first all-gather; then both train to the end
+    [(steps, expected)] = run_ranks(torchrun, tmp_path, "alone", 4, ranks=1)
+    [warning] = [w for w in expected["warnings"] if "gradwatch" in w]
+    assert "not every rank" in warning and "norm_scope 'local'" in warning
+    assert expected["reduced"] == [False, False]
+    heavy = [r for r in steps if "param_norms" in r]
+    assert [r["step"] for r in heavy] == [0, 3]
+    assert all(r["norm_scope"] == "local" for r in heavy)
+    assert not (tmp_path / "alone1.jsonl").exists()
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from torch import nn
@@ -30,6 +31,7 @@ from torch import nn
 from gradwatch.protocol.sender import WebSocketSink
 from gradwatch.protocol.sink import Sink, SpoolSink
 
+from .agreed import AgreedSchedule
 from .diagnoses import DiagnosisEngine
 from .identity import default_spool_path, make_hello, rank_and_world, run_identity
 from .monitor import Monitor
@@ -54,6 +56,35 @@ def _timesteps_quantity(
         cells=list(cells) if cells else None, exact_hidden=exact_hidden,
         select=None if select.everything else select,
     )
+
+
+def _schedule(
+    model: nn.Module, every: int | None, overhead: float | None, once: WarnOnce
+) -> Schedule:
+    """The heavy-step schedule: the ranks' agreed budget where the model's parameters
+    are sharded over several ranks (their norms need the same heavy steps on every
+    rank), else each process's own. DDP keeps its own: nothing gradwatch takes there
+    is a collective, and an agreement would need watch() on every rank."""
+    if every is None and overhead is None:
+        overhead = DEFAULT_BUDGET  # the default: heavy capture under a budget
+    every = 1 if every is None else every
+    _, world_size = rank_and_world()
+    if overhead is None or world_size < 2 or not any(is_sharded(p) for p in model.parameters()):
+        return Schedule(every=every, overhead=overhead)
+    Schedule(every=every, overhead=overhead)  # bad arguments fail as usual, before the group
+    try:
+        return AgreedSchedule(every=every, overhead=overhead, once=once)
+    except Exception as e:  # no process group: each rank's own budget, local norms
+        once.warn("sharded", "gradwatch: the model's parameters are sharded (FSDP2) and the"
+                  f" ranks cannot agree on heavy steps ({type(e).__name__}: {e}), so gradient"
+                  " norms are each rank's shard norms (norm_scope 'local'); global norms"
+                  " need watch() on every rank")
+        return Schedule(every=every, overhead=overhead)
+
+
+def _keep_local(params: ParamNorms, updates: UpdateRatios) -> None:
+    """The ranks' heavy steps no longer agree: no collective from here on."""
+    params.reduce_shards = updates.reduce_shards = False
 
 
 def _diagnoser(diagnose: bool, thresholds: dict[str, Any] | None) -> DiagnosisEngine | None:
@@ -159,10 +190,8 @@ def watch(
     if not isinstance(graph_limit, int) or graph_limit < 1:
         raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
     run_id = run_identity(run_id)  # before any hook: a run id the server refuses raises here
-    if every is None and overhead is None:
-        overhead = DEFAULT_BUDGET  # the default: heavy capture under a budget
-    schedule = Schedule(every=1 if every is None else every, overhead=overhead)
     once = WarnOnce()
+    schedule = _schedule(model, every, overhead, once)
     diagnoser = _diagnoser(diagnose, thresholds)
     select = Selection(include, exclude)
     select.check(model)
@@ -170,20 +199,20 @@ def watch(
 
     timesteps = _timesteps_quantity(cells, exact_hidden, select)
     # Sharded (FSDP2) gradients' norms are made global by a collective per heavy step,
-    # which needs every rank to capture the same steps: a fixed interval, not a budget
-    # each rank measures for itself (quantities/sharded.py).
-    fixed = schedule.budget is None
-    params = ParamNorms(scaler=scaler, select=chosen, reduce_shards=fixed, averaged=averaged)
-    if not fixed and any(is_sharded(p) for p in model.parameters()):
-        once.warn("sharded", "gradwatch: the model's parameters are sharded (FSDP2) and heavy"
-                  " steps follow an overhead budget each rank measures for itself, so"
-                  " gradient norms are each rank's shard norms (norm_scope 'local'); pass"
-                  " every=N without overhead= for global norms")
+    # which needs every rank to capture the same steps: a fixed interval, or a budget
+    # the ranks agree on (agreed.py), or a single rank; a budget each rank keeps for
+    # itself leaves them local (quantities/sharded.py).
+    shared = (schedule.budget is None or isinstance(schedule, AgreedSchedule)
+              or rank_and_world()[1] < 2)
+    params = ParamNorms(scaler=scaler, select=chosen, reduce_shards=shared, averaged=averaged)
+    updates = UpdateRatios(select=chosen, reduce_shards=shared)
+    if isinstance(schedule, AgreedSchedule):
+        schedule.on_fallback.append(partial(_keep_local, params, updates))
     depth = DepthSeries(blocks, select=chosen, scaler=scaler)
     quantities: list[Quantity] = [params]
     timesteps.follow(params)  # the series describe the passes param_norms describe
     depth.follow(params)
-    quantities += [timesteps, depth, UpdateRatios(select=chosen, reduce_shards=fixed)]
+    quantities += [timesteps, depth, updates]
     quantities += [GraphSize(graph_limit), StaleState(cells), LossRetention()]
     if profile:
         quantities.append(ModuleProfile())

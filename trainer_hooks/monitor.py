@@ -163,6 +163,7 @@ class Monitor:
             return True
         self.remove()
         self.closed = True
+        self.schedule.close()
         atexit.unregister(self._at_exit)
         end = {
             "kind": "end",

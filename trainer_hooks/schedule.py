@@ -186,6 +186,9 @@ class Schedule:
         # The interval counts from the last heavy step, whether it grew or shrank.
         self._next = self._last_heavy + self.interval
 
+    def close(self) -> None:
+        """The monitor closed: nothing to release here (an agreed schedule stops)."""
+
     def _pair(self, step: int, heavy: bool, span: float, spent: float) -> bool:
         """Compare a heavy step and the light one after it with the clean light steps
         before it (light steps after a light step: what a step costs without capture).

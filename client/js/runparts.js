@@ -116,6 +116,8 @@ export function alertCount(view) {
 
 /** A search box over a chart's lines (parameters by name); empty: the largest ones. */
 export function lineSearch(kind, view) {
-  return el("input", { type: "search", class: "line-search", id: `search-${kind}`, placeholder: "filter by name",
+  const box = el("input", { type: "search", class: "line-search", id: `search-${kind}`, placeholder: "filter by name",
     "aria-label": `${kind}: show the lines whose name contains`, oninput: (e) => view.filter(e.target.value) });
+  view.searchBox = box; // a chart of many lines says in it how many there are
+  return box;
 }

@@ -20,6 +20,13 @@ const MAX_BACKLOG = 5000;
 // lists the others in the legend, grouped by module, for a click or a search.
 const MAX_SHOWN = 10;
 const TOP_K = 8;
+// With more grouped lines than this (a model with hundreds or thousands of parameters),
+// only the lines drawn are Plotly traces: the TOP_K largest, re-ranked as points
+// arrive, or up to MAX_MATCHES that match a search. The others' points wait here, so
+// a search draws them at once; a trace (and a legend entry, and an extendTraces slot
+// per live batch) for each of thousands of parameters would make the chart unusable.
+export const MAX_TRACES = 64;
+export const MAX_MATCHES = 24;
 
 /** A step record's scalar fields as [name, value] pairs named like the REST API. */
 export function recordFields(rec) {
@@ -73,6 +80,13 @@ export class LineChart extends OnScreen {
     this.index = new Map(); // key -> trace index
     this.lastStep = new Map(); // key -> last step drawn (drops replayed/duplicate points)
     this.historyHasData = false;
+    // Grouped charts keep every line's points as given (spec.value not applied), so
+    // that a bounded chart (more than MAX_TRACES lines) can draw any of them later.
+    this.kept = new Map(); // key -> {step: [], value: []}
+    this.bounded = false;
+    this.chosen = ""; // the keys drawn as traces in a bounded chart, joined
+    this.shown = 0;
+    this.of = 0; // grouped lines known (drawn or not)
   }
 
   setHistory(series) {
@@ -106,8 +120,22 @@ export class LineChart extends OnScreen {
 
   /** First paint from history: series = {key: {step: [...], value: [...]}}. */
   async draw(series = {}) {
+    const keys = Object.keys(series).filter((k) => this.spec.match(k)).sort(this.spec.order);
+    if (this.spec.group) {
+      for (const key of keys) {
+        const s = series[key];
+        this.kept.set(key, { step: s.step.slice(), value: s.value.slice() });
+        this.lastStep.set(key, s.step.length ? s.step[s.step.length - 1] : -1);
+      }
+      if (this.groupedKeys().length > MAX_TRACES) {
+        this.bounded = true;
+        await this.render(true);
+        this.drawn = true;
+        return;
+      }
+    }
     const traces = [];
-    for (const key of Object.keys(series).filter((k) => this.spec.match(k)).sort(this.spec.order)) {
+    for (const key of keys) {
       const s = series[key];
       this.index.set(key, traces.length);
       this.lastStep.set(key, s.step.length ? s.step[s.step.length - 1] : -1);
@@ -122,10 +150,56 @@ export class LineChart extends OnScreen {
   /** Which traces are drawn: those whose name contains `text`, or the top ones. */
   filter(text) {
     this.query = text.trim().toLowerCase();
-    this.showTop();
+    if (this.bounded) {
+      if (this.drawn) this.render();
+    } else this.showTop();
+  }
+
+  groupedKeys() {
+    return [...this.kept.keys()].filter((k) => this.spec.group(k));
+  }
+
+  /** The latest drawable value of a kept line (-Infinity: none): what the top ones are ranked by. */
+  latest(key) {
+    const s = this.kept.get(key);
+    for (let j = s.value.length - 1; j >= 0; j -= 1) {
+      const y = this.spec.value(s.value[j], key);
+      if (y !== null) return y;
+    }
+    return -Infinity;
+  }
+
+  /** A bounded chart's traces: the ungrouped lines, then the top or the searched ones. */
+  choose() {
+    const grouped = this.groupedKeys();
+    const query = this.query;
+    const byLatest = (keys) => keys.map((k) => [k, this.latest(k)]).sort((a, b) => b[1] - a[1]).map(([k]) => k);
+    const picked = query
+      ? byLatest(grouped.filter((k) => String(this.spec.label(k)).toLowerCase().includes(query))).slice(0, MAX_MATCHES)
+      : byLatest(grouped).slice(0, TOP_K);
+    this.of = grouped.length;
+    const rest = [...this.kept.keys()].filter((k) => !this.spec.group(k));
+    return [...rest, ...picked.sort(this.spec.order)];
+  }
+
+  /** Draw a bounded chart's chosen lines from the kept points (a new plot the first time). */
+  async render(first = false) {
+    const chosen = this.choose();
+    this.chosen = chosen.join("\n");
+    this.index = new Map(chosen.map((k, i) => [k, i]));
+    const traces = chosen.map((k) => { const s = this.kept.get(k); return this._trace(k, s.step.slice(), s.value); });
+    const lay = layout({ ...this.spec.layout, legend: GROUPED });
+    if (first) await plot(this.div, traces, lay);
+    else await window.Plotly.react(this.div, traces, this.div.layout);
+    this.shown = chosen.length - chosen.filter((k) => !this.spec.group(k)).length;
+    this.div.dataset.drawnLines = String(this.shown);
+    this.div.dataset.lines = String(this.of);
+    if (this.searchBox) this.searchBox.placeholder = `search ${this.of} lines (${TOP_K} largest drawn)`;
+    fitLogTicks(this.div);
   }
 
   showTop() {
+    if (this.bounded) return;
     const data = this.div.data || [];
     const grouped = data.map((t, i) => [t, i]).filter(([t]) => t.legendgroup);
     if (!grouped.length) return;
@@ -147,6 +221,19 @@ export class LineChart extends OnScreen {
 
   /** Append live points [{key, step, value}] now, one extendTraces for the whole batch. */
   append(points) {
+    if (this.spec.group) this.keep(points);
+    if (this.bounded) {
+      this.appendBounded(points);
+      return;
+    }
+    if (this.spec.group && this.groupedKeys().length > MAX_TRACES) {
+      // grown past MAX_TRACES (a live run's first records): bounded from now on
+      for (const { key, step } of points) if (this.spec.match(key)) this.lastStep.set(key, Math.max(step, this.lastStep.get(key) ?? -1));
+      this.bounded = true;
+      this.render();
+      if (this.onFirstData) this.onFirstData();
+      return;
+    }
     const byTrace = new Map();
     const fresh = new Map();
     for (const { key, step, value } of points) {
@@ -183,6 +270,48 @@ export class LineChart extends OnScreen {
       if (this.onFirstData) this.onFirstData();
     }
     fitLogTicks(this.div);
+  }
+
+  /** A grouped chart's record of every point given (the last MAX_LIVE_POINTS per line). */
+  keep(points) {
+    for (const { key, step, value } of points) {
+      if (!this.spec.match(key)) continue;
+      let s = this.kept.get(key);
+      if (!s) this.kept.set(key, (s = { step: [], value: [] }));
+      if (s.step.length && step <= s.step[s.step.length - 1]) continue; // replayed or duplicate
+      s.step.push(step);
+      s.value.push(value);
+      if (s.step.length > MAX_LIVE_POINTS) {
+        s.step.splice(0, s.step.length - MAX_LIVE_POINTS);
+        s.value.splice(0, s.value.length - MAX_LIVE_POINTS);
+      }
+    }
+  }
+
+  /** Live points for a bounded chart: appended to the drawn lines, or a redraw when the top ones changed. */
+  appendBounded(points) {
+    const fresh = points.some(({ key }) => this.spec.match(key) && !this.lastStep.has(key));
+    const byTrace = new Map();
+    for (const { key, step, value } of points) {
+      if (!this.spec.match(key)) continue;
+      const last = this.lastStep.get(key);
+      if (last !== undefined && step <= last) continue;
+      this.lastStep.set(key, step);
+      const idx = this.index.get(key);
+      if (idx === undefined) continue;
+      if (!byTrace.has(idx)) byTrace.set(idx, { x: [], y: [] });
+      byTrace.get(idx).x.push(step);
+      byTrace.get(idx).y.push(this.spec.value(value, key));
+    }
+    if (this.choose().join("\n") !== this.chosen) {
+      this.render(); // the largest lines changed: drawn again from the kept points
+    } else if (byTrace.size) {
+      const indices = [...byTrace.keys()];
+      extend(this.div, { x: indices.map((i) => byTrace.get(i).x), y: indices.map((i) => byTrace.get(i).y) },
+        indices, MAX_LIVE_POINTS);
+      fitLogTicks(this.div);
+    }
+    if (fresh && this.onFirstData) this.onFirstData();
   }
 }
 

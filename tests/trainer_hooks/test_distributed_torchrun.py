@@ -1,11 +1,10 @@
-"""A `torchrun` job of 2 CPU ranks (gloo) streams into one run, each rank as itself."""
+"""A job of 2 CPU ranks (gloo) started by the real `torchrun` binary streams into one
+run, each rank as itself."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import urllib.request
 from collections.abc import Callable
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import Torchrun
 
 WORKER = textwrap.dedent(
     """
@@ -49,19 +50,14 @@ def get_json(url: str) -> Any:
 
 @pytest.mark.slow
 def test_torchrun_ranks_join_one_run_and_report_side_by_side(
-    tmp_path: Path, gradwatch_server: Callable[..., Any]
+    tmp_path: Path, gradwatch_server: Callable[..., Any], torchrun: Torchrun
 ) -> None:
     server = gradwatch_server()
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {k: v for k, v in os.environ.items() if k != "GRADWATCH_RUN_ID"}
-    env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "torch.distributed.run", "--standalone",
-         "--nproc-per-node", "2", str(script), server.url],
-        env=env, capture_output=True, text=True, timeout=110,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = torchrun(script, server.url, env=env)
+    assert done.returncode == 0, done.stdout[-4000:]
 
     runs = [r for r in get_json(server.http + "/api/runs") if r["name"] == "ddp-torchrun"]
     assert len(runs) == 1, runs  # one run, not one per rank

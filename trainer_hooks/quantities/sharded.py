@@ -15,7 +15,8 @@ local parts; :func:`reduce_groups` returns None for it and the caller leaves it 
 
 The reduction is a collective: every rank of a group must take part for the same
 step, so ``watch()`` reduces only where every rank captures the same steps
-(``every=N`` without a budget; docs/CAPTURE.md, "Sharded training").
+(``every=N`` without a budget, or the default budget, whose heavy steps the ranks
+agree on: ``agreed.py``; docs/CAPTURE.md, "Sharded training").
 
 Example (one process, no process group needed: a plain tensor passes through):
     >>> import torch

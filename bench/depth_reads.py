@@ -10,7 +10,7 @@ around it). Two ways to sum the ratios up per block for 500 steps, interleaved
 - A: field by field, ``named_points`` per parameter (the way ``/steps`` reads a named
   field), then the blocks' maxima in Python;
 - B: ``server/depth_reads.update_ratio_blocks``: every chunk read once
-  (store/named_matrix.py), the maxima in numpy.
+  (store/chunk_reads.py, named_matrix), the maxima in numpy.
 
 Also the depth matrix of the stack (``/depth``, 500 rows). Prints the medians and
 the ratio, with the load average.

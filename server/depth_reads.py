@@ -32,7 +32,6 @@ import numpy as np
 from .column_checks import floats
 from .downsample import pick_rows
 from .store.chunks import scalar_out
-from .store.named_matrix import named_matrix
 
 
 def block_of(param: str, blocks: Sequence[str]) -> str:
@@ -133,7 +132,7 @@ def update_ratio_blocks(
     known = list(owner)
     lo = 0 if start is None else start
     hi = 2**62 if stop is None else stop
-    steps, names, values, present = named_matrix(store, run_id, rank, "update_ratios/", lo, hi)
+    steps, names, values, present = store.named_matrix(run_id, rank, "update_ratios/", lo, hi)
     pick = pick_rows(len(steps), max_steps)
     values, present = values[pick], present[pick]
     members: dict[str, list[int]] = {}

@@ -28,10 +28,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from gradwatch.protocol.codec import dumps
+
 from ..settings import Settings
 from .chunk_writes import ChunkWrites
 from .reads import Reads
-from .split import ALERT_INSERT, EPOCH_INSERT, dumps, split_batch
+from .split import ALERT_INSERT, EPOCH_INSERT, split_batch
 
 _STOP = object()
 

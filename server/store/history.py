@@ -16,7 +16,7 @@ from gradwatch.protocol.column_shapes import PROFILE_KEYS
 
 from ..downsample import bucket_width
 from . import rollups
-from .chunk_reads import ChunkReads, Points, bucket_extremes, combined_counts
+from .chunk_reads import ChunkReads, Points, bucket_extremes
 from .chunks import INTEGER_FIELDS, SCALAR_FIELDS, scalar_out
 
 _FIELDS_EXPECTED = (
@@ -152,8 +152,12 @@ class HistoryReads(ChunkReads):
             self.query(rollups.STEP_COUNT, (series, level, first, last))[0]
             for level, first, last in blocks
         ]
-        parts.extend(self.chunk_count(run_id, rank, a, b) for a, b in rest)
-        return combined_counts(parts)
+        ends = [self.chunk_steps(run_id, rank, a, b) for a, b in rest]
+        parts.extend((len(steps), min(steps), max(steps)) for steps in ends if steps)
+        firsts = [p[1] for p in parts if p[1] is not None]
+        lasts = [p[2] for p in parts if p[2] is not None]
+        count = sum(int(p[0] or 0) for p in parts)
+        return count, min(firsts, default=None), max(lasts, default=None)
 
     def extremes(
         self,

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -149,14 +148,6 @@ def schema(integer: str, blob: str, serial: str, clustered: str) -> list[str]:
         f" step_lo {integer} NOT NULL, step_hi {integer} NOT NULL, data {blob} NOT NULL,"
         f" PRIMARY KEY (set_id, level, block)){clustered}",
     ]
-
-
-@dataclass
-class Layout:
-    """One set's id and the kind of each of its series (``q`` int64, ``d`` float64)."""
-
-    id: int
-    kinds: str
 
 
 # int64 keys of float64 bits: x >= 0 as they are, x < 0 with the other bits flipped.

@@ -1,15 +1,10 @@
 """A validated batch as the rows of every table: its step records as chunks
 (store/chunks.py), its epochs, alerts and ends as rows of their own.
 
-The wire carries step records two ways (docs/PROTOCOL.md): as ``columns`` blocks, and
-as records (a trainer's odd steps: ``nonfinite``, ``backward_passes``,
-``timestep_layout``, a field a newer trainer adds, or a sender that never packs). The
-store keeps both ONE way, so every read has one path: consecutive step records of one
-shape (the same fields, named names and series lengths) become one :class:`RecordBlock`
-shaped like a wire block, plus what a wire block cannot carry: ``backward_passes`` as
-an int64 column, ``depth`` series (stored like ``timesteps``: family ``depth``,
-series ``input``), and each record's other fields as a JSON object in ``notes``.
-``update_ratios`` are named scalars like ``param_norms`` (``update_ratios/<p>``).
+Step records come as ``columns`` blocks or one by one (docs/PROTOCOL.md); the store
+keeps both ONE way, so every read has one path: consecutive step records of one shape
+become one :class:`RecordBlock` shaped like a wire block, plus what a wire block
+cannot carry (``backward_passes``, ``depth`` series, other fields as ``notes``).
 
 Example:
     >>> from gradwatch.server.schema import parse_message
@@ -28,17 +23,14 @@ Example:
 from __future__ import annotations
 
 import struct
-import sys
 import zlib
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
-from pydantic_core import to_json
-
-from gradwatch.protocol.column_shapes import PROFILE_KEYS
-from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
+from gradwatch.protocol.column_shapes import PROFILE_KEYS, pack_floats
+from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH
 
 from ..schema import (
     FloatColumn,
@@ -51,7 +43,6 @@ from .chunks import FLOAT_FIELDS, INT_FIELDS, Chunks, add_block
 
 # Kept per record in ``notes`` (besides fields the server does not know).
 NOTE_FIELDS = ("nonfinite", "timestep_layout")
-_LITTLE = sys.byteorder == "little"
 
 EPOCH_INSERT = (
     "INSERT INTO epochs (run_id, rank, epoch, step, t, duration_s, steps, data)"
@@ -61,11 +52,6 @@ ALERT_INSERT = (
     "INSERT INTO alerts (run_id, rank, step, code, severity, state, subject, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON of stored values (pydantic-core's encoder: ~3x ``json.dumps``)."""
-    return to_json(value).decode()
 
 
 @dataclass
@@ -82,11 +68,8 @@ class SplitBatch:
 
 
 def opens_problem(record: Any) -> int:
-    """1 when an alert record opens a problem (the runs list counts problems, not records).
-
-    A sender that groups alerts by cause says so (``opens_problem``); for one that does
-    not, each ``raised`` record without a ``problem`` counts.
-    """
+    """1 when an alert record opens a problem: as its sender says, else when it is
+    ``raised`` without a ``problem`` (the runs list counts problems, not records)."""
     if record.opens_problem is not None:
         return int(record.opens_problem)
     return int(record.problem is None and record.state == "raised")
@@ -142,15 +125,11 @@ class RecordBlock(StepColumns):
     notes: list[dict[str, Any] | None] | None = None
 
 
-def floats(values: Sequence[Any]) -> bytes:
-    """Little-endian float64 bytes; the "NaN"/"Infinity" strings become floats."""
-    try:
-        packed = array("d", values)
-    except TypeError:
-        packed = array("d", [NONFINITE_STRINGS[v] if isinstance(v, str) else v for v in values])
-    if not _LITTLE:
-        packed.byteswap()
-    return packed.tobytes()
+def floats(values: list[Any]) -> bytes:
+    packed = pack_floats(values)
+    if packed is None:  # never for validated numbers
+        raise ValueError(f"expected numbers, got {values[:3]!r}")
+    return packed
 
 
 def _ints(values: Sequence[int]) -> bytes:
@@ -161,12 +140,11 @@ def _named(record: Any) -> tuple[tuple[str, ...], list[Any]]:
     """A record's named scalars: their names in the order of a wire block, and values."""
     names: list[str] = []
     values: list[Any] = []
-    if record.param_norms:
-        names.extend(f"param_norms/{p}" for p in record.param_norms)
-        values.extend(record.param_norms.values())
-    if record.update_ratios:
-        names.extend(f"update_ratios/{p}" for p in record.update_ratios)
-        values.extend(record.update_ratios.values())
+    for family in ("param_norms", "update_ratios"):
+        found = getattr(record, family)
+        if found:
+            names.extend(f"{family}/{p}" for p in found)
+            values.extend(found.values())
     for param, by_gate in (record.gate_norms or {}).items():
         names.extend(f"gate_norms/{param}/{g}" for g in by_gate)
         values.extend(by_gate.values())
@@ -208,23 +186,13 @@ def _shape(record: Any) -> tuple[Any, ...]:
 
 def step_blocks(records: Sequence[Any], uid: int) -> Iterator[tuple[RecordBlock, range]]:
     """The step records of ``records`` as blocks of consecutive records of one shape,
-    each with its records' uids (``uid + 1`` for the first step record, then one more
-    for each)."""
-    run: list[tuple[Any, list[Any]]] = []
-    key: Any = None
+    each with its records' uids (``uid + 1`` for the first step record, then on)."""
     first = uid + 1
-    for record in records:
-        if record.kind != "step":
-            continue
-        plain, names, series, values = _shape(record)
-        if (plain, names, series) != key and run:
-            yield _block(run, key), range(first, first + len(run))
-            first += len(run)
-            run = []
-        key = (plain, names, series)
-        run.append((record, values))
-    if run:
+    shaped = ((_shape(r), r) for r in records if r.kind == "step")
+    for key, group in groupby(shaped, key=lambda item: item[0][:3]):
+        run = [(r, shape[3]) for shape, r in group]
         yield _block(run, key), range(first, first + len(run))
+        first += len(run)
 
 
 def _block(run: list[tuple[Any, list[Any]]], key: Any) -> RecordBlock:

@@ -19,21 +19,18 @@ from typing import Any, cast
 import numpy as np
 
 from ..columns import floats, ints
-from . import rollups
-from .chunks import INT_FIELDS, SPAN, decode_view, stored_floats
+from .chunks import INT_FIELDS, SPAN, stored_floats
 from .tables import Database
 
 _NAMED = "uid, written, names, steps, data"
 # (steps, values): one value per step, in step order.
 Points = tuple[list[int], list[Any]]
-# A named chunk as read: (written, uid, set id, steps, its values as floats).
-Chunk = tuple[int, int, int, list[int], "memoryview[float] | Any"]
+# A named chunk as read: (written, uid, set id, steps, its values as float64).
+Chunk = tuple[int, int, int, list[int], Any]
 
 
 class ChunkReads(Database):
     """Mixed into the stores' reads (store/history.py, store/reads.py)."""
-
-    value_key = staticmethod(rollups.sqlite_key)
 
     def _chunks(
         self, columns: str, table: str, run_id: str, rank: int, lo: int, hi: int,
@@ -149,15 +146,15 @@ class ChunkReads(Database):
         sets: dict[int, dict[str, int]] | None = None,
     ) -> Points:
         """(steps, stored values) of a named field in ``lo..hi``: the last row written
-        of each step. ``memo`` shares the chunks, decoded once as float views of their
-        bytes, and each set of chunks' steps between the fields of one query; a field's
-        values are one C-level slice per chunk (``view[index::width]``)."""
+        of each step. ``memo`` shares the chunks (float64 arrays) and each set of
+        chunks' steps between the fields of one query; a field's values are one strided
+        slice per chunk."""
         if sets is None:
             sets = self.name_sets(run_id, rank)
         chunks: list[Chunk] | None = memo.get((lo, hi))
         if chunks is None:
             chunks = memo[lo, hi] = [
-                (written, uid, set_id, ints(bytes(steps)), decode_view(bytes(data)))
+                (written, uid, set_id, ints(bytes(steps)), np.frombuffer(bytes(data), "<f8"))
                 for uid, written, set_id, steps, data in self._chunks(
                     _NAMED, "named_chunks", run_id, rank, lo, hi
                 )
@@ -239,36 +236,3 @@ def steps_layout(chunks: Sequence[Chunk], lo: int, hi: int) -> tuple[list[int], 
         place += len(numbers)
     ordered = sorted(latest)
     return ordered, [latest[step][1] for step in ordered]
-
-
-def bucket_extremes(
-    steps: list[int], values: list[Any], cuts: Sequence[tuple[int, int]], key: rollups.Key
-) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
-    """(step, value) of the min and of the max of ``values[i:j]`` for each ``(i, j)`` of
-    ``cuts`` (``steps`` in order): the earliest of equal values, in ``key``'s order.
-
-    >>> bucket_extremes([0, 1, 5, 6], [2.0, "NaN", 2.0, 1.0], [(0, 2), (2, 4), (4, 4)],
-    ...                 rollups.sqlite_key)
-    ([(0, 2.0), (6, 1.0)], [(1, 'NaN'), (5, 2.0)])
-    """
-    try:
-        total = sum(values)
-        plain = total == total
-    except TypeError:
-        plain = False
-    keys = None if plain else [key(v) for v in values]
-    lows: list[tuple[int, Any]] = []
-    highs: list[tuple[int, Any]] = []
-    for i, j in cuts:
-        if i >= j:
-            continue
-        if keys is None:
-            part = values[i:j]
-            # min()/max() return the first of equal values, index() finds it: in C.
-            lo, hi = i + part.index(min(part)), i + part.index(max(part))
-        else:
-            at = keys.__getitem__
-            lo, hi = min(range(i, j), key=at), max(range(i, j), key=at)
-        lows.append((steps[lo], values[lo]))
-        highs.append((steps[hi], values[hi]))
-    return lows, highs

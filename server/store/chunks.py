@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +43,6 @@ CHUNK_FIELDS = ("epoch", *FLOAT_FIELDS, *INT_FIELDS[1:])
 SCALAR_FIELDS = ("loss", "duration_s", "total_norm", "graph_nodes", "rss_bytes",
                  "cuda_allocated_bytes", "cuda_reserved_bytes", "overhead", "backward_passes")
 INTEGER_FIELDS = tuple(name for name in SCALAR_FIELDS if name in INT_FIELDS)
-_LITTLE = sys.byteorder == "little"
 # A chunk's steps lie within step_lo .. step_lo + SPAN - 1, so the chunks that may
 # hold a step range are found on the (run, rank, step_lo) key alone.
 SPAN = 4096
@@ -226,19 +223,3 @@ def digest(names: tuple[str, ...]) -> tuple[str, str]:
     """
     text = json.dumps(list(names), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest(), text
-
-
-def decode_view(data: bytes) -> memoryview[float] | array[float]:
-    """Packed float64 values without copying them where the machine is little-endian
-    (a float view: 4x faster than an array for one field of 20k rows);
-    ``view[i::width].tolist()`` is a field of rows of ``width`` values.
-
-    >>> decode_view(bytes(8)).tolist()
-    [0.0]
-    """
-    if _LITTLE:
-        return memoryview(data).cast("d")
-    values = array("d")
-    values.frombytes(data)
-    values.byteswap()
-    return values

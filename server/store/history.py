@@ -7,16 +7,17 @@ where it is cut by ``from``/``to``, still open, or finer than the smallest rollu
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
+
+import numpy as np
 
 from gradwatch.protocol.column_shapes import PROFILE_KEYS
 
 from ..downsample import bucket_width
 from . import rollups
-from .chunk_reads import ChunkReads, Points, bucket_extremes
+from .chunk_reads import ChunkReads, Points
 from .chunks import INTEGER_FIELDS, SCALAR_FIELDS, scalar_out
 
 _FIELDS_EXPECTED = (
@@ -173,21 +174,24 @@ class HistoryReads(ChunkReads):
                 spans[-1][1] = end
             else:
                 spans.append([start, end])
-        lows: list[tuple[int, Any]] = []
-        highs: list[tuple[int, Any]] = []
-        for start, end in spans:
-            steps, values = points(start, end)
-            # The buckets' index ranges, found once per steps list (shared by the
-            # fields of one name set); the entry holds the list, so its id stays its own.
-            entry = memo.get(("cuts", id(steps), start, end))
-            if entry is None or entry[0] is not steps:
-                inside = [b for b in bounds if start <= b[0] and b[1] <= end]
-                cuts = [(bisect_left(steps, a), bisect_right(steps, b)) for a, b in inside]
-                entry = memo["cuts", id(steps), start, end] = (steps, cuts)
-            found = bucket_extremes(steps, values, entry[1], self.value_key)
-            lows.extend(found[0])
-            highs.extend(found[1])
-        return lows + highs
+        read = [points(start, end) for start, end in spans]
+        # Each step's bucket, found once per steps lists (shared by the fields of one
+        # name set); the entry holds the lists, so their ids stay their own.
+        key = ("buckets", *map(tuple, spans), *(id(steps) for steps, _ in read))
+        entry = memo.get(key)
+        if entry is None or any(a is not b for a, (b, _) in zip(entry[0], read, strict=True)):
+            steps = np.array([s for part, _ in read for s in part], np.int64)
+            starts = np.array(sorted(a for a, _ in bounds), np.int64)
+            at = np.searchsorted(starts, steps, "right") - 1
+            entry = memo[key] = ([part for part, _ in read], steps, at)
+        flat = [v for _, part in read for v in part]
+        values = np.array(flat)
+        if values.dtype.kind not in "if":  # SQLite's "NaN"/"Infinity" strings
+            values = np.array(flat, np.float64)
+        records = np.empty(len(flat), rollups.ROW_DTYPES[values.dtype.kind])
+        records["ls"] = records["hs"] = entry[1]
+        records["lv"] = records["hv"] = values
+        return rollups.extremes(entry[2], records, self.kind, self._stored_scalar)
 
     def _bucketed(
         self,

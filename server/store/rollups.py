@@ -45,6 +45,7 @@ LEVELS = (6, 10, 14, 18)
 # first/last steps answer the history's `total` without counting 1e6 rows.
 STEP_SERIES = "step"
 
+# One value at a time, the orders that order_keys gives arrays (the tests' reference).
 Key = Callable[[Any], tuple[int, Any]]
 
 
@@ -256,8 +257,7 @@ def bucket_extremes(
 ) -> list[tuple[int, Any]]:
     """(step, value) of the min and of the max of each bucket of ``2**shift`` blocks,
     from the :data:`SERIES_ROWS` rows ``(position, kind, block, data)`` of one series
-    (in one set or several): the lower (higher) value, then the earlier step, in numpy;
-    non-finite floats as the backend stores them (``stored``)."""
+    (in one set or several), as :func:`extremes` picks them."""
     parts: dict[tuple[int, str, int], tuple[list[int], list[bytes]]] = {}
     for at, kind, block, data in rows:
         found = parts.setdefault((at, kind, len(data)), ([], []))
@@ -274,7 +274,15 @@ def bucket_extremes(
             for (at, kind, _), (_, d) in parts.items()
         ]
     )
-    buckets = blocks >> shift
+    return extremes(blocks >> shift, records, order, stored)
+
+
+def extremes(
+    buckets: np.ndarray, records: np.ndarray, order: str, stored: Callable[[float], Any]
+) -> list[tuple[int, Any]]:
+    """(step, value) of the min and of the max of each bucket (``buckets``: each record's)
+    from ``records`` of :data:`ROW_DTYPES`: the lower (higher) value, then the earlier
+    step, then the earlier record; non-finite floats as the backend stores them."""
     out: list[tuple[int, Any]] = []
     for step, value, sign in (("ls", "lv", 1), ("hs", "hv", -1)):
         keys = order_keys(records[value], order)

@@ -163,8 +163,8 @@ def test_set_rollups_equal_the_reference(records, postgres, seq):
     assert _written(batch, scalar, key, order) == want
 
 
-def test_python_bucket_extremes_match_the_reference(store_sql, gradwatch_db):
-    """Edge and fine buckets come from the chunks in Python: each bucket's min and max
+def test_chunk_bucket_extremes_match_the_reference(store_sql, gradwatch_db):
+    """Edge and fine buckets come from the chunks: each bucket's min and max
     equal the reference's (the earliest step of equal values, in the backend's order),
     non-finite values, ties and empty buckets included."""
     postgres = gradwatch_db.startswith("postgresql")

@@ -5,16 +5,8 @@ A store has one writer thread that owns the write connection. Ingest submits wor
 writer takes whatever is waiting, up to ``Settings.group_commit`` items, writes it in
 ONE transaction ("group commit") and only then resolves the futures, so an ``ack``
 sent on one means "durable". Reads are plain methods, safe from any thread (one read
-connection per thread). Deduplication: a batch whose ``(run_id, rank, session, seq)``
-is already in ``batches`` is acknowledged and nothing else is written (its future
-says False; True when it was stored).
-
-Example (any backend; see :func:`gradwatch.server.store.open_store`):
-    >>> store = open_store(Settings(db=path))          # doctest: +SKIP
-    >>> store.submit_hello(hello).result()             # doctest: +SKIP
-    >>> store.submit_batch(batch).result()             # doctest: +SKIP
-    True
-    >>> store.list_runs()[0]["name"]                   # doctest: +SKIP
+connection per thread). A batch whose ``(run_id, rank, session, seq)`` is already in
+``batches`` is acknowledged and nothing else is written (its future says False).
 """
 
 from __future__ import annotations

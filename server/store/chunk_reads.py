@@ -143,14 +143,14 @@ class ChunkReads(Database):
         lo: int,
         hi: int,
         memo: dict[Any, Any],
-        sets: dict[int, dict[str, int]] | None = None,
     ) -> Points:
         """(steps, stored values) of a named field in ``lo..hi``: the last row written
         of each step. ``memo`` shares the chunks (float64 arrays) and each set of
         chunks' steps between the fields of one query; a field's values are one strided
         slice per chunk."""
+        sets = memo.get("sets")
         if sets is None:
-            sets = self.name_sets(run_id, rank)
+            sets = memo["sets"] = self.name_sets(run_id, rank)
         chunks: list[Chunk] | None = memo.get((lo, hi))
         if chunks is None:
             chunks = memo[lo, hi] = [
@@ -196,8 +196,8 @@ class ChunkReads(Database):
             found = wanted.get(set_id)
             if found is None:
                 mine = [(n, i) for n, i in names.items() if n.startswith(prefix)]
-                at = [columns.setdefault(n, len(columns)) for n, _ in mine]
-                found = wanted[set_id] = (at, [i for _, i in mine])
+                places = [columns.setdefault(n, len(columns)) for n, _ in mine]
+                found = wanted[set_id] = (places, [i for _, i in mine])
             if found[0]:
                 numbers = ints(bytes(steps))
                 chunks.append((written, uid, set_id, numbers, None))
@@ -206,11 +206,11 @@ class ChunkReads(Database):
         steps, picks = steps_layout(chunks, lo, hi)
         values = np.zeros((sum(len(c[3]) for c in chunks), len(columns)))
         present = np.zeros(values.shape, dtype=bool)
-        at = 0
+        row = 0
         for where, rows in parts:
-            values[at : at + len(rows), where] = rows
-            present[at : at + len(rows), where] = True
-            at += len(rows)
+            values[row : row + len(rows), where] = rows
+            present[row : row + len(rows), where] = True
+            row += len(rows)
         if picks is not None:
             values, present = values[picks], present[picks]
         return steps, list(columns), values, present

@@ -90,6 +90,7 @@ class ColumnGroup:
     ids: tuple[int, ...] = ()
     kinds: str = ""
 
+
 @dataclass
 class Chunks:
     """A batch's chunk rows (named rows still need their name set's id) and groups."""
@@ -216,10 +217,6 @@ def scalar_out(value: Any) -> Any:
 
 
 def digest(names: tuple[str, ...]) -> tuple[str, str]:
-    """(digest, JSON text) of a name set, as ``named_sets`` keeps it.
-
-    >>> digest(("param_norms/w",))[1]
-    '["param_norms/w"]'
-    """
+    """(digest, JSON text) of a name set, as ``named_sets`` keeps it."""
     text = json.dumps(list(names), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest(), text

@@ -83,14 +83,9 @@ class HistoryReads(ChunkReads):
         fields: Sequence[str] | None = None,
         max_points: int = 2000,
     ) -> dict[str, Any]:
-        """Downsampled scalar series of one rank (docs/API.md ``/steps``).
-
-        Up to ``max_points`` rows come back as they are; beyond that each bucket's min
-        and max (aligned buckets of a power-of-two width, downsample.bucket_width) come
-        from the rollups kept at ingest, so a 1e6-step run reads ~1,000 rollup rows per
-        field; only a bucket cut by ``from``/``to`` and buckets finer than the finest
-        rollup read chunks.
-        """
+        """Downsampled scalar series of one rank (docs/API.md ``/steps``): up to
+        ``max_points`` rows as they are; beyond that each bucket's min and max, from
+        the rollups (a 1e6-step run reads ~1,000 rollup rows per field) where whole."""
         if max_points < 2:
             raise ValueError(f"max_points: expected at least 2, got {max_points}")
         self.run_summary(run_id)  # 404 before any work
@@ -102,8 +97,6 @@ class HistoryReads(ChunkReads):
         out: dict[str, Any] = {}
         downsampled = total > max_points
         width = bucket_width(int(first), int(last), max_points // 2) if downsampled else 1
-        level = rollups.level_for(width) if downsampled else None
-        sets: dict[int, dict[str, int]] | None = None
         memo: dict[Any, Any] = {}  # chunks read once for all the named fields
         for name, is_plain in plain.items():
             series = self._series_id(run_id, rank, name)
@@ -114,21 +107,18 @@ class HistoryReads(ChunkReads):
             if is_plain:
                 points = partial(self.chunk_points, run_id, rank, name)
             else:
-                if sets is None:
-                    sets = self.name_sets(run_id, rank)
-                points = partial(self.named_points, run_id, rank, name, memo=memo, sets=sets)
+                points = partial(self.named_points, run_id, rank, name, memo=memo)
             if downsampled:
-                end = min(hi, int(last))
-                raw = partial(self.extremes, points, memo)
                 found: Sequence[tuple[Any, Any]] = self._bucketed(
-                    lo, end, int(first), width, level, series, raw
+                    series, points, memo, lo, min(hi, int(last)), int(first), width
                 )
             else:
                 found = list(zip(*points(lo, hi), strict=True))
-            if name in INTEGER_FIELDS or _is_count(name):
-                # Packed rows and rollup rows hold them as float64.
-                found = [(s, _integral(v)) for s, v in found]
-            out[name] = {"step": [r[0] for r in found], "value": [_number(r[1]) for r in found]}
+            if name in INTEGER_FIELDS or (name.startswith("profile/") and name.endswith("/calls")):
+                # Packed rows and rollup rows hold them (and profile counts) as float64.
+                found = [(s, int(v) if isinstance(v, float) and v.is_integer() else v)
+                         for s, v in found]
+            out[name] = {"step": [r[0] for r in found], "value": [scalar_out(r[1]) for r in found]}
         return {
             "rank": rank,
             "from": start,
@@ -194,53 +184,25 @@ class HistoryReads(ChunkReads):
         return rollups.extremes(entry[2], records, self.kind, self._stored_scalar)
 
     def _bucketed(
-        self,
-        lo: int,
-        hi: int,
-        first: int,
-        width: int,
-        level: int | None,
-        series: int | None,
-        raw_extremes: Callable[[Sequence[tuple[int, int]]], list[tuple[int, Any]]],
+        self, series: int, points: Callable[[int, int], Points], memo: dict[Any, Any],
+        lo: int, hi: int, first: int, width: int,
     ) -> list[tuple[int, Any]]:
         """(step, value) of each bucket's min and max, in step order, for the steps
-        ``lo..hi`` (``first`` the first one stored); ``raw_extremes`` answers the
-        buckets that the rollups do not (from the chunks)."""
+        ``lo..hi`` (``first`` the first one stored): whole buckets from the rollups,
+        the rest (cut by the range's ends, or finer than every level) from ``points``."""
         buckets = range(first // width, hi // width + 1)
         raw = list(buckets)
         found: dict[int, Any] = {}
-        if level is not None and series is not None:
-            # Buckets cut by the range's ends mix steps inside and outside it: only
-            # those read step rows; the rest are whole rollup blocks.
+        level = rollups.level_for(width)
+        if level is not None:
             inner = [b for b in buckets if b * width >= lo and b * width + width - 1 <= hi]
             raw = [b for b in buckets if not inner or b < inner[0] or b > inner[-1]]
             if inner:
                 shift = (width.bit_length() - 1) - level
                 span = (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1)
                 rows = self.query(rollups.SERIES_ROWS, span)
-                found.update(
-                    rollups.bucket_extremes(rows, shift, self.kind, self._stored_scalar)
-                )
+                found.update(rollups.bucket_extremes(rows, shift, self.kind, self._stored_scalar))
         if raw:
             bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
-            found.update(raw_extremes(bounds))
+            found.update(self.extremes(points, memo, bounds))
         return sorted(found.items())
-
-
-def _is_count(name: str) -> bool:
-    """``profile/<module>/calls``: a count, kept as float64 in the packed rows."""
-    return name.startswith("profile/") and name.endswith("/calls")
-
-
-def _integral(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _number(value: Any) -> Any:
-    """A stored value as the protocol writes it: non-finite floats as strings (SQLite's
-    stored "NaN"/"Infinity" strings already are)."""
-    if type(value) is float and value - value != 0:
-        return scalar_out(value)
-    return value

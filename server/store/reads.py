@@ -95,35 +95,25 @@ class Reads(HistoryReads):
             )
         }
         (modules_text,) = self.query("SELECT modules FROM runs WHERE id = ?", (run_id,))[0]
+        keys: dict[str, list[str]] = {}
         series: dict[str, list[str]] = {}
-        params: list[str] = []
-        gates: list[str] = []
-        profiled: list[str] = []
-        extra: dict[str, list[str]] = {}
         for family, key, sub in self.query(
             "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
             (run_id,),
         ):
             if family == "timesteps":
                 series.setdefault(key, []).append(sub)
-            elif family == "param_norms":
-                params.append(key)
-            elif family == "gate_norms":
-                if not gates or gates[-1] != key:
-                    gates.append(key)
-            elif family == "profile":
-                profiled.append(key)
-            elif family in ("depth", "update_ratios"):
-                extra.setdefault(family, []).append(key)
+            elif not keys.get(family) or keys[family][-1] != key:  # a gate's parameter once
+                keys.setdefault(family, []).append(key)
         summary.update(
             hello=hellos,
             modules=json.loads(modules_text) if modules_text else {},
             series=series,
-            parameters=params,
-            gate_parameters=gates,
-            profiled_modules=profiled,
-            depth=extra.get("depth", []),
-            update_ratio_parameters=extra.get("update_ratios", []),
+            parameters=keys.get("param_norms", []),
+            gate_parameters=keys.get("gate_norms", []),
+            profiled_modules=keys.get("profile", []),
+            depth=keys.get("depth", []),
+            update_ratio_parameters=keys.get("update_ratios", []),
         )
         return summary
 
@@ -138,13 +128,9 @@ class Reads(HistoryReads):
         stop: int | None = None,
         max_cells: int = 1_000_000,
     ) -> dict[str, Any]:
-        """The heatmap matrix of one module's series (docs/API.md ``/timesteps``).
-
-        At most ``max_cells`` values: when the chosen steps times a row's timesteps
-        would pass it, each row keeps evenly spaced timesteps (always the first and
-        the last), listed in ``timestep_index``; rows are cut as they are read, so a
-        request never holds more than that and one row.
-        """
+        """The heatmap matrix of one module's series (docs/API.md ``/timesteps``), at
+        most ``max_cells`` values: rows keep evenly spaced timesteps where they would
+        pass it, cut as they are read (a request never holds more and one row)."""
         self.run_summary(run_id)
         lo = 0 if start is None else start
         hi = 2**62 if stop is None else stop

@@ -2,28 +2,20 @@
 
 Each series (a plain field, a named scalar or the step numbers: :data:`STEP_SERIES`)
 has an id in ``series``. A chunk (store/chunks.py) brings ~35 series that share their
-steps, and keeps ONE row per (set of series, level, block) for them all:
+steps, and keeps ONE row per (set of series, level, block) for them all: a set
+(``rollup_sets``, its members in ``rollup_members``) lists its series and their kinds
+(``q`` int64, ``d`` float64); a ``set_rollups`` row, per block of ``2**L`` steps
+(``block = step >> L``, ``L`` in :data:`LEVELS`), holds the number of records, their
+first and last step, and per series a record of :data:`ROW_DTYPES` (min step, min,
+max step, max).
 
-- ``rollup_sets``: a set's series ids (``series``, comma-separated, in order) and
-  their ``kinds``, one letter each: ``q`` int64 values, ``d`` float64;
-- ``rollup_members``: which sets a series is in, and where;
-- ``set_rollups``: per block of ``2**L`` steps (``block = step >> L``, ``L`` in
-  :data:`LEVELS`), the number of records (``n``), their first and last step, and
-  ``data``: per series in set order 32 bytes, ``min_step`` (int64), the min value,
-  ``max_step`` (int64), the max value, as the kind says (a record of
-  :data:`ROW_DTYPES`; non-finite floats are float64 too).
-
-A history bucket of ``2**k`` steps (store/history.py) is exactly ``2**(k-L)`` rows of
-the largest level ``L <= k``. Ties keep the earliest step, for the min and the max.
-Values order as each backend orders its stored values (:func:`order_keys`): in SQLite
-numbers before text, so the ``"NaN"``/``"Infinity"`` strings win every max; in
-PostgreSQL NaN above +inf. The same block written again (the next batch) is merged
-with the stored row by the same rule (:func:`merge_arrays`); SQLite's writer holds the
-write lock from the chunk inserts to the commit, PostgreSQL's locks the sets.
+A history bucket of ``2**k`` steps is exactly ``2**(k-L)`` rows of the largest level
+``L <= k``. Ties keep the earliest step. Values order as each backend orders its
+stored values (:func:`order_keys`). The same block written again is merged with the
+stored row by the same rule (:func:`merge_arrays`); SQLite's writer holds the write
+lock from the chunk inserts to the commit, PostgreSQL's locks the sets.
 
 Example:
-    >>> level_for(2048), cover(10, 2000)[0]
-    (10, [(6, 1, 30)])
     >>> found, rows = array_blocks(np.array([3, 70, 65]), np.array([[2.5], [1.0], [9.0]]),
     ...                            "sqlite")
     >>> found[1], rows[1].tolist()
@@ -160,8 +152,7 @@ _NAN = np.int64(0x7FF8_0000_0000_0000)
 def order_keys(values: np.ndarray, order: str) -> np.ndarray:
     """int64 keys that order float64 ``values`` as the backend orders stored numbers:
     ``"postgresql"``: -inf < numbers < +inf < NaN (every NaN equal); ``"sqlite"``:
-    numbers < "-Infinity" < "Infinity" < "NaN" (text after numbers, by its bytes).
-    -0.0 and 0.0 are equal, as both backends compare them. int64 values are their keys.
+    numbers < "-Infinity" < "Infinity" < "NaN" (text after numbers); -0.0 == 0.0.
 
     >>> order_keys(np.array([1.0, -2.0, -0.0, np.inf, -np.inf, np.nan]), "sqlite").argsort()
     array([1, 2, 0, 4, 3, 5])
@@ -182,13 +173,11 @@ def order_keys(values: np.ndarray, order: str) -> np.ndarray:
 def array_blocks(
     steps: np.ndarray, matrix: np.ndarray, order: str
 ) -> tuple[list[tuple[int, int, int, int, int]], np.ndarray]:
-    """The rollup rows of a group of series of one dtype: ``matrix[i, k]`` is series
-    k's value at ``steps[i]``, compared by :func:`order_keys` (``order``: the
-    backend's). Returns each block's ``(level, block, n, first step, last step)`` of
-    every level and, row for row, its values: one record of :data:`ROW_DTYPES` per
-    series (the bytes of a row's ``data``). argmin/argmax keep the first of equal
-    values, and the records are in step order (a stable sort where they were not,
-    keeping equal steps in batch order): ties keep the earliest step."""
+    """The rollup rows of a group of series of one dtype (``matrix[i, k]``: series k at
+    ``steps[i]``): each block's ``(level, block, n, first step, last step)`` of every
+    level and, row for row, one record of :data:`ROW_DTYPES` per series. argmin/argmax
+    keep the first of equal values, in step order (a stable sort where the steps were
+    not): ties keep the earliest step."""
     if steps.size > 1 and bool((steps[1:] < steps[:-1]).any()):
         perm = np.argsort(steps, kind="stable")
         steps, matrix = steps[perm], matrix[perm]

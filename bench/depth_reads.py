@@ -66,11 +66,10 @@ def field_by_field(store: Any, run: str, known: list[str], max_steps: int) -> di
     """A: named_points per parameter, then each block's maxima in Python."""
     params = store.run_detail(run)["update_ratio_parameters"]
     memo: dict[Any, Any] = {}
-    sets = store.name_sets(run, 0)
     by_block: dict[str, list[tuple[list[int], list[Any]]]] = {}
     every: set[int] = set()
     for param in params:
-        steps, values = store.named_points(run, 0, f"update_ratios/{param}", 0, 2**62, memo, sets)
+        steps, values = store.named_points(run, 0, f"update_ratios/{param}", 0, 2**62, memo)
         by_block.setdefault(block_of(param, known), []).append((steps, values))
         every.update(steps)
     ordered = sorted(every)

@@ -2,8 +2,8 @@
 field's points, one module's per-step series, the records' notes, the named scalars.
 
 A chunk is found on its ``(run_id, rank, step_lo)`` key: its steps lie within ``SPAN``
-steps of ``step_lo``. Values come back as the backend stores the same numbers sent as
-JSON (SQLite: the strings ``"NaN"``/``"Infinity"``), so they order as the rollups do.
+steps of ``step_lo``. Values come back as ints (int64 fields) or floats, NaN and the
+infinities included, in either backend.
 
 Example (any store):
     >>> store.chunk_points("run", 0, "loss", 0, 99)  # doctest: +SKIP
@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..columns import floats, ints
-from .chunks import INT_FIELDS, SPAN, stored_floats
+from .chunks import INT_FIELDS, SPAN
 from .tables import Database
 
 _NAMED = "uid, written, names, steps, data"
@@ -55,7 +55,7 @@ class ChunkReads(Database):
         return found
 
     def chunk_points(self, run_id: str, rank: int, field: str, lo: int, hi: int) -> Points:
-        """(steps, stored values) of a plain field in ``lo..hi``, in (step, uid) order:
+        """(steps, values) of a plain field in ``lo..hi``, in (step, uid) order:
         both rows of a step sent twice are kept."""
         out: list[tuple[int, int, Any]] = []
         for step_lo, step_hi, uid, n, fields, steps, data in self._chunks(
@@ -65,10 +65,7 @@ class ChunkReads(Database):
             if at is None:
                 continue
             raw = bytes(data[8 * n * at : 8 * n * (at + 1)])
-            if field in INT_FIELDS:
-                values: list[Any] = ints(raw)
-            else:
-                values = stored_floats(floats(raw), self.scalar_in)
+            values: list[Any] = ints(raw) if field in INT_FIELDS else floats(raw)
             found = zip(ints(bytes(steps)), range(uid, uid + n), values, strict=True)
             if lo <= step_lo and step_hi <= hi:
                 out.extend(found)
@@ -144,7 +141,7 @@ class ChunkReads(Database):
         hi: int,
         memo: dict[Any, Any],
     ) -> Points:
-        """(steps, stored values) of a named field in ``lo..hi``: the last row written
+        """(steps, values) of a named field in ``lo..hi``: the last row written
         of each step. ``memo`` shares the chunks (float64 arrays) and each set of
         chunks' steps between the fields of one query; a field's values are one strided
         slice per chunk."""
@@ -174,7 +171,7 @@ class ChunkReads(Database):
         if picks is not None:
             values = [values[p] for p in picks]
         # The steps list is shared by the fields of a name set.
-        return steps, stored_floats(values, self.scalar_in)
+        return steps, values
 
 
     def named_matrix(

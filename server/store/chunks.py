@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,19 +116,6 @@ def cuts(steps: list[int]) -> list[tuple[int, int]]:
     if steps:
         out.append((start, len(steps)))
     return out
-
-
-def stored_floats(values: list[Any], scalar: Callable[[Any], Any]) -> list[Any]:
-    """Decoded floats as the backend stores numbers that came as JSON: in SQLite the
-    strings "NaN"/"Infinity", so they order and compare as stored values and the
-    rollups do; in PostgreSQL floats (``scalar``: the backend's ``scalar_in``)."""
-    try:
-        total = sum(values)
-        if total - total == 0:  # all finite: nothing to convert (nearly always)
-            return values
-    except TypeError:
-        pass
-    return [v if v - v == 0 else scalar(scalar_out(v)) for v in values]
 
 
 def add_block(

@@ -128,10 +128,6 @@ class HistoryReads(ChunkReads):
             "fields": out,
         }
 
-    def _stored_scalar(self, value: float) -> Any:
-        """A non-finite float of a set's rollup row as this backend stores it."""
-        return self.scalar_in(scalar_out(value))
-
     def _count(self, run_id: str, rank: int, lo: int, hi: int) -> tuple[int, Any, Any]:
         """(count, first, last) of the steps in ``lo..hi`` from the step numbers' rollups
         (whole blocks) and the chunks at the ends."""
@@ -174,14 +170,11 @@ class HistoryReads(ChunkReads):
             starts = np.array(sorted(a for a, _ in bounds), np.int64)
             at = np.searchsorted(starts, steps, "right") - 1
             entry = memo[key] = ([part for part, _ in read], steps, at)
-        flat = [v for _, part in read for v in part]
-        values = np.array(flat)
-        if values.dtype.kind not in "if":  # SQLite's "NaN"/"Infinity" strings
-            values = np.array(flat, np.float64)
-        records = np.empty(len(flat), rollups.ROW_DTYPES[values.dtype.kind])
+        values = np.array([v for _, part in read for v in part])  # all ints or all floats
+        records = np.empty(len(values), rollups.ROW_DTYPES[values.dtype.kind])
         records["ls"] = records["hs"] = entry[1]
         records["lv"] = records["hv"] = values
-        return rollups.extremes(entry[2], records, self.kind, self._stored_scalar)
+        return rollups.extremes(entry[2], records, self.kind)
 
     def _bucketed(
         self, series: int, points: Callable[[int, int], Points], memo: dict[Any, Any],
@@ -201,7 +194,7 @@ class HistoryReads(ChunkReads):
                 shift = (width.bit_length() - 1) - level
                 span = (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1)
                 rows = self.query(rollups.SERIES_ROWS, span)
-                found.update(rollups.bucket_extremes(rows, shift, self.kind, self._stored_scalar))
+                found.update(rollups.bucket_extremes(rows, shift, self.kind))
         if raw:
             bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
             found.update(self.extremes(points, memo, bounds))

@@ -242,7 +242,7 @@ def kind_of(name: str, ints: Collection[str]) -> str:
 
 
 def bucket_extremes(
-    rows: list[tuple[Any, ...]], shift: int, order: str, stored: Callable[[float], Any]
+    rows: list[tuple[Any, ...]], shift: int, order: str
 ) -> list[tuple[int, Any]]:
     """(step, value) of the min and of the max of each bucket of ``2**shift`` blocks,
     from the :data:`SERIES_ROWS` rows ``(position, kind, block, data)`` of one series
@@ -263,22 +263,17 @@ def bucket_extremes(
             for (at, kind, _), (_, d) in parts.items()
         ]
     )
-    return extremes(blocks >> shift, records, order, stored)
+    return extremes(blocks >> shift, records, order)
 
 
-def extremes(
-    buckets: np.ndarray, records: np.ndarray, order: str, stored: Callable[[float], Any]
-) -> list[tuple[int, Any]]:
+def extremes(buckets: np.ndarray, records: np.ndarray, order: str) -> list[tuple[int, Any]]:
     """(step, value) of the min and of the max of each bucket (``buckets``: each record's)
-    from ``records`` of :data:`ROW_DTYPES`: the lower (higher) value, then the earlier
-    step, then the earlier record; non-finite floats as the backend stores them."""
+    from ``records`` of :data:`ROW_DTYPES`: the lower (higher) value in the backend's
+    ``order``, then the earlier step, then the earlier record."""
     out: list[tuple[int, Any]] = []
     for step, value, sign in (("ls", "lv", 1), ("hs", "hv", -1)):
         keys = order_keys(records[value], order)
         ranked = np.lexsort((records[step], sign * keys, buckets))
         first = ranked[np.flatnonzero(np.diff(buckets[ranked], prepend=-1))]
-        values = records[value][first].tolist()
-        if records[value].dtype.kind == "f":
-            values = [v if v - v == 0 else stored(v) for v in values]
-        out.extend(zip(records[step][first].tolist(), values, strict=True))
+        out.extend(zip(records[step][first].tolist(), records[value][first].tolist(), strict=True))
     return out

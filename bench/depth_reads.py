@@ -29,13 +29,13 @@ import tempfile
 import time
 from typing import Any
 
+from gradwatch.protocol.codec import protocol_number
 from gradwatch.protocol.messages import NONFINITE_STRINGS
 from gradwatch.server.depth_reads import block_of, block_ratio, depth_matrix, update_ratio_blocks
 from gradwatch.server.downsample import pick_rows
 from gradwatch.server.schema import parse_message
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
-from gradwatch.server.store.chunks import scalar_out
 
 PARTS = ("a.w", "a.b", "b.w", "b.b", "c.w", "c.b", "n.w", "n.b")
 
@@ -84,7 +84,7 @@ def field_by_field(store: Any, run: str, known: list[str], max_steps: int) -> di
                 if i is not None:
                     number = NONFINITE_STRINGS[value] if isinstance(value, str) else float(value)
                     gathered[i].append(number)
-        out[block] = [scalar_out(block_ratio(v)) if v else None for v in gathered]
+        out[block] = [protocol_number(block_ratio(v)) if v else None for v in gathered]
     return out
 
 

@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from gradwatch.protocol.codec import protocol_number
+
 from .column_checks import floats
 from .downsample import pick_rows
-from .store.chunks import scalar_out
 
 
 def block_of(param: str, blocks: Sequence[str]) -> str:
@@ -85,7 +86,7 @@ def depth_matrix(
     all_steps = sorted(places)
     chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
     values = [
-        [scalar_out(v) for v in floats(store.series_row("depth", run_id, stack, "input", rank,
+        [protocol_number(v) for v in floats(store.series_row("depth", run_id, stack, "input", rank,
                                                         places[step]))]
         for step in chosen
     ]

@@ -4,10 +4,6 @@ field's points, one module's per-step series, the records' notes, the named scal
 A chunk is found on its ``(run_id, rank, step_lo)`` key: its steps lie within ``SPAN``
 steps of ``step_lo``. Values come back as ints (int64 fields) or floats, NaN and the
 infinities included, in either backend.
-
-Example (any store):
-    >>> store.chunk_points("run", 0, "loss", 0, 99)  # doctest: +SKIP
-    ([0, 1], [0.5, 0.25])
 """
 
 from __future__ import annotations
@@ -133,13 +129,7 @@ class ChunkReads(Database):
         }
 
     def named_points(
-        self,
-        run_id: str,
-        rank: int,
-        name: str,
-        lo: int,
-        hi: int,
-        memo: dict[Any, Any],
+        self, run_id: str, rank: int, name: str, lo: int, hi: int, memo: dict[Any, Any]
     ) -> Points:
         """(steps, values) of a named field in ``lo..hi``: the last row written
         of each step. ``memo`` shares the chunks (float64 arrays) and each set of

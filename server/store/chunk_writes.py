@@ -23,8 +23,7 @@ from .tables import Database
 
 
 class ChunkWrites(Database):
-    """Chunk rows and rollups (the Store starts the caches empty: ``_forget_ids``,
-    ``_discard_pending``)."""
+    """Chunk rows and rollups (the Store empties the caches: ``_forget_ids``)."""
 
     # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
     # Only the writer thread touches them; both are forgotten after a rollback.

@@ -195,13 +195,6 @@ def _array_groups(
     ]
 
 
-def scalar_out(value: Any) -> Any:
-    """A stored number as the protocol writes it: non-finite floats become strings."""
-    if isinstance(value, float) and value - value != 0:
-        return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
-    return value
-
-
 def digest(names: tuple[str, ...]) -> tuple[str, str]:
     """(digest, JSON text) of a name set, as ``named_sets`` keeps it."""
     text = json.dumps(list(names), separators=(",", ":"))

@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from gradwatch.protocol.codec import protocol_number
 from gradwatch.protocol.column_shapes import PROFILE_KEYS
 
 from ..downsample import bucket_width
 from . import rollups
 from .chunk_reads import ChunkReads, Points
-from .chunks import INTEGER_FIELDS, SCALAR_FIELDS, scalar_out
+from .chunks import INTEGER_FIELDS, SCALAR_FIELDS
 
 _FIELDS_EXPECTED = (
     f"fields: expected {', '.join(SCALAR_FIELDS)}, param_norms/<param>,"
@@ -118,7 +119,8 @@ class HistoryReads(ChunkReads):
                 # Packed rows and rollup rows hold them (and profile counts) as float64.
                 found = [(s, int(v) if isinstance(v, float) and v.is_integer() else v)
                          for s, v in found]
-            out[name] = {"step": [r[0] for r in found], "value": [scalar_out(r[1]) for r in found]}
+            values = [protocol_number(value) for _, value in found]
+            out[name] = {"step": [step for step, _ in found], "value": values}
         return {
             "rank": rank,
             "from": start,

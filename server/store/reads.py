@@ -22,9 +22,10 @@ import json
 import time
 from typing import Any
 
+from gradwatch.protocol.codec import protocol_number
+
 from ..column_checks import floats
 from ..downsample import pick_rows
-from .chunks import scalar_out
 from .history import HistoryReads
 
 _RUNS = (
@@ -148,7 +149,7 @@ class Reads(HistoryReads):
         by_step: dict[int, list[Any]] = {}
         for step in chosen:
             data = self.series_row("timesteps", run_id, module, series, rank, places[step])
-            by_step[step] = cut([scalar_out(v) for v in floats(data)])
+            by_step[step] = cut([protocol_number(v) for v in floats(data)])
         # Each row's timestep_layout for this module (docs/PROTOCOL.md): chain unless
         # its record said tree.
         notes = self.notes(run_id, rank, chosen[0], chosen[-1]) if chosen else {}
@@ -186,17 +187,11 @@ class Reads(HistoryReads):
 
     def alerts(self, run_id: str, rank: int | None = None) -> list[dict[str, Any]]:
         self.run_summary(run_id)
-        sql = "SELECT rank, data FROM alerts WHERE run_id = ?"
-        params: tuple[Any, ...] = (run_id,)
+        sql, params = "SELECT rank, data FROM alerts WHERE run_id = ?", (run_id,)
         if rank is not None:
-            sql += " AND rank = ?"
-            params = (run_id, rank)
-        out = []
-        for r, data in self.query(sql + " ORDER BY id", params):
-            record = json.loads(data)
-            record["rank"] = r
-            out.append(record)
-        return out
+            sql, params = sql + " AND rank = ?", (run_id, rank)
+        rows = self.query(sql + " ORDER BY id", params)
+        return [{**json.loads(data), "rank": r} for r, data in rows]
 
     # ----- archived runs -------------------------------------------------------------
     def set_archived(self, run_id: str, archived: bool) -> None:
@@ -207,13 +202,8 @@ class Reads(HistoryReads):
         try:
             cur = conn.cursor()
             if archived:
-                cur.execute(
-                    self.sql(
-                        "INSERT INTO run_archive (run_id, archived_at) VALUES (?, ?)"
-                        " ON CONFLICT (run_id) DO NOTHING"
-                    ),
-                    (run_id, time.time()),
-                )
+                insert = self.insert_ignore("run_archive", ("run_id", "archived_at"))
+                cur.execute(self.sql(insert), (run_id, time.time()))
             else:
                 cur.execute(self.sql("DELETE FROM run_archive WHERE run_id = ?"), (run_id,))
             conn.commit()

@@ -111,16 +111,13 @@ SET_INSERT = (
     " n = excluded.n, step_lo = excluded.step_lo, step_hi = excluded.step_hi,"
     " data = excluded.data"
 )
-SERIES_ROWS = (
-    "SELECT m.position, m.kind, r.block, r.data FROM rollup_members m JOIN set_rollups r"
-    " ON r.set_id = m.set_id WHERE m.series = ? AND r.level = ? AND r.block >= ?"
-    " AND r.block <= ?"
+# One series' rows of a level, from block to block, in whichever sets it is.
+_OF_SERIES = (
+    " FROM rollup_members m JOIN set_rollups r ON r.set_id = m.set_id"
+    " WHERE m.series = ? AND r.level = ? AND r.block >= ? AND r.block <= ?"
 )
-STEP_COUNT = (
-    "SELECT SUM(r.n), MIN(r.step_lo), MAX(r.step_hi) FROM rollup_members m"
-    " JOIN set_rollups r ON r.set_id = m.set_id WHERE m.series = ? AND r.level = ?"
-    " AND r.block >= ? AND r.block <= ?"
-)
+SERIES_ROWS = "SELECT m.position, m.kind, r.block, r.data" + _OF_SERIES
+STEP_COUNT = "SELECT SUM(r.n), MIN(r.step_lo), MAX(r.step_hi)" + _OF_SERIES
 # A row of a set whose series are all of one kind, as a numpy record per series.
 ROW_DTYPES = {
     kind: np.dtype([("ls", "<i8"), ("lv", f"<{kind}8"), ("hs", "<i8"), ("hv", f"<{kind}8")])

@@ -12,9 +12,9 @@ Example:
     ...     ' "records": [{"kind": "step", "step": 4, "loss": "NaN", "backward_passes": 3},'
     ...     ' {"kind": "step", "step": 5, "loss": 0.5, "backward_passes": 2},'
     ...     ' {"kind": "epoch", "epoch": 1, "step": 5}]}')
-    >>> ((block, uids),) = step_blocks(batch.records, 0)
-    >>> block.n, block.loss is not None, block.backward_passes is not None, list(uids)
-    (2, True, True, [1, 2])
+    >>> (block,) = step_blocks(batch.records)
+    >>> block.n, block.loss is not None, block.backward_passes is not None
+    (2, True, True)
     >>> split = split_batch(batch, lambda v: v)
     >>> len(split.chunks.steps), len(split.epochs), split.last_step, split.last_epoch
     (1, 1, 5, 1)
@@ -103,14 +103,10 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             )
         elif kind == "end":
             out.ends.append((record.status, record.step, record.t))
-    blocks = [(block, uids.start - 1) for block, uids in step_blocks(batch.records, uid)]
-    uid += sum(block.n for block, _ in blocks)
-    for block in batch.columns:
-        blocks.append((block, uid))
-        uid += block.n
-    for block, first in blocks:
-        step, epoch = add_block(out.chunks, block, run_id, rank, first, out.keys)
+    for block in (*step_blocks(batch.records), *batch.columns):
+        step, epoch = add_block(out.chunks, block, run_id, rank, uid, out.keys)
         last_step, last_epoch = max(last_step, step), max(last_epoch, epoch)
+        uid += block.n
     out.last_step = last_step if last_step >= 0 else None
     out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out
@@ -184,15 +180,11 @@ def _shape(record: Any) -> tuple[Any, ...]:
     return plain, names, series, values
 
 
-def step_blocks(records: Sequence[Any], uid: int) -> Iterator[tuple[RecordBlock, range]]:
-    """The step records of ``records`` as blocks of consecutive records of one shape,
-    each with its records' uids (``uid + 1`` for the first step record, then on)."""
-    first = uid + 1
+def step_blocks(records: Sequence[Any]) -> Iterator[RecordBlock]:
+    """The step records of ``records`` as blocks of consecutive records of one shape."""
     shaped = ((_shape(r), r) for r in records if r.kind == "step")
     for key, group in groupby(shaped, key=lambda item: item[0][:3]):
-        run = [(r, shape[3]) for shape, r in group]
-        yield _block(run, key), range(first, first + len(run))
-        first += len(run)
+        yield _block([(r, shape[3]) for shape, r in group], key)
 
 
 def _block(run: list[tuple[Any, list[Any]]], key: Any) -> RecordBlock:

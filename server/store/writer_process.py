@@ -14,11 +14,9 @@ Example:
     >>> from gradwatch.server.schema import parse_message
     >>> batch = parse_message('{"type": "batch", "run_id": "r", "rank": 0, "seq": 3,'
     ...                       ' "records": [{"kind": "epoch", "epoch": 1}]}')
-    >>> head, parts = encode_batch(batch, "s1")
-    >>> head["id"] = 7
-    >>> ident, again, session = decode_batch(head, b"".join(parts))
-    >>> ident, again.seq, again.records[0].epoch, session
-    (7, 3, 1, 's1')
+    >>> again = batch_of(frame_bytes(batch, "s1"))
+    >>> again.seq, again.records[0].epoch
+    (3, 1)
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gradwatch.protocol.codec import protocol_number
 from gradwatch.protocol.messages import NONFINITE_STRINGS
 from gradwatch.server.schema import parse_message
-from gradwatch.server.store.chunks import INTEGER_FIELDS, SCALAR_FIELDS, scalar_out
+from gradwatch.server.store.chunks import INTEGER_FIELDS, SCALAR_FIELDS
 from gradwatch.server.store.rollups import (
     LEVELS,
     STEP_SERIES,
@@ -132,7 +133,7 @@ def _written(batch: Any, scalar: Any, key: Key, order: str) -> dict[Any, Any]:
     counts: dict[Any, int] = {}
 
     def stored(v: Any) -> Any:
-        return v if isinstance(v, int) or v - v == 0 else scalar(scalar_out(v))
+        return v if isinstance(v, int) or v - v == 0 else scalar(protocol_number(v))
 
     for chunk in split_batch(batch, scalar, "a-session").chunks.groups:
         found, values = array_blocks(np.array(chunk.steps, np.int64), chunk.matrix, order)
@@ -206,8 +207,8 @@ def test_chunk_bucket_extremes_match_the_reference(store_sql, gradwatch_db):
         points = partial(store.named_points, run, 0, "param_norms/w", memo=memo)
         found = store.extremes(points, memo, bounds)
         # Floats come back from either backend: compared as the protocol writes them.
-        got = sorted((s, _norm(scalar_out(v))) for s, v in found)
-        assert got == sorted((s, _norm(scalar_out(v))) for s, v in want)
+        got = sorted((s, _norm(protocol_number(v))) for s, v in found)
+        assert got == sorted((s, _norm(protocol_number(v))) for s, v in want)
 
     try:
         check()

@@ -226,7 +226,7 @@ class Store(ChunkWrites, Reads):
         if cur.rowcount == 0:
             return False  # a repeat: acknowledged, not stored again
         split = split_batch(batch, self.scalar_in, session)
-        self._write_chunks(cur, run_id, rank, split.chunks)
+        self._write_chunks(cur, run_id, rank, split)
         if split.epochs:
             cur.executemany(self.sql(EPOCH_INSERT), split.epochs)
         if split.alerts:

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from . import rollups
-from .chunks import INT_FIELDS, TABLES, Chunks, ColumnGroup, digest
+from .chunks import INT_FIELDS, TABLES, ColumnGroup, digest
 from .rollups import SET_INSERT, array_blocks, kind_of, merge_arrays
+from .split import SplitBatch
 from .tables import Database
 
 
@@ -86,7 +87,7 @@ class ChunkWrites(Database):
             rows,
         )
 
-    def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: Chunks) -> None:
+    def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: SplitBatch) -> None:
         """A batch's chunk rows and rollup groups, written by :meth:`_flush`."""
         named_rows = []
         if chunks.named:

@@ -139,17 +139,14 @@ class Reads(HistoryReads):
         all_steps = sorted(places)
         chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
         per_row = max(2, max_cells // max(1, len(chosen)))
+        values: list[list[Any]] = []
         longest = 0
-
-        def cut(row: list[Any]) -> list[Any]:
-            nonlocal longest
-            longest = max(longest, len(row))
-            return row if len(row) <= per_row else [row[i] for i in pick_rows(len(row), per_row)]
-
-        by_step: dict[int, list[Any]] = {}
         for step in chosen:
-            data = self.series_row("timesteps", run_id, module, series, rank, places[step])
-            by_step[step] = cut([protocol_number(v) for v in floats(data)])
+            row = floats(self.series_row("timesteps", run_id, module, series, rank, places[step]))
+            longest = max(longest, len(row))
+            if len(row) > per_row:
+                row = [row[i] for i in pick_rows(len(row), per_row)]
+            values.append([protocol_number(v) for v in row])
         # Each row's timestep_layout for this module (docs/PROTOCOL.md): chain unless
         # its record said tree.
         notes = self.notes(run_id, rank, chosen[0], chosen[-1]) if chosen else {}
@@ -158,7 +155,6 @@ class Reads(HistoryReads):
             _, uid, i = places[step]
             said = notes.get(uid + i, {}).get("timestep_layout") or {}
             layout.append(said.get(module, "chain"))
-        values = [by_step[s] for s in chosen]
         answer = {
             "module": module,
             "series": series,
@@ -187,7 +183,8 @@ class Reads(HistoryReads):
 
     def alerts(self, run_id: str, rank: int | None = None) -> list[dict[str, Any]]:
         self.run_summary(run_id)
-        sql, params = "SELECT rank, data FROM alerts WHERE run_id = ?", (run_id,)
+        sql = "SELECT rank, data FROM alerts WHERE run_id = ?"
+        params: tuple[Any, ...] = (run_id,)
         if rank is not None:
             sql, params = sql + " AND rank = ?", (run_id, rank)
         rows = self.query(sql + " ORDER BY id", params)

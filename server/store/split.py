@@ -16,12 +16,13 @@ Example:
     >>> block.n, block.loss is not None, block.backward_passes is not None
     (2, True, True)
     >>> split = split_batch(batch, lambda v: v)
-    >>> len(split.chunks.steps), len(split.epochs), split.last_step, split.last_epoch
+    >>> len(split.steps), len(split.epochs), split.last_step, split.last_epoch
     (1, 1, 5, 1)
 """
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -29,9 +30,13 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
+import numpy as np
+
 from gradwatch.protocol.column_shapes import PROFILE_KEYS, pack_floats
+from gradwatch.protocol.columns import split_name
 from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH
 
+from ..column_checks import ints
 from ..schema import (
     FloatColumn,
     IntColumn,
@@ -39,7 +44,7 @@ from ..schema import (
     StepColumns,
     TimestepColumns,
 )
-from .chunks import FLOAT_FIELDS, INT_FIELDS, Chunks, add_block
+from .chunks import CHUNK_FIELDS, FLOAT_FIELDS, INT_FIELDS, SCALAR_FIELDS, ColumnGroup, cuts
 
 # Kept per record in ``notes`` (besides fields the server does not know).
 NOTE_FIELDS = ("nonfinite", "timestep_layout")
@@ -56,7 +61,12 @@ ALERT_INSERT = (
 
 @dataclass
 class SplitBatch:
-    chunks: Chunks = field(default_factory=Chunks)
+    # Chunk rows by table (named rows as (names, row without written and set id): the
+    # writer adds those) and each chunk's rollup groups.
+    steps: list[tuple[Any, ...]] = field(default_factory=list)
+    named: list[tuple[tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
+    series: list[tuple[Any, ...]] = field(default_factory=list)
+    groups: list[ColumnGroup] = field(default_factory=list)
     epochs: list[tuple[Any, ...]] = field(default_factory=list)
     alerts: list[tuple[Any, ...]] = field(default_factory=list)
     # Problems the batch's alerts open: what the runs list counts (docs/API.md).
@@ -104,12 +114,87 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
         elif kind == "end":
             out.ends.append((record.status, record.step, record.t))
     for block in (*step_blocks(batch.records), *batch.columns):
-        step, epoch = add_block(out.chunks, block, run_id, rank, uid, out.keys)
+        step, epoch = add_block(out, block, run_id, rank, uid)
         last_step, last_epoch = max(last_step, step), max(last_epoch, epoch)
         uid += block.n
     out.last_step = last_step if last_step >= 0 else None
     out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out
+
+
+def add_block(out: SplitBatch, block: Any, run_id: str, rank: int, uid: int) -> tuple[int, int]:
+    """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
+    ``uid + 1 ...`` in block order. Returns the block's last step and last epoch."""
+    steps = ints(block.step.i64)
+    last_epoch = max(ints(block.epoch.i64)) if block.epoch is not None else 0
+    columns = [(name, getattr(block, name, None)) for name in CHUNK_FIELDS]
+    present: list[tuple[str, Any]] = [(n, c) for n, c in columns if c is not None]
+    raw = [column.i64 if name in INT_FIELDS else column.f64 for name, column in present]
+    fields = json.dumps([name for name, _ in present])
+    rolled = [(n, data) for (n, _), data in zip(present, raw, strict=True) if n in SCALAR_FIELDS]
+    out.keys.update(("scalar", name, "") for name, _ in rolled)
+    named = block.named if block.named is not None and block.named.names else None
+    names = tuple(named.names) if named is not None else ()
+    for family, owner, key in map(split_name, names):  # a profiled module once, not per key
+        out.keys.add((family, owner, "" if family == "profile" else key))
+    # A wire block has no depth series: only blocks made of records do.
+    depth = getattr(block, "depth", None) or {}
+    series_columns = [
+        ("timesteps", module, series, column)
+        for module, series_map in (block.timesteps or {}).items()
+        for series, column in series_map.items()
+    ] + [("depth", stack, "input", column) for stack, column in depth.items()]
+    out.keys.update((family, module, series) for family, module, series, _ in series_columns)
+    notes = getattr(block, "notes", None)
+    chunks = cuts(steps)
+    out.groups.extend(_array_groups(steps, block.step.i64, chunks, rolled, named))
+    for start, stop in chunks:
+        n, first, lo, hi = stop - start, uid + 1 + start, steps[start], steps[stop - 1]
+        data = b"".join(d[8 * start : 8 * stop] for d in raw)
+        step_bytes = block.step.i64[8 * start : 8 * stop]
+        part = notes[start:stop] if notes is not None else None
+        text = json.dumps(part, separators=(",", ":")) if part and any(part) else None
+        out.steps.append((run_id, rank, lo, hi, first, n, fields, step_bytes, data, text))
+        if named is not None:
+            data = named.f64[8 * len(names) * start : 8 * len(names) * stop]
+            out.named.append((names, (run_id, rank, lo, hi, first, n, step_bytes, data)))
+        for family, module, series, column in series_columns:
+            size = 8 * column.length
+            out.series.append(
+                (run_id, rank, family, module, series, lo, hi, first, n,
+                 column.length, step_bytes, column.f64[size * start : size * stop])
+            )
+    return max(steps), last_epoch
+
+
+def _array_groups(
+    steps: list[int],
+    step_bytes: bytes,
+    chunks: list[tuple[int, int]],
+    rolled: list[tuple[str, bytes]],
+    named: Any,
+) -> list[ColumnGroup]:
+    """Each chunk's rollup groups as numpy matrices of one dtype (store/rollups.py):
+    the int columns with the steps, the float columns, the named scalars."""
+    n = len(steps)
+    ints_ = [(name, data) for name, data in rolled if name in INT_FIELDS]
+    floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
+    int_bytes = b"".join([step_bytes, *(d for _, d in ints_)])
+    matrices: list[tuple[tuple[str, ...], Any, bool]] = [
+        (("step", *(name for name, _ in ints_)), np.frombuffer(int_bytes, "<i8").reshape(-1, n).T,
+         False)
+    ]
+    if floats_:
+        matrix = np.frombuffer(b"".join(d for _, d in floats_), "<f8").reshape(-1, n).T
+        matrices.append((tuple(name for name, _ in floats_), matrix, False))
+    if named is not None:
+        matrix = np.frombuffer(named.f64, "<f8").reshape(n, len(named.names))
+        matrices.append((tuple(named.names), matrix, True))
+    return [
+        ColumnGroup(steps[start:stop], names, matrix[start:stop], name_set)
+        for start, stop in chunks
+        for names, matrix, name_set in matrices
+    ]
 
 
 class RecordBlock(StepColumns):

@@ -29,11 +29,6 @@ import struct
 import subprocess
 import sys
 import threading
-
-try:
-    import fcntl
-except ImportError:  # not on Windows: the pipe keeps its default size
-    fcntl = None  # type: ignore[assignment]
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import IO, Any
@@ -184,9 +179,11 @@ class ProcessWriter:
             env={**os.environ, "GRADWATCH_WRITER_SETTINGS": json.dumps(settings)},
         )
         # A 300 KB batch fills the default 64 KB pipe ~5 times, each a wait for the
-        # child to read; a 1 MiB pipe takes a whole frame at once (Linux only).
-        if fcntl is not None and child.stdin is not None:
-            with contextlib.suppress(AttributeError, OSError):  # F_SETPIPE_SZ is Linux's
+        # child to read; a 1 MiB pipe takes a whole frame at once (F_SETPIPE_SZ: Linux).
+        with contextlib.suppress(ImportError, AttributeError, OSError):
+            import fcntl
+
+            if child.stdin is not None:
                 fcntl.fcntl(child.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
         self._child = child
         self._reader = threading.Thread(

@@ -135,7 +135,7 @@ def _written(batch: Any, scalar: Any, key: Key, order: str) -> dict[Any, Any]:
     def stored(v: Any) -> Any:
         return v if isinstance(v, int) or v - v == 0 else scalar(protocol_number(v))
 
-    for chunk in split_batch(batch, scalar, "a-session").chunks.groups:
+    for chunk in split_batch(batch, scalar, "a-session").groups:
         found, values = array_blocks(np.array(chunk.steps, np.int64), chunk.matrix, order)
         for (level, block, n, _, _), row in zip(found, values.tolist(), strict=True):
             for name, (ls, lv, hs, hv) in zip(chunk.names, row, strict=True):

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from . import rollups
-from .chunks import INT_FIELDS, TABLES, ColumnGroup, digest
-from .rollups import SET_INSERT, array_blocks, kind_of, merge_arrays
+from .chunks import TABLES, ColumnGroup, digest
+from .rollups import SET_INSERT, array_blocks, merge_arrays
 from .split import SplitBatch
 from .tables import Database
 
@@ -103,7 +103,8 @@ class ChunkWrites(Database):
                 ids = self._name_set(cur, run_id, rank, chunk.names)[1]
             else:
                 ids = [self._series(cur, run_id, rank, name) for name in chunk.names]
-            kinds = "".join(kind_of(name, INT_FIELDS) for name in chunk.names)
+            # A group's series are of one kind: "q" int64 (the step numbers' group), "d" float64.
+            kinds = ("q" if chunk.matrix.dtype.kind == "i" else "d") * len(ids)
             # Written once per transaction (_flush): the batches of one run that commit
             # together share their coarse blocks, one row each.
             self._rollups_pending.append(replace(chunk, ids=tuple(ids), kinds=kinds))

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -231,11 +231,6 @@ def merge_arrays(old: np.ndarray, new: np.ndarray, order: str) -> np.ndarray:
     high = (new_hi > old_hi) | ((new_hi == old_hi) & (new["hs"] < old["hs"]))
     out["hs"][high], out["hv"][high] = new["hs"][high], new["hv"][high]
     return out
-
-
-def kind_of(name: str, ints: Collection[str]) -> str:
-    """``q`` for the series of int64 columns (and the step numbers), else ``d``."""
-    return "q" if name == STEP_SERIES or name in ints else "d"
 
 
 def bucket_extremes(

@@ -244,10 +244,8 @@ def _series(values: Any) -> bytes:
 
 
 def _notes(record: Any) -> dict[str, Any] | None:
-    found = {name: getattr(record, name) for name in NOTE_FIELDS}
-    out = {k: v for k, v in found.items() if v is not None}
-    if record.__pydantic_extra__:
-        out.update(record.__pydantic_extra__)
+    out = {name: value for name in NOTE_FIELDS if (value := getattr(record, name)) is not None}
+    out.update(record.__pydantic_extra__ or {})
     return out or None
 
 

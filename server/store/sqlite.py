@@ -56,6 +56,7 @@ class SQLiteStore(Store):
             self._checkpointer.start()
 
     def connect(self) -> Any:
+        # timeout: SQLite's busy timeout, how long a connection waits for a lock.
         conn = sqlite3.connect(
             self.path, timeout=30, check_same_thread=False, isolation_level="DEFERRED"
         )
@@ -66,8 +67,6 @@ class SQLiteStore(Store):
         conn.execute("PRAGMA wal_autocheckpoint=0")
         conn.execute(f"PRAGMA synchronous={self.settings.sqlite_synchronous.upper()}")
         conn.execute("PRAGMA foreign_keys=OFF")
-        # Readers must not block on the writer's checkpoints for long.
-        conn.execute("PRAGMA busy_timeout=30000")
         return conn
 
     def create_schema(self, conn: Any) -> None:

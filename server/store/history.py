@@ -34,24 +34,27 @@ class HistoryReads(ChunkReads):
     def run_summary(self, run_id: str) -> dict[str, Any]:
         raise NotImplementedError
 
+    def run_keys(self, run_id: str) -> dict[str, list[tuple[str, str]]]:
+        """family -> the (key, sub) of each of a run's series of it, in order."""
+        keys: dict[str, list[tuple[str, str]]] = {}
+        for family, key, sub in self.query(
+            "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
+            (run_id,),
+        ):
+            keys.setdefault(family, []).append((key, sub))
+        return keys
+
     def scalar_fields(self, run_id: str) -> list[str]:
         """Every scalar field name the steps endpoint answers by default for this run
         (``update_ratios/<param>`` only when asked: /update_ratios sums them up)."""
-        keys = self.query(
-            "SELECT family, key, sub FROM run_keys WHERE run_id = ? AND family <> 'timesteps'"
-            " ORDER BY family, key, sub",
-            (run_id,),
-        )
-        present = {key for family, key, _ in keys if family == "scalar"}
-        names = [f for f in SCALAR_FIELDS if f in present]
-        for family, key, sub in keys:
-            if family == "param_norms":
-                names.append(f"param_norms/{key}")
-            elif family == "gate_norms":
-                names.append(f"gate_norms/{key}/{sub}")
-            elif family == "profile":
-                names.extend(f"profile/{key}/{p}" for p in PROFILE_KEYS)
-        return names
+        keys = self.run_keys(run_id)
+        present = {key for key, _ in keys.get("scalar", [])}
+        return [
+            *(name for name in SCALAR_FIELDS if name in present),
+            *(f"gate_norms/{key}/{sub}" for key, sub in keys.get("gate_norms", [])),
+            *(f"param_norms/{key}" for key, _ in keys.get("param_norms", [])),
+            *(f"profile/{key}/{p}" for key, _ in keys.get("profile", []) for p in PROFILE_KEYS),
+        ]
 
     @staticmethod
     def _plain(name: str) -> bool:

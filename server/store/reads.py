@@ -66,10 +66,8 @@ class Reads(HistoryReads):
     def _summary(row: tuple[Any, ...], ranks: list[tuple[Any, Any]]) -> dict[str, Any]:
         run_id, name, world_size, started, updated, last_step, last_epoch, alerts, host, rec = row
         ended = [s for _, s in ranks if s]
-        end_status = None
-        if ranks and "crashed" in ended:
-            end_status = "crashed"
-        elif ranks and len(ended) == len(ranks):
+        end_status = "crashed" if "crashed" in ended else None
+        if ranks and end_status is None and len(ended) == len(ranks):
             end_status = "finished"
         return {
             "id": run_id,
@@ -96,25 +94,23 @@ class Reads(HistoryReads):
             )
         }
         (modules_text,) = self.query("SELECT modules FROM runs WHERE id = ?", (run_id,))[0]
-        keys: dict[str, list[str]] = {}
+        keys = self.run_keys(run_id)
         series: dict[str, list[str]] = {}
-        for family, key, sub in self.query(
-            "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
-            (run_id,),
-        ):
-            if family == "timesteps":
-                series.setdefault(key, []).append(sub)
-            elif not keys.get(family) or keys[family][-1] != key:  # a gate's parameter once
-                keys.setdefault(family, []).append(key)
+        for key, sub in keys.get("timesteps", []):
+            series.setdefault(key, []).append(sub)
+
+        def owners(family: str) -> list[str]:  # a gate's parameter once
+            return list(dict.fromkeys(key for key, _ in keys.get(family, [])))
+
         summary.update(
             hello=hellos,
             modules=json.loads(modules_text) if modules_text else {},
             series=series,
-            parameters=keys.get("param_norms", []),
-            gate_parameters=keys.get("gate_norms", []),
-            profiled_modules=keys.get("profile", []),
-            depth=keys.get("depth", []),
-            update_ratio_parameters=keys.get("update_ratios", []),
+            parameters=owners("param_norms"),
+            gate_parameters=owners("gate_norms"),
+            profiled_modules=owners("profile"),
+            depth=owners("depth"),
+            update_ratio_parameters=owners("update_ratios"),
         )
         return summary
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -171,11 +172,12 @@ class HistoryReads(ChunkReads):
         key = ("buckets", *map(tuple, spans), *(id(steps) for steps, _ in read))
         entry = memo.get(key)
         if entry is None or any(a is not b for a, (b, _) in zip(entry[0], read, strict=True)):
-            steps = np.array([s for part, _ in read for s in part], np.int64)
+            steps = np.fromiter(chain.from_iterable(p for p, _ in read), np.int64)
             starts = np.array(sorted(a for a, _ in bounds), np.int64)
             at = np.searchsorted(starts, steps, "right") - 1
             entry = memo[key] = ([part for part, _ in read], steps, at)
-        values = np.array([v for _, part in read for v in part])  # all ints or all floats
+        # All ints (int64 fields) or all floats.
+        values = np.array(read[0][1] if len(read) == 1 else [v for _, p in read for v in p])
         records = np.empty(len(values), rollups.ROW_DTYPES[values.dtype.kind])
         records["ls"] = records["hs"] = entry[1]
         records["lv"] = records["hv"] = values

@@ -56,7 +56,8 @@ def wait_up(http: str, deadline_s: float = 60) -> None:
 
 def train(ws: str) -> None:
     runs = [["long_lstm.py", "--steps", "80"], ["long_lstm.py", "--steps", "80", "--fixed"],
-            ["seq2seq_attention.py", "--steps", "30"], ["tiny_gpt.py", "--steps", "120"]]  # fmt: skip
+            ["seq2seq_attention.py", "--steps", "30"],
+            ["tiny_gpt.py", "--steps", "120"]]  # fmt: skip
     extra = ["--server", ws, "--quiet", "--max-seconds", "60"]
     examples = ROOT / "examples"
     procs = [subprocess.Popen([sys.executable, str(examples / r[0]), *r[1:], *extra]) for r in runs]

@@ -5,8 +5,9 @@
    viewer on B (LISTEN/NOTIFY, then one read of the stored records) time each batch
    from the send to its arrival. Medians and p90 in ms.
 2. Write cost, side by side in one run, in-process: batches per second that a
-   PostgresStore commits with the live announce (records stored again in the UNLOGGED
-   live_batches table, plus a NOTIFY) and with the announce switched off.
+   PostgresStore commits while another replica has a run's viewer (each batch's frame
+   stored again in the UNLOGGED live_batches table, plus a NOTIFY), while none has
+   (the NOTIFY only), and with the announce switched off.
 
     .venv/bin/python bench/replicas.py --postgres postgresql://postgres@127.0.0.1:54333/postgres
 """
@@ -149,10 +150,12 @@ def latency(db: str, batches: int, per_batch: int, args: argparse.Namespace) -> 
 
 
 def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) -> None:
+    import psycopg
+
     from gradwatch.server.schema import parse_message
     from gradwatch.server.settings import Settings
     from gradwatch.server.store.base import Store
-    from gradwatch.server.store.postgres import PostgresStore
+    from gradwatch.server.store.postgres import WATCH, PostgresStore
 
     class Silent(PostgresStore):
         """The same store with the live announce switched off."""
@@ -164,9 +167,14 @@ def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) 
             return Store._write_batch(self, cur, batch, session)
 
     rng = random.Random(1)
-    rates: dict[str, list[float]] = {"with announce": [], "without": []}
+    modes = (
+        ("frames stored", PostgresStore),
+        ("no viewer else", PostgresStore),
+        ("no announce", Silent),
+    )
+    rates: dict[str, list[float]] = {name: [] for name, _ in modes}
     for _ in range(args.repeat):
-        for name, cls in (("with announce", PostgresStore), ("without", Silent)):
+        for name, cls in modes:
             run_id = str(uuid.uuid4())
             parsed = [
                 parse_message(
@@ -186,6 +194,9 @@ def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) 
                 for seq in range(batches)
             ]
             store = cls(Settings(db=db))
+            if name == "frames stored":  # a viewer on another replica (not this store)
+                with psycopg.connect(db, autocommit=True) as conn:
+                    conn.execute(WATCH, ("bench-other", 3600.0))
             try:
                 store.submit_hello(parse_message(json.dumps(hello(run_id)))).result()
                 start = time.perf_counter()
@@ -196,7 +207,9 @@ def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) 
                 rates[name].append(batches / (time.perf_counter() - start))
             finally:
                 store.close()
-    base = statistics.median(rates["without"])
+                with psycopg.connect(db, autocommit=True) as conn:
+                    conn.execute("DELETE FROM live_replicas")
+    base = statistics.median(rates["no announce"])
     print(f"store writes, {batches} batches of {per_batch} step records, median of {args.repeat}:")
     for name, values in rates.items():
         rate = statistics.median(values)

@@ -142,9 +142,11 @@ def test_viewer_joining_on_b_mid_run_gets_history_and_live_without_a_gap(
 
 
 def test_registration_waits_for_a_write_transaction_in_flight(shared_schema):
+    import psycopg
+
     from gradwatch.server.schema import parse_message
     from gradwatch.server.settings import Settings
-    from gradwatch.server.store.postgres import PostgresStore
+    from gradwatch.server.store.postgres import LIVE_LOCK, WATCH, PostgresStore
 
     db, _ = shared_schema
     inside, release = threading.Event(), threading.Event()
@@ -204,6 +206,16 @@ def test_registration_waits_for_a_write_transaction_in_flight(shared_schema):
         assert other.refresh_watch() is False  # gone: it must register again
         assert writer.submit_batch(batch(2)).result(30) is True
         assert _sql(db, "SELECT count(*) FROM live_batches") == 1
+        # A transaction that waited for a registration sees it (it asks after the lock).
+        with psycopg.connect(db) as registering:
+            registering.execute(f"SELECT pg_advisory_xact_lock({LIVE_LOCK})")
+            registering.execute(WATCH, ("elsewhere", 60.0))
+            third = writer.submit_batch(batch(3))
+            _until(lambda: _sql(db, WAITING.replace("'Exclusive", "'Share")) == 1, "the writer")
+            assert not third.done()
+            registering.commit()
+        assert third.result(30) is True
+        assert _sql(db, "SELECT count(*) FROM live_batches") == 2
     finally:
         release.set()
         writer.close()

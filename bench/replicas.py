@@ -7,7 +7,9 @@
 2. Write cost, side by side in one run, in-process: batches per second that a
    PostgresStore commits while another replica has a run's viewer (each batch's frame
    stored again in the UNLOGGED live_batches table, plus a NOTIFY), while none has
-   (the NOTIFY only), and with the announce switched off.
+   (the NOTIFY only), and with the announce switched off; and the CPU time per record
+   of the writer thread plus its PostgreSQL backend (when the server is on this
+   machine: /proc), which a busy machine disturbs less than the rates.
 
     .venv/bin/python bench/replicas.py --postgres postgresql://postgres@127.0.0.1:54333/postgres
 """
@@ -166,13 +168,27 @@ def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) 
         def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
             return Store._write_batch(self, cur, batch, session)
 
+    def timed(base: type[PostgresStore]) -> type[PostgresStore]:
+        class Timed(base):  # type: ignore[valid-type,misc]
+            cpu = 0.0  # the writer thread's CPU seconds
+
+            def _write_group(self, conn: Any, group: list[Any]) -> None:
+                began = time.thread_time()
+                try:
+                    super()._write_group(conn, group)
+                finally:
+                    self.cpu += time.thread_time() - began
+
+        return Timed
+
     rng = random.Random(1)
     modes = (
-        ("frames stored", PostgresStore),
-        ("no viewer else", PostgresStore),
-        ("no announce", Silent),
+        ("frames stored", timed(PostgresStore)),
+        ("no viewer else", timed(PostgresStore)),
+        ("no announce", timed(Silent)),
     )
     rates: dict[str, list[float]] = {name: [] for name, _ in modes}
+    cpu: dict[str, list[float]] = {name: [] for name, _ in modes}
     for _ in range(args.repeat):
         for name, cls in modes:
             run_id = str(uuid.uuid4())
@@ -199,12 +215,17 @@ def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) 
                     conn.execute(WATCH, ("bench-other", 3600.0))
             try:
                 store.submit_hello(parse_message(json.dumps(hello(run_id)))).result()
+                backend = _proc_cpu(store._writer_conn.info.backend_pid)
+                writer = store.cpu  # type: ignore[attr-defined]
                 start = time.perf_counter()
                 # As ingest does: several batches in flight, group-committed.
                 futures = [store.submit_batch(batch) for batch in parsed]
                 for future in futures:
                     future.result()
                 rates[name].append(batches / (time.perf_counter() - start))
+                backend = _proc_cpu(store._writer_conn.info.backend_pid) - backend
+                used = store.cpu - writer + backend  # type: ignore[attr-defined]
+                cpu[name].append(used / (batches * per_batch) * 1e6)
             finally:
                 store.close()
                 with psycopg.connect(db, autocommit=True) as conn:
@@ -215,8 +236,21 @@ def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) 
         rate = statistics.median(values)
         print(
             f"  {name:15s} {rate:8.1f} batches/s  {rate * per_batch:9.0f} records/s"
-            f"  ratio {rate / base:.2f}"
+            f"  ratio {rate / base:.2f}   CPU {statistics.median(cpu[name]):5.1f} us/record"
         )
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds of a local process (a PostgreSQL backend); 0 when it is elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            name, fields = stat.read().split(" (", 1)[1].rsplit(")", 1)
+    except (OSError, IndexError):
+        return 0.0
+    if name != "postgres":
+        return 0.0  # that pid is another process here: the server is elsewhere
+    fields = fields.split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

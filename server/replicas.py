@@ -125,9 +125,10 @@ class ReplicaFeed:
             if self._confirmed is not None:
                 async with self._watch_lock:
                     if not self._watched():
+                        # First: a viewer joining while the row is deleted registers anew.
+                        self._confirmed = None
                         with contextlib.suppress(Exception):  # else it expires
                             await asyncio.to_thread(self.store.unwatch)
-                        self._confirmed = None
 
     def _watched(self) -> bool:
         return any(c != RUNS_CHANNEL for c in self.state.hub.channels())

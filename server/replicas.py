@@ -118,17 +118,21 @@ class ReplicaFeed:
     async def _beat_forever(self) -> None:
         while True:
             await asyncio.sleep(WATCH_RETRY_S if self._owed else WATCH_EVERY_S)  # a period
-            if self._watched():
-                await self._ensure_watch()
-                continue
-            self._owed = False  # no viewer is left to have missed anything
-            if self._confirmed is not None:
-                async with self._watch_lock:
-                    if not self._watched():
-                        # First: a viewer joining while the row is deleted registers anew.
-                        self._confirmed = None
-                        with contextlib.suppress(Exception):  # else it expires
-                            await asyncio.to_thread(self.store.unwatch)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        """Keep the registration while run viewers are here; drop it once none are."""
+        if self._watched():
+            await self._ensure_watch()
+            return
+        self._owed = False  # no viewer is left to have missed anything
+        if self._confirmed is not None:
+            async with self._watch_lock:
+                if not self._watched():
+                    # First: a viewer joining while the row is deleted registers anew.
+                    self._confirmed = None
+                    with contextlib.suppress(Exception):  # else it expires
+                        await asyncio.to_thread(self.store.unwatch)
 
     def _watched(self) -> bool:
         return any(c != RUNS_CHANNEL for c in self.state.hub.channels())

@@ -222,7 +222,10 @@ def test_registration_waits_for_a_write_transaction_in_flight(shared_schema):
         other.close()
 
 
-def test_a_lapsed_registration_is_made_again_and_viewers_told_lagged(shared_schema):
+def test_heartbeat_remakes_a_lapsed_registration_with_lagged_and_drops_an_unused_one(
+    shared_schema,
+):
+    from gradwatch.server.live import RUNS_CHANNEL
     from gradwatch.server.replicas import ReplicaFeed
     from gradwatch.server.settings import Settings
     from gradwatch.server.state import AppState
@@ -242,10 +245,17 @@ def test_a_lapsed_registration_is_made_again_and_viewers_told_lagged(shared_sche
         # The row went (a crash truncates UNLOGGED tables; or it expired): the
         # heartbeat's next round registers again, then tells the viewer to repaint.
         _sql(db, "DELETE FROM live_replicas RETURNING 1")
-        await feed._ensure_watch()
+        await feed._beat()
         assert _sql(db, "SELECT count(*) FROM live_replicas") == 1
         got = [await asyncio.wait_for(viewer.next(), 5)]
+        await feed._beat()  # still watched, not lapsed: extended, nothing said
+        assert viewer.queue.empty()
+        # The last run viewer left (a runs-list viewer needs no frames): the row goes.
         state.hub.unsubscribe(viewer)
+        runs = state.hub.subscribe(RUNS_CHANNEL)
+        await feed._beat()
+        assert _sql(db, "SELECT count(*) FROM live_replicas") == 0
+        state.hub.unsubscribe(runs)
         return [g or "" for g in got]
 
     try:

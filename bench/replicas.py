@@ -5,8 +5,11 @@
    viewer on B (LISTEN/NOTIFY, then one read of the stored records) time each batch
    from the send to its arrival. Medians and p90 in ms.
 2. Write cost, side by side in one run, in-process: batches per second that a
-   PostgresStore commits with the live announce (records stored again in the UNLOGGED
-   live_batches table, plus a NOTIFY) and with the announce switched off.
+   PostgresStore commits while another replica has a run's viewer (each batch's frame
+   stored again in the UNLOGGED live_batches table, plus a NOTIFY), while none has
+   (the NOTIFY only), and with the announce switched off; and the CPU time per record
+   of the writer thread plus its PostgreSQL backend (when the server is on this
+   machine: /proc), which a busy machine disturbs less than the rates.
 
     .venv/bin/python bench/replicas.py --postgres postgresql://postgres@127.0.0.1:54333/postgres
 """
@@ -149,10 +152,12 @@ def latency(db: str, batches: int, per_batch: int, args: argparse.Namespace) -> 
 
 
 def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) -> None:
+    import psycopg
+
     from gradwatch.server.schema import parse_message
     from gradwatch.server.settings import Settings
     from gradwatch.server.store.base import Store
-    from gradwatch.server.store.postgres import PostgresStore
+    from gradwatch.server.store.postgres import WATCH, PostgresStore
 
     class Silent(PostgresStore):
         """The same store with the live announce switched off."""
@@ -163,10 +168,29 @@ def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) 
         def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
             return Store._write_batch(self, cur, batch, session)
 
+    def timed(base: type[PostgresStore]) -> type[PostgresStore]:
+        class Timed(base):  # type: ignore[valid-type,misc]
+            cpu = 0.0  # the writer thread's CPU seconds
+
+            def _write_group(self, conn: Any, group: list[Any]) -> None:
+                began = time.thread_time()
+                try:
+                    super()._write_group(conn, group)
+                finally:
+                    self.cpu += time.thread_time() - began
+
+        return Timed
+
     rng = random.Random(1)
-    rates: dict[str, list[float]] = {"with announce": [], "without": []}
+    modes = (
+        ("frames stored", timed(PostgresStore)),
+        ("no viewer else", timed(PostgresStore)),
+        ("no announce", timed(Silent)),
+    )
+    rates: dict[str, list[float]] = {name: [] for name, _ in modes}
+    cpu: dict[str, list[float]] = {name: [] for name, _ in modes}
     for _ in range(args.repeat):
-        for name, cls in (("with announce", PostgresStore), ("without", Silent)):
+        for name, cls in modes:
             run_id = str(uuid.uuid4())
             parsed = [
                 parse_message(
@@ -186,24 +210,47 @@ def write_rate(db: str, batches: int, per_batch: int, args: argparse.Namespace) 
                 for seq in range(batches)
             ]
             store = cls(Settings(db=db))
+            if name == "frames stored":  # a viewer on another replica (not this store)
+                with psycopg.connect(db, autocommit=True) as conn:
+                    conn.execute(WATCH, ("bench-other", 3600.0))
             try:
                 store.submit_hello(parse_message(json.dumps(hello(run_id)))).result()
+                backend = _proc_cpu(store._writer_conn.info.backend_pid)
+                writer = store.cpu  # type: ignore[attr-defined]
                 start = time.perf_counter()
                 # As ingest does: several batches in flight, group-committed.
                 futures = [store.submit_batch(batch) for batch in parsed]
                 for future in futures:
                     future.result()
                 rates[name].append(batches / (time.perf_counter() - start))
+                backend = _proc_cpu(store._writer_conn.info.backend_pid) - backend
+                used = store.cpu - writer + backend  # type: ignore[attr-defined]
+                cpu[name].append(used / (batches * per_batch) * 1e6)
             finally:
                 store.close()
-    base = statistics.median(rates["without"])
+                with psycopg.connect(db, autocommit=True) as conn:
+                    conn.execute("DELETE FROM live_replicas")
+    base = statistics.median(rates["no announce"])
     print(f"store writes, {batches} batches of {per_batch} step records, median of {args.repeat}:")
     for name, values in rates.items():
         rate = statistics.median(values)
         print(
             f"  {name:15s} {rate:8.1f} batches/s  {rate * per_batch:9.0f} records/s"
-            f"  ratio {rate / base:.2f}"
+            f"  ratio {rate / base:.2f}   CPU {statistics.median(cpu[name]):5.1f} us/record"
         )
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds of a local process (a PostgreSQL backend); 0 when it is elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            name, fields = stat.read().split(" (", 1)[1].rsplit(")", 1)
+    except (OSError, IndexError):
+        return 0.0
+    if name != "postgres":
+        return 0.0  # that pid is another process here: the server is elsewhere
+    fields = fields.split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

@@ -8,6 +8,12 @@ waiting), and publishes ``{"type":"records","run_id","rank","seq","records"}`` t
 run's viewers and a run summary to run-list viewers. Local batches never pass through
 here: ingest publishes them itself, and the listener drops this replica's own notes.
 
+Other replicas store their batches' frames only while this one is registered as
+watching (store/postgres.py): :meth:`ReplicaFeed.viewer_joins` registers before a
+run's viewer is told ``subscribed`` (so before it reads history), a heartbeat keeps
+the registration while run viewers are here and drops it when none are left; if it
+lapsed (the database was away) viewers are told ``lagged`` once it is made again.
+
 Example (``create_app`` does this for a PostgreSQL store):
     >>> feed = ReplicaFeed(state, store)   # doctest: +SKIP
     >>> await feed.start()                 # LISTEN is in place when it returns  # doctest: +SKIP
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -27,7 +34,7 @@ from gradwatch.protocol.codec import dumps
 from .live import RUNS_CHANNEL
 from .pg_listen import Delivery, Listener
 from .state import AppState
-from .store.postgres import RETAIN_S, PostgresStore
+from .store.postgres import RETAIN_S, WATCH_EVERY_S, WATCH_EXPIRE_S, PostgresStore
 
 log = logging.getLogger("gradwatch.server")
 
@@ -35,6 +42,8 @@ log = logging.getLogger("gradwatch.server")
 CHUNK = 256
 # Row ids remembered as delivered, so a resync after a reconnect sends none twice.
 SEEN = 100_000
+# Seconds between tries to register again after the database refused (or was away).
+WATCH_RETRY_S = 2.0
 
 
 def records_message(run_id: str, rank: int, seq: int, records: str) -> str:
@@ -59,6 +68,13 @@ class ReplicaFeed:
         self._listener: Listener | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._watch_lock = asyncio.Lock()
+        # When this replica's registration was last made or extended (monotonic, taken
+        # before the statement), None while it has none; and whether viewers may have
+        # missed frames (a registration failed) and are owed a "lagged".
+        self._confirmed: float | None = None
+        self._owed = False
 
     async def start(self) -> None:
         """Start listening; returns once LISTEN is in place, so a replica that answers
@@ -69,14 +85,81 @@ class ReplicaFeed:
             self.store.settings.db, self.store.channel, self.store.replica, self._from_thread
         )
         await asyncio.to_thread(self._listener.start)
+        self._heartbeat = asyncio.create_task(self._beat_forever())
 
     async def stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        if self._confirmed is not None:  # other replicas stop storing frames at once
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.store.unwatch)
         if self._listener is not None:
             await asyncio.to_thread(self._listener.stop)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    async def viewer_joins(self) -> None:
+        """Before a run's viewer is told ``subscribed``: other replicas store frames
+        for this one from now on (at once when the registration is fresh)."""
+        if not self._fresh():
+            await self._ensure_watch(unless_fresh=True)
+
+    def _fresh(self) -> bool:
+        """Whether the registration surely holds for a while (a heartbeat is due well
+        before it would lapse)."""
+        return self._confirmed is not None and (
+            time.monotonic() - self._confirmed < WATCH_EXPIRE_S - WATCH_EVERY_S
+        )
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_RETRY_S if self._owed else WATCH_EVERY_S)  # a period
+            await self._beat()
+
+    async def _beat(self) -> None:
+        """Keep the registration while run viewers are here; drop it once none are."""
+        if self._watched():
+            await self._ensure_watch()
+            return
+        self._owed = False  # no viewer is left to have missed anything
+        if self._confirmed is not None:
+            async with self._watch_lock:
+                if not self._watched():
+                    # First: a viewer joining while the row is deleted registers anew.
+                    self._confirmed = None
+                    with contextlib.suppress(Exception):  # else it expires
+                        await asyncio.to_thread(self.store.unwatch)
+
+    def _watched(self) -> bool:
+        return any(c != RUNS_CHANNEL for c in self.state.hub.channels())
+
+    async def _ensure_watch(self, unless_fresh: bool = False) -> None:
+        """Extend the registration, or make it again; viewers that may have missed
+        frames meanwhile (it had lapsed, or a registration failed) are told ``lagged``
+        once it is made, so the history they refetch has no gap."""
+        async with self._watch_lock:
+            if unless_fresh and self._fresh():
+                return  # viewers joining together: the first one registered
+            began = time.monotonic()
+            try:
+                if self._confirmed is not None and await asyncio.to_thread(
+                    self.store.refresh_watch
+                ):
+                    self._confirmed, self._owed = began, False  # it never lapsed
+                    return
+                lapsed = self._confirmed is not None or self._owed
+                await asyncio.to_thread(self.store.watch)
+            except Exception as error:
+                log.warning("gradwatch live across replicas: cannot register viewers: %s", error)
+                self._owed = True
+                return
+            self._confirmed, self._owed = began, False
+            if lapsed:
+                self._tell_lagged(None)
 
     def _from_thread(self, item: Delivery) -> None:
         assert self._loop is not None

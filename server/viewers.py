@@ -111,6 +111,10 @@ async def live_endpoint(ws: WebSocket) -> None:
         return
     viewer = state.hub.subscribe(run_id if run_id is not None else RUNS_CHANNEL)
     try:
+        if run_id is not None and state.replicas is not None:
+            # Before "subscribed" (after which the viewer reads history): other replicas'
+            # batches reach it live from here on, or are in that history (replicas.py).
+            await state.replicas.viewer_joins()
         await ws.send_text(dumps({"type": "subscribed", "run_id": run_id}))
         timeout = state.settings.live_send_timeout_s
         tasks = [

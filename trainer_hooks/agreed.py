@@ -87,7 +87,6 @@ class AgreedSchedule(Schedule):
     PROBE_LIGHT = (60, 61, 63)
     #: longest wait at creation for every rank to create one too, in seconds
     JOIN_S = 30.0
-    _created = 0  # agreed schedules this process made: the store keys of each
 
     def __init__(
         self,
@@ -117,17 +116,7 @@ class AgreedSchedule(Schedule):
 
     def _join(self) -> None:
         """Meet the other ranks on the store; RuntimeError unless all came (module doc)."""
-        AgreedSchedule._created += 1
-        prefix = f"gradwatch/agreed/{AgreedSchedule._created}/"
-        store = dist.distributed_c10d._get_default_store()
-        if store.add(prefix + "joined", 1) == dist.get_world_size():
-            decision = store.compare_set(prefix + "decision", "", "go")
-        else:
-            # a timeout raises: then "no", unless another rank said "go" meanwhile
-            with contextlib.suppress(Exception):
-                store.wait([prefix + "decision"], datetime.timedelta(seconds=self.JOIN_S))
-            decision = store.compare_set(prefix + "decision", "", "no")
-        if decision != b"go":
+        if not all_ranks_came("agreed", self.JOIN_S):
             raise RuntimeError(f"not every rank created its agreed schedule (called watch()) "
                                f"within {self.JOIN_S:g} s")
 
@@ -181,3 +170,25 @@ class AgreedSchedule(Schedule):
         """Stop agreeing (a monitor's close): nothing is waited for."""
         self.failed = True
         self._work = None
+
+
+_meetings: dict[str, int] = {}  # meetings of each kind in this process: the n-th of a
+# rank pairs with the n-th of the others, each under its own store keys
+
+
+def all_ranks_came(kind: str, join_s: float) -> bool:
+    """Meet the other ranks of the default process group on its store: True when every
+    rank came within ``join_s`` seconds (module doc). The store, not a collective: a
+    rank that never comes costs the others this wait once, never a hang, and nothing
+    pairs with the training's own collectives. Every rank gets the same answer."""
+    _meetings[kind] = _meetings.get(kind, 0) + 1
+    prefix = f"gradwatch/{kind}/{_meetings[kind]}/"
+    store = dist.distributed_c10d._get_default_store()
+    if store.add(prefix + "joined", 1) == dist.get_world_size():
+        decision = store.compare_set(prefix + "decision", "", "go")
+    else:
+        # a timeout raises: then "no", unless another rank said "go" meanwhile
+        with contextlib.suppress(Exception):
+            store.wait([prefix + "decision"], datetime.timedelta(seconds=join_s))
+        decision = store.compare_set(prefix + "decision", "", "no")
+    return bool(decision == b"go")

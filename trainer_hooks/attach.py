@@ -31,7 +31,7 @@ from torch import nn
 from gradwatch.protocol.sender import WebSocketSink
 from gradwatch.protocol.sink import Sink, SpoolSink
 
-from .agreed import AgreedSchedule
+from .agreed import AgreedSchedule, all_ranks_came
 from .diagnoses import DiagnosisEngine
 from .identity import default_spool_path, make_hello, rank_and_world, run_identity
 from .monitor import Monitor
@@ -60,26 +60,33 @@ def _timesteps_quantity(
 
 def _schedule(
     model: nn.Module, every: int | None, overhead: float | None, once: WarnOnce
-) -> Schedule:
-    """The heavy-step schedule: the ranks' agreed budget where the model's parameters
-    are sharded over several ranks (their norms need the same heavy steps on every
-    rank), else each process's own. DDP keeps its own: nothing gradwatch takes there
-    is a collective, and an agreement would need watch() on every rank."""
+) -> tuple[Schedule, bool]:
+    """The heavy-step schedule, and whether every rank captures the same steps (so
+    sharded norms can be made global by a collective on them): the ranks' agreed
+    budget where the model's parameters are sharded over several ranks, else each
+    process's own. DDP keeps its own: nothing gradwatch takes there is a collective,
+    and an agreement would need watch() on every rank."""
     if every is None and overhead is None:
         overhead = DEFAULT_BUDGET  # the default: heavy capture under a budget
     every = 1 if every is None else every
     _, world_size = rank_and_world()
-    if overhead is None or world_size < 2 or not any(is_sharded(p) for p in model.parameters()):
-        return Schedule(every=every, overhead=overhead)
-    Schedule(every=every, overhead=overhead)  # bad arguments fail as usual, before the group
+    if world_size < 2 or not any(is_sharded(p) for p in model.parameters()):
+        return Schedule(every=every, overhead=overhead), True
+    schedule = Schedule(every=every, overhead=overhead)  # bad arguments fail as usual
     try:
-        return AgreedSchedule(every=every, overhead=overhead, once=once)
-    except Exception as e:  # no process group: each rank's own budget, local norms
+        if overhead is not None:
+            return AgreedSchedule(every=every, overhead=overhead, once=once), True
+        # every=N is the same steps on every rank that watches: the reductions on them
+        # need every rank to watch, or they pair with the other ranks' FSDP collectives
+        if all_ranks_came("fixed", AgreedSchedule.JOIN_S):
+            return schedule, True
+        raise RuntimeError(f"not every rank called watch() within {AgreedSchedule.JOIN_S:g} s")
+    except Exception as e:  # no process group: each rank's own steps, local norms
         once.warn("sharded", "gradwatch: the model's parameters are sharded (FSDP2) and the"
                   f" ranks cannot agree on heavy steps ({type(e).__name__}: {e}), so gradient"
                   " norms are each rank's shard norms (norm_scope 'local'); global norms"
                   " need watch() on every rank")
-        return Schedule(every=every, overhead=overhead)
+        return schedule, False
 
 
 def _keep_local(params: ParamNorms, updates: UpdateRatios) -> None:
@@ -191,7 +198,7 @@ def watch(
         raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
     run_id = run_identity(run_id)  # before any hook: a run id the server refuses raises here
     once = WarnOnce()
-    schedule = _schedule(model, every, overhead, once)
+    schedule, shared = _schedule(model, every, overhead, once)
     diagnoser = _diagnoser(diagnose, thresholds)
     select = Selection(include, exclude)
     select.check(model)
@@ -199,11 +206,9 @@ def watch(
 
     timesteps = _timesteps_quantity(cells, exact_hidden, select)
     # Sharded (FSDP2) gradients' norms are made global by a collective per heavy step,
-    # which needs every rank to capture the same steps: a fixed interval, or a budget
-    # the ranks agree on (agreed.py), or a single rank; a budget each rank keeps for
-    # itself leaves them local (quantities/sharded.py).
-    shared = (schedule.budget is None or isinstance(schedule, AgreedSchedule)
-              or rank_and_world()[1] < 2)
+    # which needs every rank to capture the same steps (``shared``): a fixed interval
+    # every rank watches with, or a budget the ranks agree on (agreed.py); else they
+    # stay local (quantities/sharded.py).
     params = ParamNorms(scaler=scaler, select=chosen, reduce_shards=shared, averaged=averaged)
     updates = UpdateRatios(select=chosen, reduce_shards=shared)
     if isinstance(schedule, AgreedSchedule):

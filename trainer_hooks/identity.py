@@ -2,8 +2,8 @@
 
 - ``run_id``: ``run_id=`` if given, else the environment variable
   ``GRADWATCH_RUN_ID``, else, in an initialised ``torch.distributed`` job, a UUID4
-  drawn by rank 0 and broadcast to every rank (so the ranks of a ``torchrun`` job join
-  one run), else a fresh UUID4.
+  drawn by rank 0 and handed to the other ranks through the process group's store (so
+  the ranks of a ``torchrun`` job join one run), else a fresh UUID4.
 - ``rank``/``world_size``: from ``torch.distributed`` when it is initialised, else the
   ``RANK``/``WORLD_SIZE`` environment variables (torchrun sets them), else 0 and 1.
 - Default spool path (``server=None`` and no ``spool=``):
@@ -19,10 +19,12 @@ Example:
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import socket
 import uuid
+import warnings
 from typing import Any
 
 import torch
@@ -30,6 +32,7 @@ from torch import nn
 
 from gradwatch.protocol.messages import MAX_NAME_CHARS, PROTOCOL_VERSION
 from gradwatch.protocol.names import identity_problem, short_name
+from gradwatch.protocol.warnings import GradwatchWarning
 
 # The full names of what was shortened travel in the hello, each cut at this length.
 MAX_FULL_NAME_CHARS = 4096
@@ -39,9 +42,13 @@ def run_identity(run_id: str | None) -> str:
     """The run id: the argument, else ``$GRADWATCH_RUN_ID``, else one chosen by rank 0.
 
     In a distributed job (``torch.distributed`` initialised with more than one rank),
-    rank 0 draws a UUID4 and broadcasts it, so every rank of a ``torchrun`` job streams
-    into one run with no configuration. ``watch()`` is then a collective call: every
-    rank must call it, as every rank builds its model. Alone, a fresh UUID4.
+    rank 0 draws a UUID4 and puts it in the process group's store, where the other
+    ranks' ``watch()`` reads it, so every rank of a ``torchrun`` job streams into one
+    run with no configuration. The store, not a collective: a job where only rank 0
+    calls ``watch()`` (``if rank == 0: watch(model)``) must not have a broadcast of
+    gradwatch's matched against its own next collective, which hangs or corrupts it.
+    Rank 0 never waits; another rank waits up to :data:`RUN_ID_WAIT_S` for rank 0's
+    id, then warns and takes its own. Alone, a fresh UUID4.
     """
     if run_id is not None:
         if not isinstance(run_id, str) or not run_id:
@@ -52,11 +59,38 @@ def run_identity(run_id: str | None) -> str:
         return checked_run_id(from_env, "$GRADWATCH_RUN_ID")
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        chosen: list[str | None] = [str(uuid.uuid4()) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(chosen, src=0)
-        if isinstance(chosen[0], str):
-            return chosen[0]
+        return _run_id_of_rank_0(dist)
     return str(uuid.uuid4())
+
+
+# How long a rank other than 0 waits in watch() for rank 0's run id (rank 0 may reach
+# watch() later, after loading its data); past it the rank streams as a run of its own.
+RUN_ID_WAIT_S = 60.0
+_asked = 0  # watch() calls in this process that took rank 0's id: the n-th pairs with
+# rank 0's n-th, each under its own store key
+
+
+def _run_id_of_rank_0(dist: Any) -> str:
+    global _asked
+    _asked += 1
+    key = f"gradwatch/run_id/{_asked}"
+    chosen = str(uuid.uuid4())
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if dist.get_rank() == 0:
+            store.set(key, chosen)
+            return chosen
+        store.wait([key], datetime.timedelta(seconds=RUN_ID_WAIT_S))
+        return bytes(store.get(key)).decode()
+    except Exception as error:  # no store, or rank 0 never called watch() in time
+        warnings.warn(
+            f"gradwatch: rank {dist.get_rank()} could not read rank 0's run id "
+            f"({type(error).__name__}: {error}); it streams as run {chosen} of its own. "
+            "Call watch() on every rank, or give every rank the same run_id=",
+            GradwatchWarning,
+            stacklevel=4,
+        )
+        return chosen
 
 
 def checked_run_id(run_id: str, source: str) -> str:

@@ -4,24 +4,24 @@
 // (replay.js) feeds the same view from history instead of the socket.
 
 import { api, href } from "./api.js";
-import { el, replaceChildren, visible } from "./dom.js";
-import { AlertsPanel, alertTarget, opensProblem } from "./alerts.js";
+import { el, replaceChildren } from "./dom.js";
+import { AlertsPanel, opensProblem } from "./alerts.js";
+import { renderHeader, renderStats } from "./runheader.js";
+import { addHeatmap, gotoAlert, joinPanel } from "./heatgrid.js";
 import { CHARTS, FrameBatcher, NUMBERS } from "./batcher.js";
 import { purgeAll } from "./charts.js";
 import { drawAll } from "./lazy.js";
 import { connect } from "./live.js";
 import { DepthPanels } from "./depth.js";
-import { bySeries, heatmapKeys, historySeries, latestFromHistory } from "./history.js";
-import { fmt, fmtBytes, fmtSeconds, num, seriesValues } from "./num.js";
-import { OVERHEAD_WINDOW, OverheadShare, overheadText, unseenLeftOut } from "./overhead.js";
+import { heatmapKeys, historySeries, latestFromHistory } from "./history.js";
+import { num, seriesValues } from "./num.js";
+import { OVERHEAD_WINDOW, OverheadShare } from "./overhead.js";
 import { panel, RollingMedian, specs } from "./panels.js";
 import { Profile } from "./profile.js";
 import { RanksView } from "./ranks.js";
-import { alertCount, CHART_INFO, heatmapPanel, lineSearch, NO_DATA, scalePicker, TrendNote } from "./runparts.js";
+import { CHART_INFO, heatmapPanel, lineSearch, NO_DATA, scalePicker, TrendNote } from "./runparts.js";
 import { LineChart, nonFiniteNote, recordFields } from "./series.js";
 import { state, stats } from "./state.js";
-
-const domOrder = (a, b) => (a.compareDocumentPosition(b) & Node.DOCUMENT_POSITION_FOLLOWING ? -1 : 1);
 
 export class RunView {
   constructor(root, runId, { rank = 0, replay = false } = {}) {
@@ -93,7 +93,7 @@ export class RunView {
       this.reload();
     } else if (msg.type === "run" && msg.run && msg.run.id === this.runId) {
       Object.assign(this.summary, msg.run);
-      this.renderHeader();
+      renderHeader(this);
     }
   }
 
@@ -121,7 +121,7 @@ export class RunView {
       el("select", { onchange: (e) => { window.location.hash = `#/run/${encodeURIComponent(this.runId)}/${e.target.value}`; } },
         ranks.map((r) => el("option", { value: r, selected: r === this.rank }, String(r))))) : null;
     this.alertsList = el("div", { class: "alerts", id: "alerts-list" });
-    this.alertsPanel = new AlertsPanel(this.alertsList, (first, latest) => this.gotoAlert(first, latest));
+    this.alertsPanel = new AlertsPanel(this.alertsList, (first, latest) => gotoAlert(this, first, latest));
     this.ranksView = ranks.length > 1 && !this.replay ? new RanksView(this.runId, ranks) : null;
     const alertsSection = el("section", { class: "panel", id: "panel-alerts" },
       el("header", {}, el("h2", {}, "Alerts"), el("span", { class: "note" }, "what is wrong, the numbers, and the fix")),
@@ -147,7 +147,7 @@ export class RunView {
     this.trendNote = new TrendNote(this.charts.get("time").panel.note);
     // Gradient flow through depth (depth.js): its heatmaps beside the time heatmaps,
     // its ratio chart among the line charts (fed the same live points).
-    this.depth = new DepthPanels(s, this.rank, (section, view, before) => this.joinPanel(section, view, before));
+    this.depth = new DepthPanels(s, this.rank, (section, view, before) => joinPanel(this, section, view, before));
     this.charts.set("ratios", this.depth.ratios);
     lines.splice(1, 0, this.depth.ratios.panel.section);
     this.noHeat = heat.length || this.depth.heatmaps.size ? null : el("section", { class: "panel", id: "panel-no-heatmap" },
@@ -170,38 +170,7 @@ export class RunView {
         scalePicker(() => { for (const { view } of this.heatmaps.values()) view.rescale(); this.depth.rescale(); })),
       this.heatGrid,
       el("div", { class: "grid" }, lines));
-    this.renderHeader();
-  }
-
-  renderHeader() {
-    const s = this.summary;
-    const status = String(s.status ?? "unknown");
-    this.statusNode.className = `badge ${status}`;
-    this.statusNode.textContent = this.replay ? `replay · ${status}` : status;
-    const sub = visible([`run ${s.id}`, s.host ? `on ${s.host}` : null,
-      `ranks ${(s.ranks || [0]).join(", ")}`, `last step ${fmt(s.last_step)}`, `${alertCount(this)} alerts`]
-      .filter(Boolean).join(" · "));
-    if (this.subNode.textContent !== sub) this.subNode.textContent = sub;
-  }
-
-  renderStats(rec) {
-    if (!rec) return;
-    this.statsStep = rec.step;
-    const items = [["step", fmt(rec.step)], ["epoch", fmt(rec.epoch ?? this.epoch ?? this.summary.last_epoch)], ["loss", fmt(rec.loss)],
-      ["total norm", fmt(rec.total_norm)], ["step time", fmtSeconds(rec.duration_s)],
-      ["graph nodes", fmt(rec.graph_nodes)], ["memory", fmtBytes(rec.rss_bytes)],
-      ["gradwatch overhead", overheadText(this.overhead.share(), rec, unseenLeftOut(this.summary, this.rank))]];
-    // Built once, then only the values that changed are rewritten (this runs per draw).
-    if (!this.statValues || !this.statValues.size || !this.statsNode.contains(this.statValues.values().next().value)) {
-      this.statValues = new Map(items.map(([k]) => [k, el("span", { class: "v", dataset: { stat: k } })]));
-      replaceChildren(this.statsNode, items.map(([k]) => el("div", { class: "stat" }, el("span", { class: "k" }, k), this.statValues.get(k))));
-    }
-    for (const [k, v] of items) {
-      const node = this.statValues.get(k);
-      const [text, title] = Array.isArray(v) ? v : [v, ""];
-      if (node.textContent !== text) node.textContent = text;
-      if (node.title !== title) node.title = title;
-    }
+    renderHeader(this);
   }
 
   /**
@@ -265,7 +234,7 @@ export class RunView {
     if (this.closed) return;
     if (!this.trend.values.length && fields.duration_s) for (const v of fields.duration_s.value.slice(-25)) this.trend.push(v);
     const latest = latestFromHistory(fields, this.summary.last_epoch);
-    if (!this.statsStep || (latest && latest.step >= this.statsStep)) this.renderStats(latest);
+    if (!this.statsStep || (latest && latest.step >= this.statsStep)) renderStats(this, latest);
     this.updateNoData();
     this.trendNote.fromHistory(fields.trend);
     stats.scalarsAt = performance.now();
@@ -352,12 +321,12 @@ export class RunView {
         alertsChanged = true;
       } else if (rec.kind === "end") {
         this.summary.status = rec.status;
-        this.renderHeader();
+        renderHeader(this);
       }
     }
     for (const { view } of this.charts.values()) view.hold(points);
     for (const [key, list] of rows) {
-      const h = this.heatmaps.get(key) || this.addHeatmap(key);
+      const h = this.heatmaps.get(key) || addHeatmap(this, key);
       h.view.hold(list);
     }
     this.profileChanged ||= profileChanged;
@@ -365,10 +334,10 @@ export class RunView {
     if (trendChanged) this.trendNote.render();
     if (alertsChanged) this.alertsPanel.render();
     if (lastStep) {
-      this.renderStats(lastStep);
+      renderStats(this, lastStep);
       this.summary.last_step = Math.max(num(this.summary.last_step) ?? -1, lastStep.step);
     }
-    if (lastStep || alertsChanged) this.renderHeader();
+    if (lastStep || alertsChanged) renderHeader(this);
     this.updateNoData();
   }
 
@@ -413,71 +382,5 @@ export class RunView {
     const wasHidden = dp.chart.hidden;
     dp.chart.hidden = !dv.hasData;
     if (wasHidden && dv.hasData && dv.drawn) window.Plotly.Plots.resize(dp.chart);
-  }
-
-  /** A panel that joins the heatmap grid after load (a stack first seen live). */
-  joinPanel(section, view, before) {
-    if (this.noHeat) this.noHeat.remove();
-    this.noHeat = null;
-    this.heatGrid.insertBefore(section, before);
-    if (this.byPanel && this.observer) {
-      this.byPanel.set(section, view);
-      this.observer.observe(section);
-    } else view.force();
-  }
-
-  /** A module's series first seen live: its heatmap panel joins the page now. */
-  addHeatmap(key) {
-    const [module, series] = [key.slice(0, key.lastIndexOf("|")), key.slice(key.lastIndexOf("|") + 1)];
-    const h = heatmapPanel(module, series);
-    this.heatmaps.set(key, h);
-    this.profile.panel.section.hidden = false;
-    if (this.noHeat) this.noHeat.remove();
-    this.noHeat = null;
-    // Beside its module's other heatmaps, in their order (a layer's after the input).
-    const later = [...this.heatmaps.values()].filter(({ view }) => view.module === module && bySeries(view.series, series) > 0)
-      .sort((a, b) => bySeries(a.view.series, b.view.series));
-    const siblings = [...this.heatmaps.values()].filter(({ view }) => view.module === module && view !== h.view);
-    const before = later.length ? later[0].panel.section
-      : siblings.length ? siblings.map(({ panel: p }) => p.section).sort(domOrder).pop().nextSibling
-        : this.profile.panel.section;
-    this.heatGrid.insertBefore(h.panel.section, before);
-    h.view.setHistory(null);
-    if (this.byPanel && this.observer) {
-      this.byPanel.set(h.panel.section, h.view);
-      this.observer.observe(h.panel.section);
-    } else h.view.force();
-    return h;
-  }
-
-  /** Scroll to the chart an alert is about and mark the step where it fired. */
-  async gotoAlert(first, latest) {
-    const target = alertTarget(latest);
-    let section = null;
-    const step = num(first.step);
-    const text = `${latest.code} at step ${first.step}`;
-    const stackMap = target.kind === "depth" ? this.depth.heatmaps.get(target.stack) : null;
-    if (stackMap || target.kind === "heatmap") {
-      const h = stackMap || [...this.heatmaps.values()].find(({ view }) => view.module === target.module);
-      if (h) {
-        await h.view.setVisible(true);
-        h.view.mark(step, "#ff4d4d", text);
-        section = h.panel.section;
-      } else section = this.profile.panel.section;
-    } else {
-      const c = this.charts.get(target.kind) || this.charts.get("norms");
-      await c.view.setVisible(true);
-      if (c.view.hasData) {
-        window.Plotly.relayout(c.panel.chart, {
-          shapes: [{ type: "line", yref: "paper", y0: 0, y1: 1, x0: step, x1: step, line: { color: "#ff4d4d", width: 2, dash: "dot" } }],
-          annotations: [{ yref: "paper", y: 1, x: step, yanchor: "bottom", text: text, showarrow: false, font: { color: "#ff4d4d" } }],
-        });
-      }
-      section = c.panel.section;
-    }
-    section.scrollIntoView({ behavior: "smooth", block: "center" });
-    section.classList.add("flash");
-    setTimeout(() => section.classList.remove("flash"), 1200);
-    section.dataset.marked = String(first.step);
   }
 }

@@ -2,7 +2,8 @@
 
 Starts a throwaway ``gradwatch serve`` on loopback, trains examples/long_lstm.py (the
 bug and its --fixed twin) and examples/seq2seq_attention.py (with profiling) into it,
-then photographs the runs list, the run view, compare and replay in headless Chromium.
+and examples/tiny_gpt.py (its padded batch at step 80), then photographs the runs list,
+the run view, compare, replay and the transformer's depth panels in headless Chromium.
 
     .venv/bin/python docs/img/shoot.py [DB]       # Chromium from $GRADWATCH_CHROMIUM
 """
@@ -55,7 +56,8 @@ def wait_up(http: str, deadline_s: float = 60) -> None:
 
 def train(ws: str) -> None:
     runs = [["long_lstm.py", "--steps", "80"], ["long_lstm.py", "--steps", "80", "--fixed"],
-            ["seq2seq_attention.py", "--steps", "30"]]  # fmt: skip
+            ["seq2seq_attention.py", "--steps", "30"],
+            ["tiny_gpt.py", "--steps", "120"]]  # fmt: skip
     extra = ["--server", ws, "--quiet", "--max-seconds", "60"]
     examples = ROOT / "examples"
     procs = [subprocess.Popen([sys.executable, str(examples / r[0]), *r[1:], *extra]) for r in runs]
@@ -70,7 +72,7 @@ def shoot(http: str) -> None:
     runs = {r["name"]: r["id"] for r in get(http + "/api/runs")}  # type: ignore[union-attr]
     bug, fixed = runs["long_lstm"], runs["long_lstm-fixed"]
     views = {"runs": "#/", "run": f"#/run/{bug}", "compare": f"#/compare/{bug}/{fixed}",
-             "replay": f"#/replay/{bug}"}  # fmt: skip
+             "replay": f"#/replay/{bug}", "depth": f"#/run/{runs['tiny_gpt']}"}  # fmt: skip
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         for theme in ("light", "dark"):

@@ -56,13 +56,25 @@ class ChunkWrites(Database):
         cur.execute(self.sql(query), [row[k] for k in key])
         return cur.fetchone()
 
-    def _series(self, cur: Any, run_id: str, rank: int, name: str) -> int:
-        found = self._series_ids.get(((run_id, rank), name))
-        if found is None:
-            row = {"run_id": run_id, "rank": rank, "name": name}
-            found = int(self._id_row(cur, "series", row, tuple(row))[0])
-            self._series_ids[(run_id, rank), name] = found
-        return found
+    def _series(self, cur: Any, run_id: str, rank: int, names: Sequence[str]) -> list[int]:
+        """The series id of each name; those not known yet are made in one insert and
+        read in one query per 500 (a new run's first batch names every series)."""
+        key = (run_id, rank)
+        new = [name for name in dict.fromkeys(names) if (key, name) not in self._series_ids]
+        for at in range(0, len(new), 500):  # under SQLite's limit of bound parameters
+            part = new[at : at + 500]
+            insert = self.insert_ignore("series", ("run_id", "rank", "name"))
+            cur.executemany(self.sql(insert), [(run_id, rank, name) for name in part])
+            marks = ", ".join("?" for _ in part)
+            cur.execute(
+                self.sql(
+                    "SELECT name, id FROM series WHERE run_id = ? AND rank = ?"  # noqa: S608
+                    f" AND name IN ({marks})"
+                ),
+                (run_id, rank, *part),
+            )
+            self._series_ids.update({(key, str(n)): int(i) for n, i in cur.fetchall()})
+        return [self._series_ids[key, name] for name in names]
 
     def _name_set(
         self, cur: Any, run_id: str, rank: int, names: tuple[str, ...]
@@ -73,7 +85,7 @@ class ChunkWrites(Database):
             key, text = digest(names)
             row = {"run_id": run_id, "rank": rank, "digest": key, "names": text}
             set_id = int(self._id_row(cur, "named_sets", row, ("run_id", "rank", "digest"))[0])
-            series = [self._series(cur, run_id, rank, name) for name in names]
+            series = self._series(cur, run_id, rank, names)
             found = self._name_sets[(run_id, rank), names] = (set_id, series)
         return found
 
@@ -102,7 +114,7 @@ class ChunkWrites(Database):
             if chunk.name_set:
                 ids = self._name_set(cur, run_id, rank, chunk.names)[1]
             else:
-                ids = [self._series(cur, run_id, rank, name) for name in chunk.names]
+                ids = self._series(cur, run_id, rank, chunk.names)
             # A group's series are of one kind: "q" int64 (the step numbers' group), "d" float64.
             kinds = ("q" if chunk.matrix.dtype.kind == "i" else "d") * len(ids)
             # Written once per transaction (_flush): the batches of one run that commit

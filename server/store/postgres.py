@@ -6,13 +6,24 @@ leave as the protocol's strings. Use a fresh database or schema per deployment:
 ``postgresql://user@host/db?options=-csearch_path%3Dgw``.
 
 Replicas that share one database see each other's batches live (docs/DEPLOY.md,
-"Replicas"): each batch's transaction stores its frame (store/writer_process.py: the
-blocks as raw bytes, no JSON on the write path) in the UNLOGGED table
-``live_batches``, kept :data:`RETAIN_S` seconds, and NOTIFYs a pointer to it (a NOTIFY
-payload holds 8000 bytes, less than a batch), ``{"r": replica, "id": row id, "run":
-run_id, "u": urgent}`` or, for a hello, ``{"r": replica, "run": run_id, "hello":
-true}``, on the schema's channel (:func:`channel_for`). It leaves at COMMIT, after
-the rows are readable; server/pg_listen.py listens, and ignores its own ``r``.
+"Replicas"). Each batch NOTIFYs ``{"r": replica, "run": run_id, "u": urgent}`` (a
+hello ``{"r": replica, "run": run_id, "hello": true}``) on the schema's channel
+(:func:`channel_for`); it leaves at COMMIT, after the rows are readable;
+server/pg_listen.py listens, and ignores its own ``r``. Only while another replica
+has live viewers of a run (a row in ``live_replicas``, :meth:`PostgresStore.watch`)
+does a transaction also store its batches' frames (store/writer_process.py: the
+blocks as raw bytes) in the UNLOGGED table ``live_batches``, kept :data:`RETAIN_S`
+seconds, and its notes point to them (``"id": row id``: a NOTIFY payload holds 8000
+bytes, less than a batch). Storing them costs a batch's writer about as much as the
+batch itself (BENCHMARKS.md, "Replicas"), for nothing when no one elsewhere watches.
+
+Why no batch is lost between the two: each write transaction first takes the shared
+advisory lock :data:`LIVE_LOCK`, then asks whether another replica watches (READ
+COMMITTED: that statement sees every registration committed before the lock was
+granted). A registration takes the lock exclusively, so it commits only after every
+transaction that may have decided "no frames" has committed: those batches are in
+history, which the new viewer reads after its registration; every later transaction
+sees the row and stores its frames.
 """
 
 from __future__ import annotations
@@ -50,6 +61,37 @@ LIVE_TABLE = (
 # plainly 1.3 ms; the rows live 5 minutes and are never read by history.
 LIVE_STORAGE = "ALTER TABLE live_batches ALTER COLUMN frame SET STORAGE EXTERNAL"
 LIVE_INDEX = "CREATE INDEX IF NOT EXISTS live_batches_created ON live_batches (created)"
+# Replicas with live viewers of a run now: while a row of another replica is not
+# expired, writers store their frames. Refreshed every WATCH_EVERY_S; a row that a
+# replica could not refresh for WATCH_EXPIRE_S (it died, or lost the database)
+# lapses, and writers stop paying for frames no one reads. Three refreshes fit in one
+# expiry, so one slow or failed refresh does not lapse it (server/replicas.py).
+WATCH_EVERY_S = 20.0
+WATCH_EXPIRE_S = 60.0
+WATCH_TABLE = (
+    "CREATE UNLOGGED TABLE IF NOT EXISTS live_replicas"
+    " (replica TEXT PRIMARY KEY, expires TIMESTAMPTZ NOT NULL)"
+)
+# The lock between write transactions (shared) and registrations (exclusive), one per
+# schema ("/live" cannot be a rollup set's key, "/<digits>", in _LOCK_SETS).
+LIVE_LOCK = "hashtextextended(current_schema() || '/live', 7)"
+WATCHED = (
+    "SELECT EXISTS (SELECT 1 FROM live_replicas WHERE replica <> %s"
+    " AND expires > clock_timestamp())"
+)
+# An exclusive lock waits for every transaction in flight; a wait that long means a
+# stuck writer: the registration fails, and is tried again (server/replicas.py).
+WATCH = (
+    "INSERT INTO live_replicas (replica, expires)"
+    " VALUES (%s, clock_timestamp() + make_interval(secs => %s))"
+    " ON CONFLICT (replica) DO UPDATE SET expires = excluded.expires"
+)
+# Extends only a row that has not lapsed: one that did may have let batches go by
+# without frames, so it is registered again (under the lock) and viewers repaint.
+REFRESH = (
+    "UPDATE live_replicas SET expires = clock_timestamp() + make_interval(secs => %s)"
+    " WHERE replica = %s AND expires > clock_timestamp()"
+)
 # Per transaction: ids for its batches, one binary COPY of them (2-2.5x faster than
 # an INSERT of a bytea[] parameter: 40 against 80-114 ms for 30 batches of 300 KB),
 # then a pointer to each queued in the order they were stored (sent at COMMIT).
@@ -60,6 +102,11 @@ LIVE_COLUMNS = ("id", "replica", "run_id", "rank", "seq", "urgent", "frame")
 ANNOUNCE_BATCHES = (
     "SELECT pg_notify(%s, json_build_object('r', %s::text, 'id', i, 'run', r, 'u', u)::text)"
     " FROM unnest(%s::bigint[], %s::text[], %s::boolean[]) AS b(i, r, u) ORDER BY i"
+)
+# A transaction without frames: the same notes, without ids (runs lists update).
+ANNOUNCE_RUNS = (
+    "SELECT pg_notify(%s, json_build_object('r', %s::text, 'run', r, 'u', u)::text)"
+    " FROM unnest(%s::text[], %s::boolean[]) WITH ORDINALITY AS b(r, u, o) ORDER BY o"
 )
 ANNOUNCE_HELLO = (
     "SELECT pg_notify(%s, json_build_object('r', %s::text, 'run', %s::text, 'hello', true)::text)"
@@ -92,9 +139,49 @@ class PostgresStore(Store):
         self.replica = uuid.uuid4().hex[:16]
         self.channel = channel_for("public")
         self._pruned = 0.0
-        # (run_id, rank, seq, urgent, frame) of the batches of the open transaction.
+        # (run_id, rank, seq, urgent, frame or None) of the open transaction's batches.
         self._live_pending: list[tuple[Any, ...]] = []
+        # Whether the open transaction stores frames (None: not decided yet).
+        self._frames: bool | None = None
         super().__init__(settings)
+
+    # ----- live viewers here: other replicas' writers store frames ---------------------
+    # Each runs in a transaction of its own on this thread's read connection.
+    def watch(self) -> None:
+        """Register this replica's live viewers; returns once every write transaction
+        that might not have seen the registration has committed (module docstring)."""
+        self._own(
+            [
+                ("SET LOCAL lock_timeout = '10s'", ()),
+                (f"SELECT pg_advisory_xact_lock({LIVE_LOCK})", ()),
+                (WATCH, (self.replica, WATCH_EXPIRE_S)),
+            ]
+        )
+
+    def refresh_watch(self) -> bool:
+        """Extend the registration; False when it had lapsed (or was never made)."""
+        return self._own([(REFRESH, (WATCH_EXPIRE_S, self.replica))]) == 1
+
+    def unwatch(self) -> None:
+        """No live viewers here any more: other replicas' writers may skip frames."""
+        self._own([("DELETE FROM live_replicas WHERE replica = %s", (self.replica,))])
+
+    def _own(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
+        """Run ``statements`` in one transaction; the last one's row count."""
+        conn = self.reader()
+        try:
+            with conn.cursor() as cur:
+                for text, params in statements:
+                    cur.execute(text, params)
+                count = int(cur.rowcount)
+            conn.commit()
+        except Exception:
+            if not self.alive(conn):
+                self._local.conn = None  # reconnect on this thread's next use
+            else:
+                conn.rollback()
+            raise
+        return count
 
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """``(id, run_id, rank, seq, records, urgent)`` of stored live batches, by row
@@ -143,6 +230,7 @@ class PostgresStore(Store):
             where = f"PostgreSQL database {conn.info.dbname}, schema {schema}"
             tables.create_or_check(cur, where, found, ddl)
             cur.execute(LIVE_TABLE)
+            cur.execute(WATCH_TABLE)
             cur.execute(LIVE_STORAGE)
             cur.execute(LIVE_INDEX)
             self.channel = channel_for(schema)
@@ -154,12 +242,23 @@ class PostgresStore(Store):
         super()._write_hello(cur, hello)
         cur.execute(ANNOUNCE_HELLO, (self.channel, self.replica, hello.run_id))
 
+    def _apply(self, conn: Any, op: str, payload: Any) -> Any:
+        if self._frames is None:
+            # The transaction's first statements: the shared lock before any row or set
+            # lock (a registration queued for the exclusive one holds writers that ask
+            # later; one of them holding a lock another writer waits for would deadlock).
+            cur = conn.cursor()
+            cur.execute(f"SELECT pg_advisory_xact_lock_shared({LIVE_LOCK})")
+            cur.execute(WATCHED, (self.replica,))
+            self._frames = bool(cur.fetchone()[0])
+        return super()._apply(conn, op, payload)
+
     def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
         if not super()._write_batch(cur, batch, session):
             return False
         # As ingest decides for its own viewers: the runs list updates at once.
         urgent = any(r.kind in (END, ALERT) for r in batch.records)
-        frame = frame_bytes(batch, session)
+        frame = frame_bytes(batch, session) if self._frames else None
         self._live_pending.append((batch.run_id, batch.rank, batch.seq, urgent, frame))
         now = time.monotonic()
         if now - self._pruned > PRUNE_EVERY_S:
@@ -181,16 +280,19 @@ class PostgresStore(Store):
     def _discard_pending(self) -> None:
         super()._discard_pending()
         self._live_pending.clear()
+        self._frames = None
 
     def _flush(self, cur: Any) -> None:
         super()._flush(cur)
-        if self._live_pending:
-            pending, self._live_pending = self._live_pending, []
+        pending, self._live_pending = self._live_pending, []
+        runs, urgent = [row[0] for row in pending], [row[3] for row in pending]
+        if pending and pending[0][4] is None:
+            cur.execute(ANNOUNCE_RUNS, (self.channel, self.replica, runs, urgent))
+        elif pending:
             cur.execute(LIVE_IDS, (len(pending),))
             ids = sorted(int(row[0]) for row in cur.fetchall())
             rows = [(i, self.replica, *row) for i, row in zip(ids, pending, strict=True)]
             self._insert_rows(cur, "live_batches", LIVE_COLUMNS, rows)
-            runs, urgent = [row[0] for row in pending], [row[3] for row in pending]
             cur.execute(ANNOUNCE_BATCHES, (self.channel, self.replica, ids, runs, urgent))
 
     def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:

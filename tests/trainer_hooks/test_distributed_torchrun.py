@@ -72,3 +72,69 @@ def test_torchrun_ranks_join_one_run_and_report_side_by_side(
         norms[rank] = steps["fields"]["total_norm"]["value"]
     # each rank reports its own local gradients, so the ranks differ: that is the spread
     assert norms[0] != norms[1]
+
+
+ONE_RANK_WATCHES = textwrap.dedent(
+    """
+    import sys, warnings
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+    from gradwatch.trainer_hooks import identity, watch
+    from gradwatch.protocol.columns import batch_records
+    from gradwatch.protocol.spool import read_spool
+
+    watching, folder = int(sys.argv[1]), sys.argv[2]
+    identity.RUN_ID_WAIT_S = 3.0  # rank 0 never writes an id when it does not watch
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.LSTM(2, 8, batch_first=True))
+    monitor = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if rank == watching:  # the usual `if rank == 0: watch(model)`, no run_id
+            monitor = watch(model, run="one-rank", spool=f"{folder}/rank{rank}.jsonl",
+                            every=1, diagnose=False)
+    for step in range(6):
+        torch.manual_seed(100 * rank + step)
+        out, _ = model(torch.randn(4, 6, 2))
+        loss = out.pow(2).mean()
+        model.zero_grad()
+        loss.backward()  # DDP's all-reduce: the job's own collective
+        if monitor is not None:
+            monitor.step(loss)
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)  # a collective after training still pairs with its twin
+    if monitor is not None:
+        monitor.close()
+        records = [r for m in read_spool(f"{folder}/rank{rank}.jsonl")
+                   if m["type"] == "batch" for r in batch_records(m) if r["kind"] == "step"]
+        words = [str(w.message) for w in caught]
+        print(f"RANK {rank} STEPS {len(records)} RUN {monitor.run_id} SUM {total.item()}"
+              f" WARNED {any('run id' in w for w in words)}", flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("watching", [0, 1])
+def test_one_rank_watching_alone_neither_hangs_nor_disturbs_the_jobs_collectives(
+    tmp_path: Path, torchrun: Torchrun, watching: int
+) -> None:
+    """`if rank == 0: watch(model)` with no run_id: the run id must not travel by a
+    collective the other rank never joins (it would pair with DDP's all-reduce)."""
+    script = tmp_path / "worker.py"
+    script.write_text(ONE_RANK_WATCHES)
+    env = {k: v for k, v in os.environ.items() if k != "GRADWATCH_RUN_ID"}
+    done = torchrun(script, str(watching), str(tmp_path), env=env, timeout=90)
+    assert done.returncode == 0, done.stdout[-4000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RANK")]
+    assert len(lines) == 1, done.stdout[-4000:]
+    words = lines[0].split()
+    assert words[1] == str(watching) and words[3] == "6", lines
+    assert words[7] == "3.0", lines  # 1 + 2: the all-reduce met its twin on the other rank
+    # rank 0 never waits and so never warns; rank 1 waits, warns, and streams alone
+    assert words[9] == str(watching == 1), lines

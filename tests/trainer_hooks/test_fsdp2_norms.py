@@ -44,15 +44,16 @@ WORKER = textwrap.dedent(
     names = [n for n, _ in twin.named_parameters()]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     twin_optimizer = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
-    kwargs = {"every": 1} if mode == "fixed" else {}  # else the default: the budget
+    kwargs = {"every": 1} if mode in ("fixed", "alone_fixed") else {}  # else the budget
     expected, reduced = [], []
-    if mode == "alone":  # only rank 0 watches: it waits this long for rank 1 at watch()
+    alone = mode.startswith("alone")
+    if alone:  # only rank 0 watches: it waits this long for rank 1 at watch()
         from gradwatch.trainer_hooks.agreed import AgreedSchedule
         AgreedSchedule.JOIN_S = 2.0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         monitor = None
-        if mode != "alone" or rank == 0:
+        if not alone or rank == 0:
             monitor = watch(model, run="fsdp2",
                             spool=os.path.join(out_dir, f"{mode}{rank}.jsonl"),
                             run_id="6f1c0000-0000-4000-8000-00000000f5d2", diagnose=False,
@@ -206,6 +207,21 @@ def test_fsdp2_watched_on_rank_0_alone_costs_a_bounded_wait_and_norms_stay_local
     assert [r["step"] for r in heavy] == [0, 3]
     assert all(r["norm_scope"] == "local" for r in heavy)
     assert not (tmp_path / "alone1.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_fsdp2_every_1_watched_on_rank_0_alone_keeps_norms_local_instead_of_hanging(
+    torchrun: Torchrun, tmp_path: Path
+) -> None:
+    # every=1 on rank 0 alone: a reduction per step on FSDP's own group would pair
+    # with rank 1's all-gathers (a hang, or wrong numbers); the ranks meet on the store
+    # first, rank 1 never comes, so rank 0 warns once and keeps every step local
+    [(steps, expected)] = run_ranks(torchrun, tmp_path, "alone_fixed", 4, ranks=1)
+    [warning] = [w for w in expected["warnings"] if "gradwatch" in w]
+    assert "not every rank called watch()" in warning and "norm_scope 'local'" in warning
+    assert expected["reduced"] == [False, False]
+    assert [r["step"] for r in steps if "param_norms" in r] == [0, 1, 2, 3]
+    assert all(r["norm_scope"] == "local" for r in steps if "param_norms" in r)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ around it). Two ways to sum the ratios up per block for 500 steps, interleaved
 - A: field by field, ``named_points`` per parameter (the way ``/steps`` reads a named
   field), then the blocks' maxima in Python;
 - B: ``server/depth_reads.update_ratio_blocks``: every chunk read once
-  (store/named_matrix.py), the maxima in numpy.
+  (store/chunk_reads.py, named_matrix), the maxima in numpy.
 
 Also the depth matrix of the stack (``/depth``, 500 rows). Prints the medians and
 the ratio, with the load average.
@@ -29,13 +29,13 @@ import tempfile
 import time
 from typing import Any
 
+from gradwatch.protocol.codec import protocol_number
 from gradwatch.protocol.messages import NONFINITE_STRINGS
 from gradwatch.server.depth_reads import block_of, block_ratio, depth_matrix, update_ratio_blocks
 from gradwatch.server.downsample import pick_rows
 from gradwatch.server.schema import parse_message
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
-from gradwatch.server.store.chunks import scalar_out
 
 PARTS = ("a.w", "a.b", "b.w", "b.b", "c.w", "c.b", "n.w", "n.b")
 
@@ -66,11 +66,10 @@ def field_by_field(store: Any, run: str, known: list[str], max_steps: int) -> di
     """A: named_points per parameter, then each block's maxima in Python."""
     params = store.run_detail(run)["update_ratio_parameters"]
     memo: dict[Any, Any] = {}
-    sets = store.name_sets(run, 0)
     by_block: dict[str, list[tuple[list[int], list[Any]]]] = {}
     every: set[int] = set()
     for param in params:
-        steps, values = store.named_points(run, 0, f"update_ratios/{param}", 0, 2**62, memo, sets)
+        steps, values = store.named_points(run, 0, f"update_ratios/{param}", 0, 2**62, memo)
         by_block.setdefault(block_of(param, known), []).append((steps, values))
         every.update(steps)
     ordered = sorted(every)
@@ -85,7 +84,7 @@ def field_by_field(store: Any, run: str, known: list[str], max_steps: int) -> di
                 if i is not None:
                     number = NONFINITE_STRINGS[value] if isinstance(value, str) else float(value)
                     gathered[i].append(number)
-        out[block] = [scalar_out(block_ratio(v)) if v else None for v in gathered]
+        out[block] = [protocol_number(block_ratio(v)) if v else None for v in gathered]
     return out
 
 

@@ -44,18 +44,23 @@ def _fast_encoder() -> Any:
 _FAST = _fast_encoder()
 
 
+def protocol_number(value: Any) -> Any:
+    """A number as the protocol writes it: a non-finite float becomes its string.
+
+    >>> protocol_number(float("-inf")), protocol_number(2.5)
+    ('-Infinity', 2.5)
+    """
+    if isinstance(value, float) and value - value != 0:
+        return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
 def _replace_nonfinite(value: Any) -> Any:
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        if math.isnan(value):
-            return "NaN"
-        return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, dict):
         return {k: _replace_nonfinite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_replace_nonfinite(v) for v in value]
-    return value
+    return protocol_number(value)
 
 
 def dumps(message: Any) -> str:

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from gradwatch.protocol.codec import protocol_number
+
 from .column_checks import floats
 from .downsample import pick_rows
-from .store.chunks import scalar_out
-from .store.named_matrix import named_matrix
 
 
 def block_of(param: str, blocks: Sequence[str]) -> str:
@@ -86,7 +86,7 @@ def depth_matrix(
     all_steps = sorted(places)
     chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
     values = [
-        [scalar_out(v) for v in floats(store.series_row("depth", run_id, stack, "input", rank,
+        [protocol_number(v) for v in floats(store.series_row("depth", run_id, stack, "input", rank,
                                                         places[step]))]
         for step in chosen
     ]
@@ -133,7 +133,7 @@ def update_ratio_blocks(
     known = list(owner)
     lo = 0 if start is None else start
     hi = 2**62 if stop is None else stop
-    steps, names, values, present = named_matrix(store, run_id, rank, "update_ratios/", lo, hi)
+    steps, names, values, present = store.named_matrix(run_id, rank, "update_ratios/", lo, hi)
     pick = pick_rows(len(steps), max_steps)
     values, present = values[pick], present[pick]
     members: dict[str, list[int]] = {}

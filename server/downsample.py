@@ -6,7 +6,7 @@ point with its largest value, in step order, so spikes survive at any zoom. Alig
 power-of-two buckets are what the stores' rollups tile exactly (store/rollups.py).
 Non-finite values (``"NaN"``, ``"Infinity"``, ``"-Infinity"`` strings) rank above every
 number, so a bucket with a NaN always shows it. The stores do the same from their
-rollups and from chunks (:func:`gradwatch.server.store.chunk_reads.bucket_extremes`); this
+rollups and from chunks (:func:`gradwatch.server.store.rollups.extremes`); this
 is the reference.
 
 Example:

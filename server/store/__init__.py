@@ -1,12 +1,4 @@
-"""Storage behind one interface; the backend is chosen by the ``--db`` value.
-
-Example:
-    >>> import tempfile, os
-    >>> store = open_store(Settings(db=os.path.join(tempfile.mkdtemp(), "g.db")))
-    >>> store.kind
-    'sqlite'
-    >>> store.close()
-"""
+"""Storage behind one interface; the backend is chosen by the ``--db`` value."""
 
 from __future__ import annotations
 
@@ -20,8 +12,7 @@ def open_store(settings: Settings) -> Store:
     if settings.db_kind == "postgresql":
         from .postgres import PostgresStore
 
-        store: Store = PostgresStore(settings)
-        return store
+        return PostgresStore(settings)
     from .sqlite import SQLiteStore
 
     return SQLiteStore(settings)

@@ -5,16 +5,8 @@ A store has one writer thread that owns the write connection. Ingest submits wor
 writer takes whatever is waiting, up to ``Settings.group_commit`` items, writes it in
 ONE transaction ("group commit") and only then resolves the futures, so an ``ack``
 sent on one means "durable". Reads are plain methods, safe from any thread (one read
-connection per thread). Deduplication: a batch whose ``(run_id, rank, session, seq)``
-is already in ``batches`` is acknowledged and nothing else is written (its future
-says False; True when it was stored).
-
-Example (any backend; see :func:`gradwatch.server.store.open_store`):
-    >>> store = open_store(Settings(db=path))          # doctest: +SKIP
-    >>> store.submit_hello(hello).result()             # doctest: +SKIP
-    >>> store.submit_batch(batch).result()             # doctest: +SKIP
-    True
-    >>> store.list_runs()[0]["name"]                   # doctest: +SKIP
+connection per thread). A batch whose ``(run_id, rank, session, seq)`` is already in
+``batches`` is acknowledged and nothing else is written (its future says False).
 """
 
 from __future__ import annotations
@@ -28,10 +20,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from gradwatch.protocol.codec import dumps
+
 from ..settings import Settings
 from .chunk_writes import ChunkWrites
 from .reads import Reads
-from .split import ALERT_INSERT, EPOCH_INSERT, dumps, split_batch
+from .split import ALERT_INSERT, EPOCH_INSERT, split_batch
 
 _STOP = object()
 
@@ -232,7 +226,7 @@ class Store(ChunkWrites, Reads):
         if cur.rowcount == 0:
             return False  # a repeat: acknowledged, not stored again
         split = split_batch(batch, self.scalar_in, session)
-        self._write_chunks(cur, run_id, rank, split.chunks)
+        self._write_chunks(cur, run_id, rank, split)
         if split.epochs:
             cur.executemany(self.sql(EPOCH_INSERT), split.epochs)
         if split.alerts:

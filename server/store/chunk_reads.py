@@ -1,20 +1,9 @@
-"""Reading the chunks every step record is stored in (store/chunks.py).
+"""Reading the chunks every step record is stored in (store/chunks.py): a plain
+field's points, one module's per-step series, the records' notes, the named scalars.
 
-The points of a plain field, the step count of a range, one module's per-step series,
-the records' notes (``timestep_layout``, ``nonfinite``) and the named scalars. A
-chunk is found on its ``(run_id, rank, step_lo)`` key: its steps lie within ``SPAN``
-steps of ``step_lo``. Values come back as the backend stores the same numbers sent as
-JSON (SQLite: the strings ``"NaN"``/``"Infinity"``), so they order and compare as the
-rollups do.
-
-Edge and fine buckets take each bucket's min and max in Python with the rollups'
-semantics (:func:`bucket_extremes`).
-
-Example (any store):
-    >>> store.chunk_points("run", 0, "loss", 0, 99)  # doctest: +SKIP
-    ([0, 1], [0.5, 0.25])
-    >>> store.named_points("run", 0, "param_norms/w", 0, 99, {})  # doctest: +SKIP
-    ([0, 1], [0.5, 0.25])
+A chunk is found on its ``(run_id, rank, step_lo)`` key: its steps lie within ``SPAN``
+steps of ``step_lo``. Values come back as ints (int64 fields) or floats, NaN and the
+infinities included, in either backend.
 """
 
 from __future__ import annotations
@@ -23,60 +12,56 @@ import json
 from collections.abc import Sequence
 from typing import Any, cast
 
+import numpy as np
+
 from ..columns import floats, ints
-from . import rollups
-from .chunks import INT_FIELDS, SPAN, decode_view, stored_floats
+from .chunks import INT_FIELDS, SPAN
 from .tables import Database
 
-_RANGE = "step_lo >= ? AND step_lo <= ? AND step_hi >= ? ORDER BY step_lo, uid"
+_NAMED = "uid, written, names, steps, data"
 # (steps, values): one value per step, in step order.
 Points = tuple[list[int], list[Any]]
-# A named chunk as read: (written, uid, set id, steps, its values as floats).
-Chunk = tuple[int, int, int, list[int], "memoryview[float] | Any"]
+# A named chunk as read: (written, uid, set id, steps, its values as float64).
+Chunk = tuple[int, int, int, list[int], Any]
 
 
 class ChunkReads(Database):
     """Mixed into the stores' reads (store/history.py, store/reads.py)."""
 
-    value_key = staticmethod(rollups.sqlite_key)
-
     def _chunks(
-        self, columns: str, table: str, where: str, params: tuple[Any, ...], lo: int, hi: int
+        self, columns: str, table: str, run_id: str, rank: int, lo: int, hi: int,
+        where: str = "", params: tuple[Any, ...] = (),
     ) -> list[tuple[Any, ...]]:
+        """``columns`` of the chunks of one rank that may hold a step of ``lo..hi``."""
         return self.query(
-            f"SELECT {columns} FROM {table} WHERE {where} AND {_RANGE}",  # noqa: S608
-            (*params, lo - SPAN + 1, hi, lo),
+            f"SELECT {columns} FROM {table} WHERE run_id = ? AND rank = ?{where}"  # noqa: S608
+            " AND step_lo >= ? AND step_lo <= ? AND step_hi >= ? ORDER BY step_lo, uid",
+            (run_id, rank, *params, lo - SPAN + 1, hi, lo),
         )
 
-    def _fields(self, text: str) -> dict[str, int]:
-        cache: dict[str, dict[str, int]] = self.__dict__.setdefault("_chunk_fields", {})
+    def _positions(self, text: str) -> dict[str, int]:
+        """name -> place of a JSON list of names (a chunk's fields, a name set), decoded
+        once: they never change."""
+        cache: dict[str, dict[str, int]] = self.__dict__.setdefault("_positions_of", {})
         found = cache.get(text)
         if found is None:
-            if len(cache) > 1000:
+            if len(cache) > 10_000:
                 cache.clear()
             found = cache[text] = {name: i for i, name in enumerate(json.loads(text))}
         return found
 
     def chunk_points(self, run_id: str, rank: int, field: str, lo: int, hi: int) -> Points:
-        """(steps, stored values) of a plain field in ``lo..hi``, in (step, uid) order:
+        """(steps, values) of a plain field in ``lo..hi``, in (step, uid) order:
         both rows of a step sent twice are kept."""
         out: list[tuple[int, int, Any]] = []
         for step_lo, step_hi, uid, n, fields, steps, data in self._chunks(
-            "step_lo, step_hi, uid, n, fields, steps, data",
-            "step_chunks",
-            "run_id = ? AND rank = ?",
-            (run_id, rank),
-            lo,
-            hi,
+            "step_lo, step_hi, uid, n, fields, steps, data", "step_chunks", run_id, rank, lo, hi
         ):
-            at = self._fields(fields).get(field)
+            at = self._positions(fields).get(field)
             if at is None:
                 continue
             raw = bytes(data[8 * n * at : 8 * n * (at + 1)])
-            if field in INT_FIELDS:
-                values: list[Any] = ints(raw)
-            else:
-                values = stored_floats(floats(raw), self.scalar_in)
+            values: list[Any] = ints(raw) if field in INT_FIELDS else floats(raw)
             found = zip(ints(bytes(steps)), range(uid, uid + n), values, strict=True)
             if lo <= step_lo and step_hi <= hi:
                 out.extend(found)
@@ -85,27 +70,10 @@ class ChunkReads(Database):
         out.sort(key=lambda p: (p[0], p[1]))
         return [p[0] for p in out], [p[2] for p in out]
 
-    def chunk_count(self, run_id: str, rank: int, lo: int, hi: int) -> tuple[int, Any, Any]:
-        """(count, first, last) of the chunked steps in ``lo..hi``."""
-        count, first, last = 0, None, None
-        for step_lo, step_hi, n, steps in self._chunks(
-            "step_lo, step_hi, n, steps",
-            "step_chunks",
-            "run_id = ? AND rank = ?",
-            (run_id, rank),
-            lo,
-            hi,
-        ):
-            if lo <= step_lo and step_hi <= hi:
-                inside = [step_lo, step_hi]
-                count += n
-            else:
-                inside = [s for s in ints(bytes(steps)) if lo <= s <= hi]
-                count += len(inside)
-            if inside:
-                first = inside[0] if first is None else min(first, inside[0])
-                last = inside[-1] if last is None else max(last, inside[-1])
-        return count, first, last
+    def chunk_steps(self, run_id: str, rank: int, lo: int, hi: int) -> list[int]:
+        """The steps of the step records in ``lo..hi`` (a step sent twice, twice)."""
+        rows = self._chunks("steps", "step_chunks", run_id, rank, lo, hi)
+        return [s for (steps,) in rows for s in ints(bytes(steps)) if lo <= s <= hi]
 
     def series_steps(
         self, family: str, run_id: str, module: str, series: str, rank: int, lo: int, hi: int
@@ -115,12 +83,8 @@ class ChunkReads(Database):
         is read from its last chunk in (step_lo, uid) order."""
         out: dict[int, tuple[int, int, int]] = {}
         for step_lo, uid, steps in self._chunks(
-            "step_lo, uid, steps",
-            "series_chunks",
-            "run_id = ? AND family = ? AND module = ? AND series = ? AND rank = ?",
-            (run_id, family, module, series, rank),
-            lo,
-            hi,
+            "step_lo, uid, steps", "series_chunks", run_id, rank, lo, hi,
+            " AND family = ? AND module = ? AND series = ?", (family, module, series),
         ):
             for i, step in enumerate(ints(bytes(steps))):
                 if lo <= step <= hi:
@@ -144,16 +108,10 @@ class ChunkReads(Database):
         return bytes(data) if data else b""  # SQLite: NULL for a series of no values
 
     def notes(self, run_id: str, rank: int, lo: int, hi: int) -> dict[int, dict[str, Any]]:
-        """The notes of the records in ``lo..hi`` that have some (store/split.py), by
-        record uid."""
+        """The notes of the records in ``lo..hi`` that have some, by record uid."""
         out: dict[int, dict[str, Any]] = {}
         for uid, steps, text in self._chunks(
-            "uid, steps, notes",
-            "step_chunks",
-            "run_id = ? AND rank = ? AND notes IS NOT NULL",
-            (run_id, rank),
-            lo,
-            hi,
+            "uid, steps, notes", "step_chunks", run_id, rank, lo, hi, " AND notes IS NOT NULL"
         ):
             found = zip(ints(bytes(steps)), json.loads(text), strict=True)
             for i, (step, note) in enumerate(found):
@@ -163,49 +121,29 @@ class ChunkReads(Database):
 
     def name_sets(self, run_id: str, rank: int) -> dict[int, dict[str, int]]:
         """Each name set of a run and rank: id -> {name: index in its rows}."""
-        cache: dict[int, dict[str, int]] = self.__dict__.setdefault("_decoded_sets", {})
-        if len(cache) > 10_000:
-            cache.clear()
-        out = {}
-        for set_id, text in self.query(
-            "SELECT id, names FROM named_sets WHERE run_id = ? AND rank = ?", (run_id, rank)
-        ):
-            found = cache.get(set_id)
-            if found is None:  # a set never changes: decode its JSON once
-                found = cache[set_id] = {n: i for i, n in enumerate(json.loads(text))}
-            out[set_id] = found
-        return out
-
-    def named_chunk_rows(self, run_id: str, rank: int, lo: int, hi: int) -> list[tuple[Any, ...]]:
-        """``(uid, written, name set id, steps bytes, data bytes)`` of every named chunk
-        of one rank that may hold a step of ``lo..hi``."""
-        return self._chunks(
-            "uid, written, names, steps, data", "named_chunks", "run_id = ? AND rank = ?",
-            (run_id, rank), lo, hi,
-        )
+        return {
+            set_id: self._positions(text)
+            for set_id, text in self.query(
+                "SELECT id, names FROM named_sets WHERE run_id = ? AND rank = ?", (run_id, rank)
+            )
+        }
 
     def named_points(
-        self,
-        run_id: str,
-        rank: int,
-        name: str,
-        lo: int,
-        hi: int,
-        memo: dict[Any, Any],
-        sets: dict[int, dict[str, int]] | None = None,
+        self, run_id: str, rank: int, name: str, lo: int, hi: int, memo: dict[Any, Any]
     ) -> Points:
-        """(steps, stored values) of a named field in ``lo..hi``: the last row written
-        of each step. ``memo`` shares the chunks, decoded once as float views of their
-        bytes, and each set of chunks' steps between the fields of one query; a field's
-        values are one C-level slice per chunk (``view[index::width]``)."""
+        """(steps, values) of a named field in ``lo..hi``: the last row written
+        of each step. ``memo`` shares the chunks (float64 arrays) and each set of
+        chunks' steps between the fields of one query; a field's values are one strided
+        slice per chunk."""
+        sets = memo.get("sets")
         if sets is None:
-            sets = self.name_sets(run_id, rank)
+            sets = memo["sets"] = self.name_sets(run_id, rank)
         chunks: list[Chunk] | None = memo.get((lo, hi))
         if chunks is None:
             chunks = memo[lo, hi] = [
-                (written, uid, set_id, ints(bytes(steps)), decode_view(bytes(data)))
-                for uid, written, set_id, steps, data in self.named_chunk_rows(
-                    run_id, rank, lo, hi
+                (written, uid, set_id, ints(bytes(steps)), np.frombuffer(bytes(data), "<f8"))
+                for uid, written, set_id, steps, data in self._chunks(
+                    _NAMED, "named_chunks", run_id, rank, lo, hi
                 )
             ]
         held = [(i, sets.get(c[2]) or {}) for i, c in enumerate(chunks)]
@@ -218,17 +156,51 @@ class ChunkReads(Database):
             layout = memo[key] = steps_layout([chunks[i] for i, _ in held], lo, hi)
         values: list[float] = []
         for i, names in held:
-            rows = len(chunks[i][3])
-            column = cast("list[float]", chunks[i][4][names[name] :: len(names)].tolist())
-            if len(column) != rows:  # never expected: a chunk of another width
-                column = (column + [float("nan")] * rows)[:rows]
-            values.extend(column)
+            values.extend(cast("list[float]", chunks[i][4][names[name] :: len(names)].tolist()))
         steps, picks = layout
         if picks is not None:
             values = [values[p] for p in picks]
         # The steps list is shared by the fields of a name set.
-        return steps, stored_floats(values, self.scalar_in)
+        return steps, values
 
+
+    def named_matrix(
+        self, run_id: str, rank: int, prefix: str, lo: int, hi: int
+    ) -> tuple[list[int], list[str], Any, Any]:
+        """(steps, names, values, present) of every named scalar starting with ``prefix``
+        in ``lo..hi``, each chunk read once (``/update_ratios``: hundreds of fields,
+        which :meth:`named_points` would read every chunk for): ``values[i, k]`` is
+        name k at ``steps[i]`` where ``present[i, k]``; names in the order first seen."""
+        sets = self.name_sets(run_id, rank)
+        wanted: dict[int, tuple[list[int], list[int]]] = {}  # set id -> (columns, places)
+        columns: dict[str, int] = {}
+        chunks: list[Chunk] = []
+        parts: list[tuple[list[int], Any]] = []
+        for uid, written, set_id, steps, data in self._chunks(
+            _NAMED, "named_chunks", run_id, rank, lo, hi
+        ):
+            names = sets.get(set_id) or {}
+            found = wanted.get(set_id)
+            if found is None:
+                mine = [(n, i) for n, i in names.items() if n.startswith(prefix)]
+                places = [columns.setdefault(n, len(columns)) for n, _ in mine]
+                found = wanted[set_id] = (places, [i for _, i in mine])
+            if found[0]:
+                numbers = ints(bytes(steps))
+                chunks.append((written, uid, set_id, numbers, None))
+                rows = np.frombuffer(bytes(data), "<f8").reshape(len(numbers), len(names))
+                parts.append((found[0], rows[:, found[1]]))
+        steps, picks = steps_layout(chunks, lo, hi)
+        values = np.zeros((sum(len(c[3]) for c in chunks), len(columns)))
+        present = np.zeros(values.shape, dtype=bool)
+        row = 0
+        for where, rows in parts:
+            values[row : row + len(rows), where] = rows
+            present[row : row + len(rows), where] = True
+            row += len(rows)
+        if picks is not None:
+            values, present = values[picks], present[picks]
+        return steps, list(columns), values, present
 
 def steps_layout(chunks: Sequence[Chunk], lo: int, hi: int) -> tuple[list[int], list[int] | None]:
     """(steps, picks) of the rows of ``chunks`` (in (step_lo, uid) order) in ``lo..hi``:
@@ -251,47 +223,3 @@ def steps_layout(chunks: Sequence[Chunk], lo: int, hi: int) -> tuple[list[int], 
         place += len(numbers)
     ordered = sorted(latest)
     return ordered, [latest[step][1] for step in ordered]
-
-
-def bucket_extremes(
-    steps: list[int], values: list[Any], cuts: Sequence[tuple[int, int]], key: rollups.Key
-) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
-    """(step, value) of the min and of the max of ``values[i:j]`` for each ``(i, j)`` of
-    ``cuts`` (``steps`` in order): the earliest of equal values, in ``key``'s order.
-
-    >>> bucket_extremes([0, 1, 5, 6], [2.0, "NaN", 2.0, 1.0], [(0, 2), (2, 4), (4, 4)],
-    ...                 rollups.sqlite_key)
-    ([(0, 2.0), (6, 1.0)], [(1, 'NaN'), (5, 2.0)])
-    """
-    try:
-        total = sum(values)
-        plain = total == total
-    except TypeError:
-        plain = False
-    keys = None if plain else [key(v) for v in values]
-    lows: list[tuple[int, Any]] = []
-    highs: list[tuple[int, Any]] = []
-    for i, j in cuts:
-        if i >= j:
-            continue
-        if keys is None:
-            part = values[i:j]
-            # min()/max() return the first of equal values, index() finds it: in C.
-            lo, hi = i + part.index(min(part)), i + part.index(max(part))
-        else:
-            at = keys.__getitem__
-            lo, hi = min(range(i, j), key=at), max(range(i, j), key=at)
-        lows.append((steps[lo], values[lo]))
-        highs.append((steps[hi], values[hi]))
-    return lows, highs
-
-
-def combined_counts(parts: Sequence[tuple[Any, Any, Any]]) -> tuple[int, Any, Any]:
-    """(count, first, last) of several (count, first, last), None where empty."""
-    firsts = [p[1] for p in parts if p[1] is not None]
-    lasts = [p[2] for p in parts if p[2] is not None]
-    return (
-        sum(int(p[0] or 0) for p in parts),
-        min(firsts) if firsts else None,
-        max(lasts) if lasts else None,
-    )

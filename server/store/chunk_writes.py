@@ -1,8 +1,6 @@
 """The writer thread's work for one batch's chunks: their rows, and their rollups.
 
-Mixed into :class:`gradwatch.server.store.base.Store`. A batch's chunks
-(store/chunks.py) are inserted as they are (PostgreSQL copies them, store/postgres.py);
-each name set gets an id in ``named_sets`` and each series (a plain field, a named
+Each name set gets an id in ``named_sets`` and each series (a plain field, a named
 scalar, the step numbers) one in ``series``; the rollups of every chunk's series are
 kept one row per set of series and block (store/rollups.py), merged with the row of
 that block already stored, once per transaction.
@@ -12,32 +10,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from . import rollups
-from .chunks import INT_FIELDS, TABLES, Chunks, digest
-from .rollups import SET_INSERT, Layout, array_blocks, kind_of, merge_arrays
+from .chunks import TABLES, ColumnGroup, digest
+from .rollups import SET_INSERT, array_blocks, merge_arrays
+from .split import SplitBatch
 from .tables import Database
 
 
-@dataclass
-class Group:
-    """One chunk's series for the rollups: their ids, kinds (store/rollups.py) and
-    values, ``matrix[i, k]`` of series k at ``steps[i]``."""
-
-    steps: list[int]
-    series: tuple[int, ...]
-    kinds: str
-    matrix: Any
-
-
 class ChunkWrites(Database):
-    """Chunk rows and rollups (the Store starts the caches empty: ``_forget_ids``,
-    ``_discard_pending``)."""
+    """Chunk rows and rollups (the Store empties the caches: ``_forget_ids``)."""
 
     # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
     # Only the writer thread touches them; both are forgotten after a rollback.
@@ -47,16 +34,16 @@ class ChunkWrites(Database):
     _keys_written: set[tuple[str, str, str, str]]
     # The chunk rows (by table) and rollup groups of the transaction being written.
     _rows_pending: dict[str, list[tuple[Any, ...]]]
-    _rollups_pending: list[Group]
-    # The set layouts this writer knows, by series ids.
-    _set_layouts: dict[tuple[int, ...], Layout]
+    _rollups_pending: list[ColumnGroup]
+    # The rollup sets this writer knows: series ids -> set id.
+    _set_ids: dict[tuple[int, ...], int]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
     _written: int = 0
 
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
         self._series_ids, self._name_sets, self._keys_written = {}, {}, set()
-        self._set_layouts = {}
+        self._set_ids = {}
 
     def _id_row(
         self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str], select: str = "id"
@@ -112,7 +99,7 @@ class ChunkWrites(Database):
             rows,
         )
 
-    def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: Chunks) -> None:
+    def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: SplitBatch) -> None:
         """A batch's chunk rows and rollup groups, written by :meth:`_flush`."""
         named_rows = []
         if chunks.named:
@@ -128,10 +115,11 @@ class ChunkWrites(Database):
                 ids = self._name_set(cur, run_id, rank, chunk.names)[1]
             else:
                 ids = self._series(cur, run_id, rank, chunk.names)
-            kinds = "".join(kind_of(name, INT_FIELDS) for name in chunk.names)
+            # A group's series are of one kind: "q" int64 (the step numbers' group), "d" float64.
+            kinds = ("q" if chunk.matrix.dtype.kind == "i" else "d") * len(ids)
             # Written once per transaction (_flush): the batches of one run that commit
             # together share their coarse blocks, one row each.
-            self._rollups_pending.append(Group(chunk.steps, tuple(ids), kinds, chunk.matrix))
+            self._rollups_pending.append(replace(chunk, ids=tuple(ids), kinds=kinds))
 
     def _discard_pending(self) -> None:
         self._rows_pending, self._rollups_pending = {}, []
@@ -151,19 +139,19 @@ class ChunkWrites(Database):
     def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
         """Hold the sets' rows until the commit (PostgreSQL: other replicas may write)."""
 
-    def _write_set_rollups(self, cur: Any, groups: list[Group]) -> None:
+    def _write_set_rollups(self, cur: Any, groups: list[ColumnGroup]) -> None:
         """One row per set and block (store/rollups.py), merged with the row of
         that block already stored (read in one query for every set)."""
-        layouts = [self._set_layout(cur, group) for group in groups]
-        self._lock_sets(cur, sorted({layout.id for layout in layouts}))
+        set_ids = [self._set_id(cur, group) for group in groups]
+        self._lock_sets(cur, sorted(set(set_ids)))
         computed = [
-            (layout, *array_blocks(np.array(group.steps, np.int64), group.matrix, self.kind))
-            for group, layout in zip(groups, layouts, strict=True)
+            (set_id, *array_blocks(np.array(group.steps, np.int64), group.matrix, self.kind))
+            for group, set_id in zip(groups, set_ids, strict=True)
         ]
-        stored = self._stored_set_rows(cur, [(c[0].id, c[1]) for c in computed])
+        stored = self._stored_set_rows(cur, [(c[0], c[1]) for c in computed])
         found: list[tuple[Any, ...]] = []
-        for layout, blocks, values in computed:
-            old_rows = stored.get(layout.id, {})
+        for set_id, blocks, values in computed:
+            old_rows = stored.get(set_id, {})
             again = [at for at, b in enumerate(blocks) if (b[0], b[1]) in old_rows]
             if again:
                 data = b"".join(bytes(old_rows[blocks[at][:2]][3]) for at in again)
@@ -173,24 +161,22 @@ class ChunkWrites(Database):
                 old_row = old_rows.get((level, block))
                 if old_row is not None:
                     n, lo, hi = n + old_row[0], min(lo, old_row[1]), max(hi, old_row[2])
-                found.append((layout.id, level, block, n, lo, hi, values[at].tobytes()))
+                found.append((set_id, level, block, n, lo, hi, values[at].tobytes()))
         cur.executemany(self.sql(SET_INSERT), found)
 
-    def _set_layout(self, cur: Any, group: Group) -> Layout:
-        key = group.series
-        layout = self._set_layouts.get(key)
-        if layout is None:
-            text = ",".join(map(str, key))
-            row = {"series": text, "kinds": group.kinds}
+    def _set_id(self, cur: Any, group: ColumnGroup) -> int:
+        key = group.ids
+        found = self._set_ids.get(key)
+        if found is None:
+            row = {"series": ",".join(map(str, key)), "kinds": group.kinds}
             set_id, kinds = self._id_row(cur, "rollup_sets", row, ("series",), "id, kinds")
+            members = ("series", "set_id", "position", "kind")
             cur.executemany(
-                self.sql(
-                    self.insert_ignore("rollup_members", ("series", "set_id", "position", "kind"))
-                ),
+                self.sql(self.insert_ignore("rollup_members", members)),
                 [(series, set_id, at, kinds[at]) for at, series in enumerate(key)],
             )
-            layout = self._set_layouts[key] = Layout(int(set_id), kinds)
-        return layout
+            found = self._set_ids[key] = int(set_id)
+        return found
 
     def _stored_set_rows(
         self, cur: Any, sets: list[tuple[int, list[tuple[Any, ...]]]]
@@ -221,22 +207,21 @@ class ChunkWrites(Database):
         return found
 
 
-def joined(groups: list[Group]) -> list[Group]:
+def joined(groups: list[ColumnGroup]) -> list[ColumnGroup]:
     """Groups of the same series (one run's batches in one transaction) as one group:
     one array_blocks call instead of one per batch and a merge of their shared blocks."""
-    by_series: dict[tuple[tuple[int, ...], str], list[Group]] = {}
+    by_series: dict[tuple[tuple[int, ...], str], list[ColumnGroup]] = {}
     for group in groups:
-        by_series.setdefault((group.series, group.kinds), []).append(group)
+        by_series.setdefault((group.ids, group.kinds), []).append(group)
     if len(by_series) == len(groups):
         return groups
     return [
         same[0]
         if len(same) == 1
-        else Group(
-            list(chain.from_iterable(g.steps for g in same)),
-            same[0].series,
-            same[0].kinds,
-            np.concatenate([g.matrix for g in same]),
+        else replace(
+            same[0],
+            steps=list(chain.from_iterable(g.steps for g in same)),
+            matrix=np.concatenate([g.matrix for g in same]),
         )
         for same in by_series.values()
     ]

@@ -1,46 +1,33 @@
 """Every step record stored as columns: one row per *chunk* of records.
 
-A block (a wire ``columns`` block, or step records turned into one at ingest:
-store/split.py) is cut into chunks of records in step order spanning fewer than
-:data:`SPAN` steps (a block of 100 consecutive steps is one chunk), and each chunk is
-ONE row of each table below, with its step numbers (``steps``: n int64), its first
-and last step (``step_lo``, ``step_hi``) and the uid of its first record (the next
-ones follow):
+A block (a wire ``columns`` block, or step records turned into one) is cut by
+store/split.py into chunks of records in step order spanning fewer than :data:`SPAN`
+steps, and each chunk is ONE row of each table, with its step numbers (``steps``: n
+int64), its first and last step and the uid of its first record (the next ones follow):
 
-- ``step_chunks``: the plain fields, ``fields`` naming the columns of ``data`` (n
-  little-endian int64 or float64 values each, in that order), and ``notes``: NULL,
-  or a JSON list of each record's other fields (``nonfinite``, ``timestep_layout``,
-  fields this server does not know), null for a record without;
+- ``step_chunks``: the plain fields (``fields`` names the n-value columns of ``data``,
+  little-endian int64 or float64) and ``notes``, each record's other fields as JSON;
 - ``named_chunks``: the named scalars (``param_norms/<p>``, ``update_ratios/<p>``,
-  ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``; a new family is a new prefix):
-  ``data`` holds n rows of float64 in the order of a *name set* (``names``: an id
-  into ``named_sets``, the JSON list of names per run and rank). A step sent again
-  adds a row: the one written last wins on read (``written``: the writer's clock, then the uid);
-- ``series_chunks``: one per-step series of a module (``family`` ``timesteps``: a
-  series of float64 per timestep; ``depth``: a stack's series of float64 per block,
-  ``module`` the stack, ``series`` ``input``), ``data`` n rows of ``len`` values.
+  ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``) as n rows of float64 in the order of
+  a name set (``names``: an id into ``named_sets``); a step sent again adds a row, and
+  the one written last (``written``, then the uid) wins on read;
+- ``series_chunks``: one per-step series of a module (``timesteps``, or ``depth`` of a
+  stack), n rows of ``len`` float64.
 
 One row per chunk instead of ~4 per record is what let SQLite ingest pass 50,000
-records/s (BENCHMARKS.md, "Ingest"). The rollups of every series come from the same
-columns (store/rollups.py).
+records/s (BENCHMARKS.md, "Ingest").
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
-from array import array
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from gradwatch.protocol.column_shapes import FLOAT_COLUMNS
-from gradwatch.protocol.columns import split_name
 
-from ..column_checks import INT_COLUMNS, ints
+from ..column_checks import INT_COLUMNS
 
 # The plain fields of a step record; ``backward_passes`` comes only from records
 # (store/split.py), never on the wire. ints decode as int64.
@@ -52,7 +39,6 @@ CHUNK_FIELDS = ("epoch", *FLOAT_FIELDS, *INT_FIELDS[1:])
 SCALAR_FIELDS = ("loss", "duration_s", "total_norm", "graph_nodes", "rss_bytes",
                  "cuda_allocated_bytes", "cuda_reserved_bytes", "overhead", "backward_passes")
 INTEGER_FIELDS = tuple(name for name in SCALAR_FIELDS if name in INT_FIELDS)
-_LITTLE = sys.byteorder == "little"
 # A chunk's steps lie within step_lo .. step_lo + SPAN - 1, so the chunks that may
 # hold a step range are found on the (run, rank, step_lo) key alone.
 SPAN = 4096
@@ -89,25 +75,16 @@ def schema(integer: str, blob: str, clustered: str) -> list[str]:
 
 @dataclass
 class ColumnGroup:
-    """Records of one chunk for the rollups: ``matrix[i, k]`` (all int64 or all
-    float64) is the value of the series named ``names[k]`` at ``steps[i]``;
-    ``name_set`` is set for the named scalars (their series ids come with the set)."""
+    """One chunk's series for the rollups: ``matrix[i, k]`` (all int64 or all float64)
+    is the series named ``names[k]`` at ``steps[i]`` (``name_set``: named scalars); the
+    writer adds their ids and kinds (store/chunk_writes.py)."""
 
     steps: list[int]
     names: tuple[str, ...]
     matrix: Any
     name_set: bool = False
-
-
-@dataclass
-class Chunks:
-    """A batch's chunk rows (named rows still need their name set's id) and groups."""
-
-    steps: list[tuple[Any, ...]] = field(default_factory=list)
-    # (names, row without written and set id)
-    named: list[tuple[tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
-    series: list[tuple[Any, ...]] = field(default_factory=list)
-    groups: list[ColumnGroup] = field(default_factory=list)
+    ids: tuple[int, ...] = ()
+    kinds: str = ""
 
 
 def cuts(steps: list[int]) -> list[tuple[int, int]]:
@@ -127,154 +104,7 @@ def cuts(steps: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def stored_floats(values: list[Any], scalar: Callable[[Any], Any]) -> list[Any]:
-    """Decoded floats as the backend stores numbers that came as JSON: in SQLite the
-    strings "NaN"/"Infinity", so they order and compare as stored values and the
-    rollups do; in PostgreSQL floats (``scalar``: the backend's ``scalar_in``)."""
-    try:
-        total = sum(values)
-        if total - total == 0:  # all finite: nothing to convert (nearly always)
-            return values
-    except TypeError:
-        pass
-    return [v if v - v == 0 else scalar(scalar_out(v)) for v in values]
-
-
-def add_block(
-    out: Chunks,
-    block: Any,
-    run_id: str,
-    rank: int,
-    uid: int,
-    keys: set[tuple[str, str, str]],
-) -> tuple[int, int]:
-    """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
-    ``uid + 1 ...`` in block order. Returns the block's last step and last epoch. The
-    groups hold numpy matrices of one dtype each (ints, floats, named floats) where
-    their values are finite (store/rollups.py)."""
-    steps = ints(block.step.i64)
-    last_epoch = max(ints(block.epoch.i64)) if block.epoch is not None else 0
-    columns = [(name, getattr(block, name, None)) for name in CHUNK_FIELDS]
-    present: list[tuple[str, Any]] = [(n, c) for n, c in columns if c is not None]
-    raw = [column.i64 if name in INT_FIELDS else column.f64 for name, column in present]
-    fields = json.dumps([name for name, _ in present])
-    rolled = [(n, data) for (n, _), data in zip(present, raw, strict=True) if n in SCALAR_FIELDS]
-    keys.update(("scalar", name, "") for name, _ in rolled)
-    named = block.named if block.named is not None and block.named.names else None
-    if named is not None:
-        _named_keys(named.names, keys)
-    series_columns = [
-        ("timesteps", module, series, column)
-        for module, series_map in (block.timesteps or {}).items()
-        for series, column in series_map.items()
-    ] + [("depth", stack, "input", column) for stack, column in block_depth(block).items()]
-    keys.update((family, module, series) for family, module, series, _ in series_columns)
-    notes = getattr(block, "notes", None)
-    chunks = cuts(steps)
-    out.groups.extend(_array_groups(steps, block.step.i64, chunks, rolled, named))
-    for start, stop in chunks:
-        n = stop - start
-        first = uid + 1 + start
-        lo, hi = steps[start], steps[stop - 1]
-        data = b"".join(d[8 * start : 8 * stop] for d in raw)
-        step_bytes = block.step.i64[8 * start : 8 * stop]
-        part = notes[start:stop] if notes is not None else None
-        text = json.dumps(part, separators=(",", ":")) if part and any(part) else None
-        out.steps.append((run_id, rank, lo, hi, first, n, fields, step_bytes, data, text))
-        if named is not None:
-            width = len(named.names)
-            data = named.f64[8 * width * start : 8 * width * stop]
-            names = tuple(named.names)
-            out.named.append((names, (run_id, rank, lo, hi, first, n, step_bytes, data)))
-        for family, module, series, column in series_columns:
-            size = 8 * column.length
-            part_data = column.f64[size * start : size * stop]
-            out.series.append(
-                (run_id, rank, family, module, series, lo, hi, first, n,
-                 column.length, step_bytes, part_data)
-            )
-    return max(steps), last_epoch
-
-
-def block_depth(block: Any) -> dict[str, Any]:
-    """A block's depth series (stack -> column): only blocks made of records have them
-    (store/split.py); a wire block has none."""
-    return getattr(block, "depth", None) or {}
-
-
-# (name, raw column) of the plain fields to roll up.
-_Rolled = list[tuple[str, bytes]]
-
-
-def _array_groups(
-    steps: list[int],
-    step_bytes: bytes,
-    chunks: list[tuple[int, int]],
-    rolled: _Rolled,
-    named: Any,
-) -> list[ColumnGroup]:
-    """Each chunk's rollup groups as numpy matrices of one dtype (store/rollups.py):
-    the int columns with the steps, the float columns, the named scalars."""
-    n = len(steps)
-    ints_ = [(name, data) for name, data in rolled if name in INT_FIELDS]
-    floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
-    matrices: list[tuple[tuple[str, ...], Any, bool]] = [
-        (
-            ("step", *(name for name, _ in ints_)),
-            np.frombuffer(b"".join([step_bytes, *(d for _, d in ints_)]), "<i8").reshape(-1, n).T,
-            False,
-        )
-    ]
-    if floats_:
-        matrix = np.frombuffer(b"".join(d for _, d in floats_), "<f8").reshape(-1, n).T
-        matrices.append((tuple(name for name, _ in floats_), matrix, False))
-    if named is not None:
-        matrix = np.frombuffer(named.f64, "<f8").reshape(n, len(named.names))
-        matrices.append((tuple(named.names), matrix, True))
-    return [
-        ColumnGroup(steps[start:stop], names, matrix[start:stop], name_set)
-        for start, stop in chunks
-        for names, matrix, name_set in matrices
-    ]
-
-
-def _named_keys(names: list[str], keys: set[tuple[str, str, str]]) -> None:
-    """run_keys of named scalars (a profiled module once, not per key)."""
-    for name in names:
-        family, owner, key = split_name(name)
-        keys.add((family, owner, "" if family == "profile" else key))
-
-
-def scalar_out(value: Any) -> Any:
-    """A stored number as the protocol writes it: non-finite floats become strings."""
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        if value != value:
-            return "NaN"
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
-
-
 def digest(names: tuple[str, ...]) -> tuple[str, str]:
-    """(digest, JSON text) of a name set, as ``named_sets`` keeps it.
-
-    >>> digest(("param_norms/w",))[1]
-    '["param_norms/w"]'
-    """
+    """(digest, JSON text) of a name set, as ``named_sets`` keeps it."""
     text = json.dumps(list(names), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest(), text
-
-
-def decode_view(data: bytes) -> memoryview[float] | array[float]:
-    """Packed float64 values without copying them where the machine is little-endian
-    (a float view: 4x faster than an array for one field of 20k rows);
-    ``view[i::width].tolist()`` is a field of rows of ``width`` values.
-
-    >>> decode_view(bytes(8)).tolist()
-    [0.0]
-    """
-    if _LITTLE:
-        return memoryview(data).cast("d")
-    values = array("d")
-    values.frombytes(data)
-    values.byteswap()
-    return values

@@ -7,17 +7,20 @@ where it is cut by ``from``/``to``, still open, or finer than the smallest rollu
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from functools import partial
+from itertools import chain
 from typing import Any
 
+import numpy as np
+
+from gradwatch.protocol.codec import protocol_number
 from gradwatch.protocol.column_shapes import PROFILE_KEYS
 
 from ..downsample import bucket_width
 from . import rollups
-from .chunk_reads import ChunkReads, Points, bucket_extremes, combined_counts
-from .chunks import INTEGER_FIELDS, SCALAR_FIELDS, scalar_out
+from .chunk_reads import ChunkReads, Points
+from .chunks import INTEGER_FIELDS, SCALAR_FIELDS
 
 _FIELDS_EXPECTED = (
     f"fields: expected {', '.join(SCALAR_FIELDS)}, param_norms/<param>,"
@@ -32,24 +35,27 @@ class HistoryReads(ChunkReads):
     def run_summary(self, run_id: str) -> dict[str, Any]:
         raise NotImplementedError
 
+    def run_keys(self, run_id: str) -> dict[str, list[tuple[str, str]]]:
+        """family -> the (key, sub) of each of a run's series of it, in order."""
+        keys: dict[str, list[tuple[str, str]]] = {}
+        for family, key, sub in self.query(
+            "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
+            (run_id,),
+        ):
+            keys.setdefault(family, []).append((key, sub))
+        return keys
+
     def scalar_fields(self, run_id: str) -> list[str]:
         """Every scalar field name the steps endpoint answers by default for this run
         (``update_ratios/<param>`` only when asked: /update_ratios sums them up)."""
-        keys = self.query(
-            "SELECT family, key, sub FROM run_keys WHERE run_id = ? AND family <> 'timesteps'"
-            " ORDER BY family, key, sub",
-            (run_id,),
-        )
-        present = {key for family, key, _ in keys if family == "scalar"}
-        names = [f for f in SCALAR_FIELDS if f in present]
-        for family, key, sub in keys:
-            if family == "param_norms":
-                names.append(f"param_norms/{key}")
-            elif family == "gate_norms":
-                names.append(f"gate_norms/{key}/{sub}")
-            elif family == "profile":
-                names.extend(f"profile/{key}/{p}" for p in PROFILE_KEYS)
-        return names
+        keys = self.run_keys(run_id)
+        present = {key for key, _ in keys.get("scalar", [])}
+        return [
+            *(name for name in SCALAR_FIELDS if name in present),
+            *(f"gate_norms/{key}/{sub}" for key, sub in keys.get("gate_norms", [])),
+            *(f"param_norms/{key}" for key, _ in keys.get("param_norms", [])),
+            *(f"profile/{key}/{p}" for key, _ in keys.get("profile", []) for p in PROFILE_KEYS),
+        ]
 
     @staticmethod
     def _plain(name: str) -> bool:
@@ -82,14 +88,9 @@ class HistoryReads(ChunkReads):
         fields: Sequence[str] | None = None,
         max_points: int = 2000,
     ) -> dict[str, Any]:
-        """Downsampled scalar series of one rank (docs/API.md ``/steps``).
-
-        Up to ``max_points`` rows come back as they are; beyond that each bucket's min
-        and max (aligned buckets of a power-of-two width, downsample.bucket_width) come
-        from the rollups kept at ingest, so a 1e6-step run reads ~1,000 rollup rows per
-        field; only a bucket cut by ``from``/``to`` and buckets finer than the finest
-        rollup read chunks.
-        """
+        """Downsampled scalar series of one rank (docs/API.md ``/steps``): up to
+        ``max_points`` rows as they are; beyond that each bucket's min and max, from
+        the rollups (a 1e6-step run reads ~1,000 rollup rows per field) where whole."""
         if max_points < 2:
             raise ValueError(f"max_points: expected at least 2, got {max_points}")
         self.run_summary(run_id)  # 404 before any work
@@ -101,8 +102,6 @@ class HistoryReads(ChunkReads):
         out: dict[str, Any] = {}
         downsampled = total > max_points
         width = bucket_width(int(first), int(last), max_points // 2) if downsampled else 1
-        level = rollups.level_for(width) if downsampled else None
-        sets: dict[int, dict[str, int]] | None = None
         memo: dict[Any, Any] = {}  # chunks read once for all the named fields
         for name, is_plain in plain.items():
             series = self._series_id(run_id, rank, name)
@@ -113,21 +112,19 @@ class HistoryReads(ChunkReads):
             if is_plain:
                 points = partial(self.chunk_points, run_id, rank, name)
             else:
-                if sets is None:
-                    sets = self.name_sets(run_id, rank)
-                points = partial(self.named_points, run_id, rank, name, memo=memo, sets=sets)
+                points = partial(self.named_points, run_id, rank, name, memo=memo)
             if downsampled:
-                end = min(hi, int(last))
-                raw = partial(self.extremes, points, memo)
                 found: Sequence[tuple[Any, Any]] = self._bucketed(
-                    lo, end, int(first), width, level, series, raw
+                    series, points, memo, lo, min(hi, int(last)), int(first), width
                 )
             else:
                 found = list(zip(*points(lo, hi), strict=True))
-            if name in INTEGER_FIELDS or _is_count(name):
-                # Packed rows and rollup rows hold them as float64.
-                found = [(s, _integral(v)) for s, v in found]
-            out[name] = {"step": [r[0] for r in found], "value": [_number(r[1]) for r in found]}
+            if name in INTEGER_FIELDS or (name.startswith("profile/") and name.endswith("/calls")):
+                # Packed rows and rollup rows hold them (and profile counts) as float64.
+                found = [(s, int(v) if isinstance(v, float) and v.is_integer() else v)
+                         for s, v in found]
+            values = [protocol_number(value) for _, value in found]
+            out[name] = {"step": [step for step, _ in found], "value": values}
         return {
             "rank": rank,
             "from": start,
@@ -136,10 +133,6 @@ class HistoryReads(ChunkReads):
             "downsampled": downsampled,
             "fields": out,
         }
-
-    def _stored_scalar(self, value: float) -> Any:
-        """A non-finite float of a set's rollup row as this backend stores it."""
-        return self.scalar_in(scalar_out(value))
 
     def _count(self, run_id: str, rank: int, lo: int, hi: int) -> tuple[int, Any, Any]:
         """(count, first, last) of the steps in ``lo..hi`` from the step numbers' rollups
@@ -152,8 +145,12 @@ class HistoryReads(ChunkReads):
             self.query(rollups.STEP_COUNT, (series, level, first, last))[0]
             for level, first, last in blocks
         ]
-        parts.extend(self.chunk_count(run_id, rank, a, b) for a, b in rest)
-        return combined_counts(parts)
+        ends = [self.chunk_steps(run_id, rank, a, b) for a, b in rest]
+        parts.extend((len(steps), min(steps), max(steps)) for steps in ends if steps)
+        firsts = [p[1] for p in parts if p[1] is not None]
+        lasts = [p[2] for p in parts if p[2] is not None]
+        count = sum(int(p[0] or 0) for p in parts)
+        return count, min(firsts, default=None), max(lasts, default=None)
 
     def extremes(
         self,
@@ -169,70 +166,43 @@ class HistoryReads(ChunkReads):
                 spans[-1][1] = end
             else:
                 spans.append([start, end])
-        lows: list[tuple[int, Any]] = []
-        highs: list[tuple[int, Any]] = []
-        for start, end in spans:
-            steps, values = points(start, end)
-            # The buckets' index ranges, found once per steps list (shared by the
-            # fields of one name set); the entry holds the list, so its id stays its own.
-            entry = memo.get(("cuts", id(steps), start, end))
-            if entry is None or entry[0] is not steps:
-                inside = [b for b in bounds if start <= b[0] and b[1] <= end]
-                cuts = [(bisect_left(steps, a), bisect_right(steps, b)) for a, b in inside]
-                entry = memo["cuts", id(steps), start, end] = (steps, cuts)
-            found = bucket_extremes(steps, values, entry[1], self.value_key)
-            lows.extend(found[0])
-            highs.extend(found[1])
-        return lows + highs
+        read = [points(start, end) for start, end in spans]
+        # Each step's bucket, found once per steps lists (shared by the fields of one
+        # name set); the entry holds the lists, so their ids stay their own.
+        key = ("buckets", *map(tuple, spans), *(id(steps) for steps, _ in read))
+        entry = memo.get(key)
+        if entry is None or any(a is not b for a, (b, _) in zip(entry[0], read, strict=True)):
+            steps = np.fromiter(chain.from_iterable(p for p, _ in read), np.int64)
+            starts = np.array(sorted(a for a, _ in bounds), np.int64)
+            at = np.searchsorted(starts, steps, "right") - 1
+            entry = memo[key] = ([part for part, _ in read], steps, at)
+        # All ints (int64 fields) or all floats.
+        values = np.array(read[0][1] if len(read) == 1 else [v for _, p in read for v in p])
+        records = np.empty(len(values), rollups.ROW_DTYPES[values.dtype.kind])
+        records["ls"] = records["hs"] = entry[1]
+        records["lv"] = records["hv"] = values
+        return rollups.extremes(entry[2], records, self.kind)
 
     def _bucketed(
-        self,
-        lo: int,
-        hi: int,
-        first: int,
-        width: int,
-        level: int | None,
-        series: int | None,
-        raw_extremes: Callable[[Sequence[tuple[int, int]]], list[tuple[int, Any]]],
+        self, series: int, points: Callable[[int, int], Points], memo: dict[Any, Any],
+        lo: int, hi: int, first: int, width: int,
     ) -> list[tuple[int, Any]]:
         """(step, value) of each bucket's min and max, in step order, for the steps
-        ``lo..hi`` (``first`` the first one stored); ``raw_extremes`` answers the
-        buckets that the rollups do not (from the chunks)."""
+        ``lo..hi`` (``first`` the first one stored): whole buckets from the rollups,
+        the rest (cut by the range's ends, or finer than every level) from ``points``."""
         buckets = range(first // width, hi // width + 1)
         raw = list(buckets)
         found: dict[int, Any] = {}
-        if level is not None and series is not None:
-            # Buckets cut by the range's ends mix steps inside and outside it: only
-            # those read step rows; the rest are whole rollup blocks.
+        level = rollups.level_for(width)
+        if level is not None:
             inner = [b for b in buckets if b * width >= lo and b * width + width - 1 <= hi]
             raw = [b for b in buckets if not inner or b < inner[0] or b > inner[-1]]
             if inner:
                 shift = (width.bit_length() - 1) - level
                 span = (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1)
                 rows = self.query(rollups.SERIES_ROWS, span)
-                found.update(
-                    rollups.bucket_extremes(rows, shift, self.kind, self._stored_scalar)
-                )
+                found.update(rollups.bucket_extremes(rows, shift, self.kind))
         if raw:
             bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
-            found.update(raw_extremes(bounds))
+            found.update(self.extremes(points, memo, bounds))
         return sorted(found.items())
-
-
-def _is_count(name: str) -> bool:
-    """``profile/<module>/calls``: a count, kept as float64 in the packed rows."""
-    return name.startswith("profile/") and name.endswith("/calls")
-
-
-def _integral(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _number(value: Any) -> Any:
-    """A stored value as the protocol writes it: non-finite floats as strings (SQLite's
-    stored "NaN"/"Infinity" strings already are)."""
-    if type(value) is float and value - value != 0:
-        return scalar_out(value)
-    return value

@@ -22,9 +22,10 @@ import json
 import time
 from typing import Any
 
+from gradwatch.protocol.codec import protocol_number
+
 from ..column_checks import floats
 from ..downsample import pick_rows
-from .chunks import scalar_out
 from .history import HistoryReads
 
 _RUNS = (
@@ -65,10 +66,8 @@ class Reads(HistoryReads):
     def _summary(row: tuple[Any, ...], ranks: list[tuple[Any, Any]]) -> dict[str, Any]:
         run_id, name, world_size, started, updated, last_step, last_epoch, alerts, host, rec = row
         ended = [s for _, s in ranks if s]
-        end_status = None
-        if ranks and "crashed" in ended:
-            end_status = "crashed"
-        elif ranks and len(ended) == len(ranks):
+        end_status = "crashed" if "crashed" in ended else None
+        if ranks and end_status is None and len(ended) == len(ranks):
             end_status = "finished"
         return {
             "id": run_id,
@@ -95,35 +94,23 @@ class Reads(HistoryReads):
             )
         }
         (modules_text,) = self.query("SELECT modules FROM runs WHERE id = ?", (run_id,))[0]
+        keys = self.run_keys(run_id)
         series: dict[str, list[str]] = {}
-        params: list[str] = []
-        gates: list[str] = []
-        profiled: list[str] = []
-        extra: dict[str, list[str]] = {}
-        for family, key, sub in self.query(
-            "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
-            (run_id,),
-        ):
-            if family == "timesteps":
-                series.setdefault(key, []).append(sub)
-            elif family == "param_norms":
-                params.append(key)
-            elif family == "gate_norms":
-                if not gates or gates[-1] != key:
-                    gates.append(key)
-            elif family == "profile":
-                profiled.append(key)
-            elif family in ("depth", "update_ratios"):
-                extra.setdefault(family, []).append(key)
+        for key, sub in keys.get("timesteps", []):
+            series.setdefault(key, []).append(sub)
+
+        def owners(family: str) -> list[str]:  # a gate's parameter once
+            return list(dict.fromkeys(key for key, _ in keys.get(family, [])))
+
         summary.update(
             hello=hellos,
             modules=json.loads(modules_text) if modules_text else {},
             series=series,
-            parameters=params,
-            gate_parameters=gates,
-            profiled_modules=profiled,
-            depth=extra.get("depth", []),
-            update_ratio_parameters=extra.get("update_ratios", []),
+            parameters=owners("param_norms"),
+            gate_parameters=owners("gate_norms"),
+            profiled_modules=owners("profile"),
+            depth=owners("depth"),
+            update_ratio_parameters=owners("update_ratios"),
         )
         return summary
 
@@ -138,13 +125,9 @@ class Reads(HistoryReads):
         stop: int | None = None,
         max_cells: int = 1_000_000,
     ) -> dict[str, Any]:
-        """The heatmap matrix of one module's series (docs/API.md ``/timesteps``).
-
-        At most ``max_cells`` values: when the chosen steps times a row's timesteps
-        would pass it, each row keeps evenly spaced timesteps (always the first and
-        the last), listed in ``timestep_index``; rows are cut as they are read, so a
-        request never holds more than that and one row.
-        """
+        """The heatmap matrix of one module's series (docs/API.md ``/timesteps``), at
+        most ``max_cells`` values: rows keep evenly spaced timesteps where they would
+        pass it, cut as they are read (a request never holds more and one row)."""
         self.run_summary(run_id)
         lo = 0 if start is None else start
         hi = 2**62 if stop is None else stop
@@ -152,17 +135,14 @@ class Reads(HistoryReads):
         all_steps = sorted(places)
         chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
         per_row = max(2, max_cells // max(1, len(chosen)))
+        values: list[list[Any]] = []
         longest = 0
-
-        def cut(row: list[Any]) -> list[Any]:
-            nonlocal longest
-            longest = max(longest, len(row))
-            return row if len(row) <= per_row else [row[i] for i in pick_rows(len(row), per_row)]
-
-        by_step: dict[int, list[Any]] = {}
         for step in chosen:
-            data = self.series_row("timesteps", run_id, module, series, rank, places[step])
-            by_step[step] = cut([scalar_out(v) for v in floats(data)])
+            row = floats(self.series_row("timesteps", run_id, module, series, rank, places[step]))
+            longest = max(longest, len(row))
+            if len(row) > per_row:
+                row = [row[i] for i in pick_rows(len(row), per_row)]
+            values.append([protocol_number(v) for v in row])
         # Each row's timestep_layout for this module (docs/PROTOCOL.md): chain unless
         # its record said tree.
         notes = self.notes(run_id, rank, chosen[0], chosen[-1]) if chosen else {}
@@ -171,7 +151,6 @@ class Reads(HistoryReads):
             _, uid, i = places[step]
             said = notes.get(uid + i, {}).get("timestep_layout") or {}
             layout.append(said.get(module, "chain"))
-        values = [by_step[s] for s in chosen]
         answer = {
             "module": module,
             "series": series,
@@ -203,14 +182,9 @@ class Reads(HistoryReads):
         sql = "SELECT rank, data FROM alerts WHERE run_id = ?"
         params: tuple[Any, ...] = (run_id,)
         if rank is not None:
-            sql += " AND rank = ?"
-            params = (run_id, rank)
-        out = []
-        for r, data in self.query(sql + " ORDER BY id", params):
-            record = json.loads(data)
-            record["rank"] = r
-            out.append(record)
-        return out
+            sql, params = sql + " AND rank = ?", (run_id, rank)
+        rows = self.query(sql + " ORDER BY id", params)
+        return [{**json.loads(data), "rank": r} for r, data in rows]
 
     # ----- archived runs -------------------------------------------------------------
     def set_archived(self, run_id: str, archived: bool) -> None:
@@ -221,13 +195,8 @@ class Reads(HistoryReads):
         try:
             cur = conn.cursor()
             if archived:
-                cur.execute(
-                    self.sql(
-                        "INSERT INTO run_archive (run_id, archived_at) VALUES (?, ?)"
-                        " ON CONFLICT (run_id) DO NOTHING"
-                    ),
-                    (run_id, time.time()),
-                )
+                insert = self.insert_ignore("run_archive", ("run_id", "archived_at"))
+                cur.execute(self.sql(insert), (run_id, time.time()))
             else:
                 cur.execute(self.sql("DELETE FROM run_archive WHERE run_id = ?"), (run_id,))
             conn.commit()

@@ -2,28 +2,20 @@
 
 Each series (a plain field, a named scalar or the step numbers: :data:`STEP_SERIES`)
 has an id in ``series``. A chunk (store/chunks.py) brings ~35 series that share their
-steps, and keeps ONE row per (set of series, level, block) for them all:
+steps, and keeps ONE row per (set of series, level, block) for them all: a set
+(``rollup_sets``, its members in ``rollup_members``) lists its series and their kinds
+(``q`` int64, ``d`` float64); a ``set_rollups`` row, per block of ``2**L`` steps
+(``block = step >> L``, ``L`` in :data:`LEVELS`), holds the number of records, their
+first and last step, and per series a record of :data:`ROW_DTYPES` (min step, min,
+max step, max).
 
-- ``rollup_sets``: a set's series ids (``series``, comma-separated, in order) and
-  their ``kinds``, one letter each: ``q`` int64 values, ``d`` float64;
-- ``rollup_members``: which sets a series is in, and where;
-- ``set_rollups``: per block of ``2**L`` steps (``block = step >> L``, ``L`` in
-  :data:`LEVELS`), the number of records (``n``), their first and last step, and
-  ``data``: per series in set order 32 bytes, ``min_step`` (int64), the min value,
-  ``max_step`` (int64), the max value, as the kind says (a record of
-  :data:`ROW_DTYPES`; non-finite floats are float64 too).
-
-A history bucket of ``2**k`` steps (store/history.py) is exactly ``2**(k-L)`` rows of
-the largest level ``L <= k``. Ties keep the earliest step, for the min and the max.
-Values order as each backend orders its stored values (:func:`order_keys`): in SQLite
-numbers before text, so the ``"NaN"``/``"Infinity"`` strings win every max; in
-PostgreSQL NaN above +inf. The same block written again (the next batch) is merged
-with the stored row by the same rule (:func:`merge_arrays`); SQLite's writer holds the
-write lock from the chunk inserts to the commit, PostgreSQL's locks the sets.
+A history bucket of ``2**k`` steps is exactly ``2**(k-L)`` rows of the largest level
+``L <= k``. Ties keep the earliest step. Values order as each backend orders its
+stored values (:func:`order_keys`). The same block written again is merged with the
+stored row by the same rule (:func:`merge_arrays`); SQLite's writer holds the write
+lock from the chunk inserts to the commit, PostgreSQL's locks the sets.
 
 Example:
-    >>> level_for(2048), cover(10, 2000)[0]
-    (10, [(6, 1, 30)])
     >>> found, rows = array_blocks(np.array([3, 70, 65]), np.array([[2.5], [1.0], [9.0]]),
     ...                            "sqlite")
     >>> found[1], rows[1].tolist()
@@ -33,8 +25,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,6 +37,7 @@ LEVELS = (6, 10, 14, 18)
 # first/last steps answer the history's `total` without counting 1e6 rows.
 STEP_SERIES = "step"
 
+# One value at a time, the orders that order_keys gives arrays (the tests' reference).
 Key = Callable[[Any], tuple[int, Any]]
 
 
@@ -119,16 +111,13 @@ SET_INSERT = (
     " n = excluded.n, step_lo = excluded.step_lo, step_hi = excluded.step_hi,"
     " data = excluded.data"
 )
-SERIES_ROWS = (
-    "SELECT m.position, m.kind, r.block, r.data FROM rollup_members m JOIN set_rollups r"
-    " ON r.set_id = m.set_id WHERE m.series = ? AND r.level = ? AND r.block >= ?"
-    " AND r.block <= ?"
+# One series' rows of a level, from block to block, in whichever sets it is.
+_OF_SERIES = (
+    " FROM rollup_members m JOIN set_rollups r ON r.set_id = m.set_id"
+    " WHERE m.series = ? AND r.level = ? AND r.block >= ? AND r.block <= ?"
 )
-STEP_COUNT = (
-    "SELECT SUM(r.n), MIN(r.step_lo), MAX(r.step_hi) FROM rollup_members m"
-    " JOIN set_rollups r ON r.set_id = m.set_id WHERE m.series = ? AND r.level = ?"
-    " AND r.block >= ? AND r.block <= ?"
-)
+SERIES_ROWS = "SELECT m.position, m.kind, r.block, r.data" + _OF_SERIES
+STEP_COUNT = "SELECT SUM(r.n), MIN(r.step_lo), MAX(r.step_hi)" + _OF_SERIES
 # A row of a set whose series are all of one kind, as a numpy record per series.
 ROW_DTYPES = {
     kind: np.dtype([("ls", "<i8"), ("lv", f"<{kind}8"), ("hs", "<i8"), ("hv", f"<{kind}8")])
@@ -151,14 +140,6 @@ def schema(integer: str, blob: str, serial: str, clustered: str) -> list[str]:
     ]
 
 
-@dataclass
-class Layout:
-    """One set's id and the kind of each of its series (``q`` int64, ``d`` float64)."""
-
-    id: int
-    kinds: str
-
-
 # int64 keys of float64 bits: x >= 0 as they are, x < 0 with the other bits flipped.
 _FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 _INF = np.int64(0x7FF0_0000_0000_0000)
@@ -168,8 +149,7 @@ _NAN = np.int64(0x7FF8_0000_0000_0000)
 def order_keys(values: np.ndarray, order: str) -> np.ndarray:
     """int64 keys that order float64 ``values`` as the backend orders stored numbers:
     ``"postgresql"``: -inf < numbers < +inf < NaN (every NaN equal); ``"sqlite"``:
-    numbers < "-Infinity" < "Infinity" < "NaN" (text after numbers, by its bytes).
-    -0.0 and 0.0 are equal, as both backends compare them. int64 values are their keys.
+    numbers < "-Infinity" < "Infinity" < "NaN" (text after numbers); -0.0 == 0.0.
 
     >>> order_keys(np.array([1.0, -2.0, -0.0, np.inf, -np.inf, np.nan]), "sqlite").argsort()
     array([1, 2, 0, 4, 3, 5])
@@ -190,13 +170,11 @@ def order_keys(values: np.ndarray, order: str) -> np.ndarray:
 def array_blocks(
     steps: np.ndarray, matrix: np.ndarray, order: str
 ) -> tuple[list[tuple[int, int, int, int, int]], np.ndarray]:
-    """The rollup rows of a group of series of one dtype: ``matrix[i, k]`` is series
-    k's value at ``steps[i]``, compared by :func:`order_keys` (``order``: the
-    backend's). Returns each block's ``(level, block, n, first step, last step)`` of
-    every level and, row for row, its values: one record of :data:`ROW_DTYPES` per
-    series (the bytes of a row's ``data``). argmin/argmax keep the first of equal
-    values, and the records are in step order (a stable sort where they were not,
-    keeping equal steps in batch order): ties keep the earliest step."""
+    """The rollup rows of a group of series of one dtype (``matrix[i, k]``: series k at
+    ``steps[i]``): each block's ``(level, block, n, first step, last step)`` of every
+    level and, row for row, one record of :data:`ROW_DTYPES` per series. argmin/argmax
+    keep the first of equal values, in step order (a stable sort where the steps were
+    not): ties keep the earliest step."""
     if steps.size > 1 and bool((steps[1:] < steps[:-1]).any()):
         perm = np.argsort(steps, kind="stable")
         steps, matrix = steps[perm], matrix[perm]
@@ -255,18 +233,12 @@ def merge_arrays(old: np.ndarray, new: np.ndarray, order: str) -> np.ndarray:
     return out
 
 
-def kind_of(name: str, ints: Collection[str]) -> str:
-    """``q`` for the series of int64 columns (and the step numbers), else ``d``."""
-    return "q" if name == STEP_SERIES or name in ints else "d"
-
-
 def bucket_extremes(
-    rows: list[tuple[Any, ...]], shift: int, order: str, stored: Callable[[float], Any]
+    rows: list[tuple[Any, ...]], shift: int, order: str
 ) -> list[tuple[int, Any]]:
     """(step, value) of the min and of the max of each bucket of ``2**shift`` blocks,
     from the :data:`SERIES_ROWS` rows ``(position, kind, block, data)`` of one series
-    (in one set or several): the lower (higher) value, then the earlier step, in numpy;
-    non-finite floats as the backend stores them (``stored``)."""
+    (in one set or several), as :func:`extremes` picks them."""
     parts: dict[tuple[int, str, int], tuple[list[int], list[bytes]]] = {}
     for at, kind, block, data in rows:
         found = parts.setdefault((at, kind, len(data)), ([], []))
@@ -283,14 +255,30 @@ def bucket_extremes(
             for (at, kind, _), (_, d) in parts.items()
         ]
     )
-    buckets = blocks >> shift
+    return extremes(blocks >> shift, records, order)
+
+
+def extremes(buckets: np.ndarray, records: np.ndarray, order: str) -> list[tuple[int, Any]]:
+    """(step, value) of the min and of the max of each bucket (``buckets``: each record's)
+    from ``records`` of :data:`ROW_DTYPES`: the lower (higher) value in the backend's
+    ``order``, then the earlier step, then the earlier record; in O(n) numpy passes
+    (a lexsort of 30,000 records cost 3x as much)."""
+    if not len(records):
+        return []
+    if (np.diff(buckets) < 0).any():  # chunks' points come in order; rollup rows need not
+        perm = np.argsort(buckets, kind="stable")
+        buckets, records = buckets[perm], records[perm]
+    starts = np.flatnonzero(np.diff(buckets, prepend=buckets[0] - 1))
+    sizes = np.diff(starts, append=len(buckets))
     out: list[tuple[int, Any]] = []
-    for step, value, sign in (("ls", "lv", 1), ("hs", "hv", -1)):
-        keys = order_keys(records[value], order)
-        ranked = np.lexsort((records[step], sign * keys, buckets))
-        first = ranked[np.flatnonzero(np.diff(buckets[ranked], prepend=-1))]
-        values = records[value][first].tolist()
-        if records[value].dtype.kind == "f":
-            values = [v if v - v == 0 else stored(v) for v in values]
-        out.extend(zip(records[step][first].tolist(), values, strict=True))
+    for step, value, best in (("ls", "lv", np.minimum), ("hs", "hv", np.maximum)):
+        keys, steps = order_keys(records[value], order), records[step]
+        # Each bucket's rows of the best value, of those the earliest step's, the first.
+        tied = keys == np.repeat(best.reduceat(keys, starts), sizes)
+        if (np.diff(steps) < 0).any():  # else the first tied row is the earliest step
+            early = np.where(tied, steps, np.iinfo(np.int64).max)
+            tied &= steps == np.repeat(np.minimum.reduceat(early, starts), sizes)
+        rows = np.flatnonzero(tied)
+        first = rows[np.searchsorted(rows, starts)]
+        out.extend(zip(steps[first].tolist(), records[value][first].tolist(), strict=True))
     return out

@@ -1,15 +1,10 @@
 """A validated batch as the rows of every table: its step records as chunks
 (store/chunks.py), its epochs, alerts and ends as rows of their own.
 
-The wire carries step records two ways (docs/PROTOCOL.md): as ``columns`` blocks, and
-as records (a trainer's odd steps: ``nonfinite``, ``backward_passes``,
-``timestep_layout``, a field a newer trainer adds, or a sender that never packs). The
-store keeps both ONE way, so every read has one path: consecutive step records of one
-shape (the same fields, named names and series lengths) become one :class:`RecordBlock`
-shaped like a wire block, plus what a wire block cannot carry: ``backward_passes`` as
-an int64 column, ``depth`` series (stored like ``timesteps``: family ``depth``,
-series ``input``), and each record's other fields as a JSON object in ``notes``.
-``update_ratios`` are named scalars like ``param_norms`` (``update_ratios/<p>``).
+Step records come as ``columns`` blocks or one by one (docs/PROTOCOL.md); the store
+keeps both ONE way, so every read has one path: consecutive step records of one shape
+become one :class:`RecordBlock` shaped like a wire block, plus what a wire block
+cannot carry (``backward_passes``, ``depth`` series, other fields as ``notes``).
 
 Example:
     >>> from gradwatch.server.schema import parse_message
@@ -17,29 +12,31 @@ Example:
     ...     ' "records": [{"kind": "step", "step": 4, "loss": "NaN", "backward_passes": 3},'
     ...     ' {"kind": "step", "step": 5, "loss": 0.5, "backward_passes": 2},'
     ...     ' {"kind": "epoch", "epoch": 1, "step": 5}]}')
-    >>> ((block, uids),) = step_blocks(batch.records, 0)
-    >>> block.n, block.loss is not None, block.backward_passes is not None, list(uids)
-    (2, True, True, [1, 2])
+    >>> (block,) = step_blocks(batch.records)
+    >>> block.n, block.loss is not None, block.backward_passes is not None
+    (2, True, True)
     >>> split = split_batch(batch, lambda v: v)
-    >>> len(split.chunks.steps), len(split.epochs), split.last_step, split.last_epoch
+    >>> len(split.steps), len(split.epochs), split.last_step, split.last_epoch
     (1, 1, 5, 1)
 """
 
 from __future__ import annotations
 
+import json
 import struct
-import sys
 import zlib
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
-from pydantic_core import to_json
+import numpy as np
 
-from gradwatch.protocol.column_shapes import PROFILE_KEYS
-from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH, NONFINITE_STRINGS
+from gradwatch.protocol.column_shapes import PROFILE_KEYS, pack_floats
+from gradwatch.protocol.columns import split_name
+from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH
 
+from ..column_checks import ints
 from ..schema import (
     FloatColumn,
     IntColumn,
@@ -47,11 +44,10 @@ from ..schema import (
     StepColumns,
     TimestepColumns,
 )
-from .chunks import FLOAT_FIELDS, INT_FIELDS, Chunks, add_block
+from .chunks import CHUNK_FIELDS, FLOAT_FIELDS, INT_FIELDS, SCALAR_FIELDS, ColumnGroup, cuts
 
 # Kept per record in ``notes`` (besides fields the server does not know).
 NOTE_FIELDS = ("nonfinite", "timestep_layout")
-_LITTLE = sys.byteorder == "little"
 
 EPOCH_INSERT = (
     "INSERT INTO epochs (run_id, rank, epoch, step, t, duration_s, steps, data)"
@@ -63,14 +59,14 @@ ALERT_INSERT = (
 )
 
 
-def dumps(value: Any) -> str:
-    """Compact JSON of stored values (pydantic-core's encoder: ~3x ``json.dumps``)."""
-    return to_json(value).decode()
-
-
 @dataclass
 class SplitBatch:
-    chunks: Chunks = field(default_factory=Chunks)
+    # Chunk rows by table (named rows as (names, row without written and set id): the
+    # writer adds those) and each chunk's rollup groups.
+    steps: list[tuple[Any, ...]] = field(default_factory=list)
+    named: list[tuple[tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
+    series: list[tuple[Any, ...]] = field(default_factory=list)
+    groups: list[ColumnGroup] = field(default_factory=list)
     epochs: list[tuple[Any, ...]] = field(default_factory=list)
     alerts: list[tuple[Any, ...]] = field(default_factory=list)
     # Problems the batch's alerts open: what the runs list counts (docs/API.md).
@@ -82,11 +78,8 @@ class SplitBatch:
 
 
 def opens_problem(record: Any) -> int:
-    """1 when an alert record opens a problem (the runs list counts problems, not records).
-
-    A sender that groups alerts by cause says so (``opens_problem``); for one that does
-    not, each ``raised`` record without a ``problem`` counts.
-    """
+    """1 when an alert record opens a problem: as its sender says, else when it is
+    ``raised`` without a ``problem`` (the runs list counts problems, not records)."""
     if record.opens_problem is not None:
         return int(record.opens_problem)
     return int(record.problem is None and record.state == "raised")
@@ -120,17 +113,88 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             )
         elif kind == "end":
             out.ends.append((record.status, record.step, record.t))
-    blocks = [(block, uids.start - 1) for block, uids in step_blocks(batch.records, uid)]
-    uid += sum(block.n for block, _ in blocks)
-    for block in batch.columns:
-        blocks.append((block, uid))
-        uid += block.n
-    for block, first in blocks:
-        step, epoch = add_block(out.chunks, block, run_id, rank, first, out.keys)
+    for block in (*step_blocks(batch.records), *batch.columns):
+        step, epoch = add_block(out, block, run_id, rank, uid)
         last_step, last_epoch = max(last_step, step), max(last_epoch, epoch)
+        uid += block.n
     out.last_step = last_step if last_step >= 0 else None
     out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out
+
+
+def add_block(out: SplitBatch, block: Any, run_id: str, rank: int, uid: int) -> tuple[int, int]:
+    """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
+    ``uid + 1 ...`` in block order. Returns the block's last step and last epoch."""
+    steps = ints(block.step.i64)
+    last_epoch = max(ints(block.epoch.i64)) if block.epoch is not None else 0
+    columns = [(name, getattr(block, name, None)) for name in CHUNK_FIELDS]
+    present: list[tuple[str, Any]] = [(n, c) for n, c in columns if c is not None]
+    raw = [column.i64 if name in INT_FIELDS else column.f64 for name, column in present]
+    fields = json.dumps([name for name, _ in present])
+    rolled = [(n, data) for (n, _), data in zip(present, raw, strict=True) if n in SCALAR_FIELDS]
+    out.keys.update(("scalar", name, "") for name, _ in rolled)
+    named = block.named if block.named is not None and block.named.names else None
+    names = tuple(named.names) if named is not None else ()
+    for family, owner, key in map(split_name, names):  # a profiled module once, not per key
+        out.keys.add((family, owner, "" if family == "profile" else key))
+    # A wire block has no depth series: only blocks made of records do.
+    depth = getattr(block, "depth", None) or {}
+    series_columns = [
+        ("timesteps", module, series, column)
+        for module, series_map in (block.timesteps or {}).items()
+        for series, column in series_map.items()
+    ] + [("depth", stack, "input", column) for stack, column in depth.items()]
+    out.keys.update((family, module, series) for family, module, series, _ in series_columns)
+    notes = getattr(block, "notes", None)
+    chunks = cuts(steps)
+    out.groups.extend(_array_groups(steps, block.step.i64, chunks, rolled, named))
+    for start, stop in chunks:
+        n, first, lo, hi = stop - start, uid + 1 + start, steps[start], steps[stop - 1]
+        data = b"".join(d[8 * start : 8 * stop] for d in raw)
+        step_bytes = block.step.i64[8 * start : 8 * stop]
+        part = notes[start:stop] if notes is not None else None
+        text = json.dumps(part, separators=(",", ":")) if part and any(part) else None
+        out.steps.append((run_id, rank, lo, hi, first, n, fields, step_bytes, data, text))
+        if named is not None:
+            data = named.f64[8 * len(names) * start : 8 * len(names) * stop]
+            out.named.append((names, (run_id, rank, lo, hi, first, n, step_bytes, data)))
+        for family, module, series, column in series_columns:
+            size = 8 * column.length
+            out.series.append(
+                (run_id, rank, family, module, series, lo, hi, first, n,
+                 column.length, step_bytes, column.f64[size * start : size * stop])
+            )
+    return max(steps), last_epoch
+
+
+def _array_groups(
+    steps: list[int],
+    step_bytes: bytes,
+    chunks: list[tuple[int, int]],
+    rolled: list[tuple[str, bytes]],
+    named: Any,
+) -> list[ColumnGroup]:
+    """Each chunk's rollup groups as numpy matrices of one dtype (store/rollups.py):
+    the int columns with the steps, the float columns, the named scalars."""
+    n = len(steps)
+    ints_ = [(name, data) for name, data in rolled if name in INT_FIELDS]
+    floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
+    int_bytes = b"".join([step_bytes, *(d for _, d in ints_)])
+    matrices: list[tuple[tuple[str, ...], Any, bool]] = [
+        (("step", *(name for name, _ in ints_)), np.frombuffer(int_bytes, "<i8").reshape(-1, n).T,
+         False)
+    ]
+    if floats_:
+        matrix = np.frombuffer(b"".join(d for _, d in floats_), "<f8").reshape(-1, n).T
+        matrices.append((tuple(name for name, _ in floats_), matrix, False))
+    if named is not None:
+        matrix = np.frombuffer(named.f64, "<f8").reshape(n, len(named.names))
+        matrices.append((tuple(named.names), matrix, True))
+    return [
+        ColumnGroup(steps[start:stop], names, matrix[start:stop], name_set)
+        for start, stop in chunks
+        for names, matrix, name_set in matrices
+    ]
 
 
 class RecordBlock(StepColumns):
@@ -142,15 +206,11 @@ class RecordBlock(StepColumns):
     notes: list[dict[str, Any] | None] | None = None
 
 
-def floats(values: Sequence[Any]) -> bytes:
-    """Little-endian float64 bytes; the "NaN"/"Infinity" strings become floats."""
-    try:
-        packed = array("d", values)
-    except TypeError:
-        packed = array("d", [NONFINITE_STRINGS[v] if isinstance(v, str) else v for v in values])
-    if not _LITTLE:
-        packed.byteswap()
-    return packed.tobytes()
+def floats(values: list[Any]) -> bytes:
+    packed = pack_floats(values)
+    if packed is None:  # never for validated numbers
+        raise ValueError(f"expected numbers, got {values[:3]!r}")
+    return packed
 
 
 def _ints(values: Sequence[int]) -> bytes:
@@ -161,12 +221,11 @@ def _named(record: Any) -> tuple[tuple[str, ...], list[Any]]:
     """A record's named scalars: their names in the order of a wire block, and values."""
     names: list[str] = []
     values: list[Any] = []
-    if record.param_norms:
-        names.extend(f"param_norms/{p}" for p in record.param_norms)
-        values.extend(record.param_norms.values())
-    if record.update_ratios:
-        names.extend(f"update_ratios/{p}" for p in record.update_ratios)
-        values.extend(record.update_ratios.values())
+    for family in ("param_norms", "update_ratios"):
+        found = getattr(record, family)
+        if found:
+            names.extend(f"{family}/{p}" for p in found)
+            values.extend(found.values())
     for param, by_gate in (record.gate_norms or {}).items():
         names.extend(f"gate_norms/{param}/{g}" for g in by_gate)
         values.extend(by_gate.values())
@@ -185,10 +244,8 @@ def _series(values: Any) -> bytes:
 
 
 def _notes(record: Any) -> dict[str, Any] | None:
-    found = {name: getattr(record, name) for name in NOTE_FIELDS}
-    out = {k: v for k, v in found.items() if v is not None}
-    if record.__pydantic_extra__:
-        out.update(record.__pydantic_extra__)
+    out = {name: value for name in NOTE_FIELDS if (value := getattr(record, name)) is not None}
+    out.update(record.__pydantic_extra__ or {})
     return out or None
 
 
@@ -206,25 +263,11 @@ def _shape(record: Any) -> tuple[Any, ...]:
     return plain, names, series, values
 
 
-def step_blocks(records: Sequence[Any], uid: int) -> Iterator[tuple[RecordBlock, range]]:
-    """The step records of ``records`` as blocks of consecutive records of one shape,
-    each with its records' uids (``uid + 1`` for the first step record, then one more
-    for each)."""
-    run: list[tuple[Any, list[Any]]] = []
-    key: Any = None
-    first = uid + 1
-    for record in records:
-        if record.kind != "step":
-            continue
-        plain, names, series, values = _shape(record)
-        if (plain, names, series) != key and run:
-            yield _block(run, key), range(first, first + len(run))
-            first += len(run)
-            run = []
-        key = (plain, names, series)
-        run.append((record, values))
-    if run:
-        yield _block(run, key), range(first, first + len(run))
+def step_blocks(records: Sequence[Any]) -> Iterator[RecordBlock]:
+    """The step records of ``records`` as blocks of consecutive records of one shape."""
+    shaped = ((_shape(r), r) for r in records if r.kind == "step")
+    for key, group in groupby(shaped, key=lambda item: item[0][:3]):
+        yield _block([(r, shape[3]) for shape, r in group], key)
 
 
 def _block(run: list[tuple[Any, list[Any]]], key: Any) -> RecordBlock:

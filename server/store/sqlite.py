@@ -1,18 +1,16 @@
 """SQLite storage: WAL, one writer thread, one read connection per thread.
 
 ``synchronous=NORMAL`` in WAL mode: a committed transaction survives a crash or
-``kill -9`` of the server (it is in the WAL file); only a power loss may drop the
-last few. ``Settings.sqlite_synchronous="FULL"`` fsyncs every commit instead.
+``kill -9`` of the server; only a power loss may drop the last few
+(``Settings.sqlite_synchronous="FULL"`` fsyncs every commit instead).
 
-Checkpoints (copying the WAL into the database file, with its fsync) run on a thread
-of their own every :data:`CHECKPOINT_EVERY_S`, not inside the writer's commits as
-SQLite's automatic checkpoint would: measured on 2 KB of timestep blobs per record,
-commits took half as long without them (BENCHMARKS.md, "Ingest"). New databases use
-16 KiB pages, which hold a few of those blobs each (4 KiB pages: ~1.6x the write time).
+Checkpoints run on a thread of their own every :data:`CHECKPOINT_EVERY_S`, not inside
+the writer's commits as SQLite's automatic checkpoint would: commits took half as long
+without them (BENCHMARKS.md, "Ingest"). New databases use 16 KiB pages, which hold a
+few 2 KB timestep blobs each (4 KiB pages: ~1.6x the write time).
 
 Run as ``python -m gradwatch.server.store.sqlite``, this module is the writer process
-(store/writer_process.py starts it): frames in on stdin, each one's verdict out on
-stdout after its commit.
+(store/writer_process.py).
 """
 
 from __future__ import annotations
@@ -40,15 +38,7 @@ CHECKPOINT_EVERY_S = 0.5
 
 
 class SQLiteStore(Store):
-    """The default store: one file, no server to run.
-
-    Example:
-        >>> import tempfile, os
-        >>> store = SQLiteStore(Settings(db=os.path.join(tempfile.mkdtemp(), "g.db")))
-        >>> store.list_runs()
-        []
-        >>> store.close()
-    """
+    """The default store: one file, no server to run."""
 
     kind: ClassVar[str] = "sqlite"
 
@@ -66,6 +56,7 @@ class SQLiteStore(Store):
             self._checkpointer.start()
 
     def connect(self) -> Any:
+        # timeout: SQLite's busy timeout, how long a connection waits for a lock.
         conn = sqlite3.connect(
             self.path, timeout=30, check_same_thread=False, isolation_level="DEFERRED"
         )
@@ -76,8 +67,6 @@ class SQLiteStore(Store):
         conn.execute("PRAGMA wal_autocheckpoint=0")
         conn.execute(f"PRAGMA synchronous={self.settings.sqlite_synchronous.upper()}")
         conn.execute("PRAGMA foreign_keys=OFF")
-        # Readers must not block on the writer's checkpoints for long.
-        conn.execute("PRAGMA busy_timeout=30000")
         return conn
 
     def create_schema(self, conn: Any) -> None:

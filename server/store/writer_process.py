@@ -1,27 +1,22 @@
-"""SQLite's writer in a process of its own, beside the server's event loop, and the
-frames the two processes speak.
+"""SQLite's writer in a process of its own (why, and what it promises: docs/DEPLOY.md,
+"What runs, and where the records go"), and the frames the two processes speak.
 
-Why (one GIL per process; validating and writing each get a core) and what it
-promises are in docs/DEPLOY.md, "What runs, and where the records go". The child
-(``python -m gradwatch.server.store.sqlite``) answers each frame after its commit; if
-it dies, what it held fails (not acknowledged: resent) and a new child starts; it
-ends when its pipe closes, so a ``kill -9`` of the server leaves no writer behind.
+The child (``python -m gradwatch.server.store.sqlite``) answers each frame after its
+commit; if it dies, what it held fails (not acknowledged: resent) and a new child
+starts; it ends when its pipe closes, so a ``kill -9`` of the server leaves no writer.
 
 A frame is ``<u32 head length><u32 body length><head JSON><body bytes>``: a batch's
 column blocks as their raw bytes (checked already) under a small JSON head naming
-them, its other records (few) as their validated JSON, so nothing is parsed twice.
-Only this server's processes speak it (PostgreSQL keeps it for other replicas); nothing
-is unpickled or evaluated.
+them, its other records as their validated JSON, so nothing is parsed twice (and
+nothing unpickled). PostgreSQL keeps a batch's frame for other replicas.
 
 Example:
     >>> from gradwatch.server.schema import parse_message
     >>> batch = parse_message('{"type": "batch", "run_id": "r", "rank": 0, "seq": 3,'
     ...                       ' "records": [{"kind": "epoch", "epoch": 1}]}')
-    >>> head, parts = encode_batch(batch, "s1")
-    >>> head["id"] = 7
-    >>> ident, again, session = decode_batch(head, b"".join(parts))
-    >>> ident, again.seq, again.records[0].epoch, session
-    (7, 3, 1, 's1')
+    >>> again = batch_of(frame_bytes(batch, "s1"))
+    >>> again.seq, again.records[0].epoch
+    (3, 1)
 """
 
 from __future__ import annotations
@@ -34,11 +29,6 @@ import struct
 import subprocess
 import sys
 import threading
-
-try:
-    import fcntl
-except ImportError:  # not on Windows: the pipe keeps its default size
-    fcntl = None  # type: ignore[assignment]
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import IO, Any
@@ -88,26 +78,16 @@ def batch_of(data: bytes) -> Batch:
 
 
 def read_frame(source: IO[bytes]) -> tuple[dict[str, Any], bytes] | None:
-    """The next frame, or None at the end of the stream."""
-    sizes = _read_exactly(source, _SIZES.size)
-    if sizes is None:
+    """The next frame, or None at the end of the stream (``source`` is buffered: a
+    read returns every byte asked for unless the stream ends)."""
+    sizes = source.read(_SIZES.size)
+    if len(sizes) < _SIZES.size:
         return None
     head_size, body_size = _SIZES.unpack(sizes)
-    head = _read_exactly(source, head_size)
-    body = _read_exactly(source, body_size) if body_size else b""
-    if head is None or body is None:
+    head, body = source.read(head_size), source.read(body_size)
+    if len(head) < head_size or len(body) < body_size:
         return None
     return json.loads(head), body
-
-
-def _read_exactly(source: IO[bytes], size: int) -> bytes | None:
-    data = source.read(size)
-    while data is not None and 0 < len(data) < size:
-        more = source.read(size - len(data))
-        if not more:
-            return None
-        data += more
-    return data if data is not None and len(data) == size else None
 
 
 def encode_batch(batch: Batch, session: str) -> tuple[dict[str, Any], list[bytes]]:
@@ -116,8 +96,7 @@ def encode_batch(batch: Batch, session: str) -> tuple[dict[str, Any], list[bytes
     parts, blocks = [records], []
     for block in batch.columns:
         fields = [name for name in CHUNK_FIELDS if getattr(block, name, None) is not None]
-        parts.append(block.step.i64)
-        for name in fields:
+        for name in ("step", *fields):
             column = getattr(block, name)
             parts.append(column.f64 if name in FLOAT_COLUMNS else column.i64)
         named = block.named.names if block.named is not None else None
@@ -148,8 +127,7 @@ def decode_batch(head: dict[str, Any], body: bytes) -> tuple[int, Batch, str]:
     for spec in head["blocks"]:
         n = spec["n"]
         values: dict[str, Any] = {"kind": "step", "n": n}
-        values["step"] = IntColumn.model_construct(i64=take(8 * n))
-        for name in spec["fields"]:
+        for name in ("step", *spec["fields"]):
             if name in FLOAT_COLUMNS:
                 values[name] = FloatColumn.model_construct(f64=take(8 * n))
             else:
@@ -191,16 +169,21 @@ class ProcessWriter:
         self._start()
 
     def _start(self) -> None:
+        # What the child needs of the settings, and nothing secret.
+        keys = ("db", "sqlite_synchronous", "group_commit")
+        settings = {key: getattr(self.settings, key) for key in keys}
         child = subprocess.Popen(
             [sys.executable, "-m", "gradwatch.server.store.sqlite"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "GRADWATCH_WRITER_SETTINGS": settings_text(self.settings)},
+            env={**os.environ, "GRADWATCH_WRITER_SETTINGS": json.dumps(settings)},
         )
         # A 300 KB batch fills the default 64 KB pipe ~5 times, each a wait for the
-        # child to read; a 1 MiB pipe takes a whole frame at once (Linux only).
-        if fcntl is not None and child.stdin is not None:
-            with contextlib.suppress(AttributeError, OSError):  # F_SETPIPE_SZ is Linux's
+        # child to read; a 1 MiB pipe takes a whole frame at once (F_SETPIPE_SZ: Linux).
+        with contextlib.suppress(ImportError, AttributeError, OSError):
+            import fcntl
+
+            if child.stdin is not None:
                 fcntl.fcntl(child.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
         self._child = child
         self._reader = threading.Thread(
@@ -289,8 +272,3 @@ class ProcessWriter:
         if reader is not None:
             reader.join(timeout=timeout)  # every answer read, the pipe closed
 
-
-def settings_text(settings: Settings) -> str:
-    """What the child needs of the settings, and nothing secret."""
-    keys = ("db", "sqlite_synchronous", "group_commit")
-    return json.dumps({key: getattr(settings, key) for key in keys})

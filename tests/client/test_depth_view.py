@@ -243,8 +243,8 @@ RATIOS = [[1e-3, "Infinity", 2e-3], ["NaN", "Infinity"], ["NaN"], [5e-324, 0.0],
 def test_live_blocks_are_summed_up_as_the_server_does(gradwatch_server, open_page):
     """The page groups live ratios per block as /update_ratios does (server/depth_reads):
     the same block for each parameter, the same value for each set of ratios."""
+    from gradwatch.protocol.codec import protocol_number
     from gradwatch.server.depth_reads import block_of, block_ratio
-    from gradwatch.server.store.chunks import scalar_out
 
     server = gradwatch_server()
     w = open_page(server)
@@ -262,6 +262,6 @@ def test_live_blocks_are_summed_up_as_the_server_does(gradwatch_server, open_pag
     )
     assert js["owners"] == [[block_of(p, b) for p in PARAMS] for b in BLOCK_NAMES]
     floats = [[float(v) if isinstance(v, str) else v for v in r] for r in RATIOS]
-    assert js["values"] == [scalar_out(block_ratio(r)) for r in floats]
+    assert js["values"] == [protocol_number(block_ratio(r)) for r in floats]
     assert js["owners"][0][:3] == ["blocks.3", "blocks.30", "blocks"]
     assert w.errors == []

@@ -40,7 +40,7 @@ from gradwatch.protocol.messages import ALERT, END, NONFINITE_STRINGS
 
 from ..columns import records_json
 from ..settings import Settings
-from . import rollups, tables
+from . import tables
 from .base import Store
 from .chunks import TABLES
 from .writer_process import batch_of, frame_bytes
@@ -306,7 +306,6 @@ class PostgresStore(Store):
             return NONFINITE_STRINGS[value]
         return value
 
-    value_key = staticmethod(rollups.postgres_key)
 
 
 def channel_for(schema: str) -> str:

@@ -24,8 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,20 +34,6 @@ LEVELS = (6, 10, 14, 18)
 # The series of the step numbers themselves, per (run, rank): its rollups' counts and
 # first/last steps answer the history's `total` without counting 1e6 rows.
 STEP_SERIES = "step"
-
-# One value at a time, the orders that order_keys gives arrays (the tests' reference).
-Key = Callable[[Any], tuple[int, Any]]
-
-
-def sqlite_key(value: Any) -> tuple[int, Any]:
-    """SQLite's order: every number before every text value, text by its bytes."""
-    return (1, value) if isinstance(value, str) else (0, value)
-
-
-def postgres_key(value: Any) -> tuple[int, Any]:
-    """PostgreSQL's float8 order: NaN above +Infinity, all NaNs equal."""
-    return (1, 0.0) if isinstance(value, float) and math.isnan(value) else (0, value)
-
 
 def coarser(fine: list[int]) -> list[tuple[int, int, int, int]]:
     """The blocks of every level above the finest, as runs of the finest blocks

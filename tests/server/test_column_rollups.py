@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -18,15 +20,22 @@ from gradwatch.protocol.codec import protocol_number
 from gradwatch.protocol.messages import NONFINITE_STRINGS
 from gradwatch.server.schema import parse_message
 from gradwatch.server.store.chunks import INTEGER_FIELDS, SCALAR_FIELDS
-from gradwatch.server.store.rollups import (
-    LEVELS,
-    STEP_SERIES,
-    Key,
-    array_blocks,
-    postgres_key,
-    sqlite_key,
-)
+from gradwatch.server.store.rollups import LEVELS, STEP_SERIES, array_blocks
 from gradwatch.server.store.split import split_batch
+
+# One value at a time, the orders that rollups.order_keys gives arrays: the reference.
+Key = Callable[[Any], tuple[int, Any]]
+
+
+def sqlite_key(value: Any) -> tuple[int, Any]:
+    """SQLite's order: every number before every text value, text by its bytes."""
+    return (1, value) if isinstance(value, str) else (0, value)
+
+
+def postgres_key(value: Any) -> tuple[int, Any]:
+    """PostgreSQL's float8 order: NaN above +Infinity, all NaNs equal."""
+    return (1, 0.0) if isinstance(value, float) and math.isnan(value) else (0, value)
+
 
 # A few values that tie, signed zeros, huge ones, the non-finite strings, an integer.
 VALUES = st.one_of(

@@ -267,3 +267,65 @@ def test_heartbeat_remakes_a_lapsed_registration_with_lagged_and_drops_an_unused
         assert got == ['{"type":"lagged","dropped":1}']
     finally:
         store.close()
+
+
+def test_heartbeat_rides_out_dropped_database_connections(shared_schema):
+    """The database drops this replica's connections (a restart, a failover, an idle
+    timeout on a proxy): the heartbeat survives, reconnects, and says ``lagged`` only
+    when the registration lapsed meanwhile (other writers may then have skipped
+    frames), not when it held."""
+    import uuid
+
+    from gradwatch.server.replicas import ReplicaFeed
+    from gradwatch.server.settings import Settings
+    from gradwatch.server.state import AppState
+    from gradwatch.server.store.postgres import PostgresStore
+
+    db, _ = shared_schema
+    name = "gw_outage_" + uuid.uuid4().hex[:8]  # marks this store's connections alone
+    store = PostgresStore(Settings(db=f"{db}&application_name={name}"))
+    kill = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE application_name = %s"
+    )
+    registered = "SELECT count(*) FROM live_replicas WHERE expires > clock_timestamp()"
+
+    async def recover(feed: Any) -> int:
+        """Heartbeat rounds until one goes through; how many failed first."""
+        failed = 0
+        await feed._beat()
+        while feed._owed:  # each failed round drops its dead connection
+            failed += 1
+            assert failed < 5, "the heartbeat never reconnected"
+            await feed._beat()
+        return failed
+
+    async def scenario() -> tuple[int, int, list[str]]:
+        state = AppState(store.settings, store)
+        feed = ReplicaFeed(state, store)
+        viewer = state.hub.subscribe("run-1")
+        await feed.viewer_joins()
+        assert _sql(db, registered) == 1
+        # Connections dropped while the registration holds: nothing was missed.
+        assert _sql(db, kill, (name,)) >= 1
+        held = await recover(feed)
+        assert viewer.queue.empty()
+        assert _sql(db, registered) == 1
+        # Dropped again, and the registration lapsed meanwhile: registered anew, and
+        # the viewer is told to repaint from history.
+        _sql(db, "UPDATE live_replicas SET expires = clock_timestamp() RETURNING 1")
+        assert _sql(db, kill, (name,)) >= 1
+        lapsed = await recover(feed)
+        assert _sql(db, registered) == 1
+        got = [await asyncio.wait_for(viewer.next(), 5)]
+        assert viewer.queue.empty()
+        state.hub.unsubscribe(viewer)
+        return held, lapsed, [g or "" for g in got]
+
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:  # see the test above
+            held, lapsed, got = pool.submit(lambda: asyncio.run(scenario())).result(timeout=60)
+        assert held >= 1 and lapsed >= 1  # the outages did reach the heartbeat
+        assert got == ['{"type":"lagged","dropped":1}']
+    finally:
+        store.close()

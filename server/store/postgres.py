@@ -168,19 +168,11 @@ class PostgresStore(Store):
 
     def _own(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
         """Run ``statements`` in one transaction; the last one's row count."""
-        conn = self.reader()
-        try:
-            with conn.cursor() as cur:
-                for text, params in statements:
-                    cur.execute(text, params)
-                count = int(cur.rowcount)
+        with self.reading() as conn, conn.cursor() as cur:
+            for text, params in statements:
+                cur.execute(text, params)
+            count = int(cur.rowcount)
             conn.commit()
-        except Exception:
-            if not self.alive(conn):
-                self._local.conn = None  # reconnect on this thread's next use
-            else:
-                conn.rollback()
-            raise
         return count
 
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:

@@ -21,7 +21,7 @@ import os
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from .chunks import schema as chunk_schema
@@ -157,27 +157,30 @@ class Database(ABC):
         names = ", ".join(columns)
         return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING"  # noqa: S608
 
-    def reader(self) -> Any:
-        """This thread's read connection."""
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Any]:
+        """This thread's read connection, for one transaction of the caller's. On an
+        error a broken connection is dropped (this thread reconnects on its next use;
+        a PostgreSQL server may drop it) and a live one rolled back, then it raises."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = self.connect()
             with self._readers_lock:
                 self._readers.append(conn)
-        return conn
+        try:
+            yield conn
+        except Exception:
+            if not self.alive(conn):
+                self._local.conn = None
+            else:
+                conn.rollback()
+            raise
 
     def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        conn = self.reader()
-        try:
+        with self.reading() as conn:
             cur = conn.cursor()
             cur.execute(self.sql(text), tuple(params))
             result = list(cur.fetchall())
             # End the read transaction so the next query sees new commits.
             conn.rollback()
-        except Exception:
-            if not self.alive(conn):
-                self._local.conn = None  # reconnect on this thread's next query
-            else:
-                conn.rollback()
-            raise
         return result

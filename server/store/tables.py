@@ -28,7 +28,7 @@ from .chunks import schema as chunk_schema
 from .rollups import schema as rollup_schema
 
 # The layout this code reads and writes; any change to a table is a new number.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class SchemaMismatch(RuntimeError):

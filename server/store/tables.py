@@ -97,14 +97,11 @@ def create_or_check(cur: Any, where: str, tables: set[str], ddl: list[str]) -> N
 
 def _version(cur: Any, tables: set[str]) -> str | None:
     """The layout version of a database holding ``tables``; None: no gradwatch tables."""
-    if not tables & {"meta", "runs"}:
+    if "meta" not in tables:
         return None
-    if "meta" in tables:
-        cur.execute("SELECT value FROM meta WHERE key = 'schema_version'")
-        row = cur.fetchone()
-        if row is not None:
-            return str(row[0])
-    return "1 (from before versions were kept)"
+    cur.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+    row = cur.fetchone()
+    return str(row[0]) if row is not None else "unknown"
 
 
 def layout_problem(db: str) -> str | None:

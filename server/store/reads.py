@@ -26,7 +26,7 @@ from gradwatch.protocol.codec import protocol_number
 
 from ..column_checks import floats
 from ..downsample import pick_rows
-from .history import HistoryReads
+from .chunk_reads import ChunkReads
 
 _RUNS = (
     "SELECT id, name, world_size, started, updated, last_step, last_epoch, alerts, host,"
@@ -38,9 +38,9 @@ class RunNotFound(KeyError):
     """No run has this id."""
 
 
-class Reads(HistoryReads):
-    """Query methods; mixed into :class:`gradwatch.server.store.base.Store`. The
-    downsampled scalar history (``steps``) lives in :class:`HistoryReads`."""
+class Reads(ChunkReads):
+    """Query methods; the downsampled scalar history (``steps``) is store/history.py's
+    :class:`HistoryReads` over these."""
 
     # ----- runs --------------------------------------------------------------------
     def list_runs(self) -> list[dict[str, Any]]:
@@ -83,6 +83,16 @@ class Reads(HistoryReads):
             "recurrent": json.loads(rec) if rec else [],
             "host": host or "",
         }
+
+    def run_keys(self, run_id: str) -> dict[str, list[tuple[str, str]]]:
+        """family -> the (key, sub) of each of a run's series of it, in order."""
+        keys: dict[str, list[tuple[str, str]]] = {}
+        for family, key, sub in self.query(
+            "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
+            (run_id,),
+        ):
+            keys.setdefault(family, []).append((key, sub))
+        return keys
 
     def run_detail(self, run_id: str) -> dict[str, Any]:
         """The summary plus hellos, modules, and which series and parameters exist."""

@@ -90,9 +90,6 @@ class SQLiteStore(Store):
             raise
         conn.commit()
 
-    def scalar_in(self, value: Any) -> Any:
-        return value
-
     def remote_writer(self) -> Any:
         if not self.settings.writer_process or str(self.path) == ":memory:":
             return None

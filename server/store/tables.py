@@ -138,9 +138,10 @@ class Database(ABC):
     def connect(self) -> Any:
         """A new DB-API connection (autocommit off)."""
 
-    @abstractmethod
     def scalar_in(self, value: Any) -> Any:
-        """A protocol number as this backend stores it in a numeric column."""
+        """A protocol number as this backend stores it in a numeric column (SQLite keeps
+        the strings "NaN", "Infinity" and "-Infinity" as they are)."""
+        return value
 
     def alive(self, conn: Any) -> bool:
         """Whether ``conn`` can still be used (a PostgreSQL server may drop it)."""

@@ -132,6 +132,7 @@ class PostgresStore(Store):
 
     kind: ClassVar[str] = "postgresql"
     placeholder: ClassVar[str] = "%s"
+    types = ("DOUBLE PRECISION", "BIGINT", "BYTEA", "BIGSERIAL PRIMARY KEY", "")
 
     def __init__(self, settings: Settings) -> None:
         # Set before the writer thread starts (in Store.__init__); the channel is set
@@ -205,13 +206,6 @@ class PostgresStore(Store):
         with conn.cursor() as cur:
             # Serialise schema creation between servers starting at once.
             cur.execute("SELECT pg_advisory_xact_lock(4242424242)")
-            ddl = tables.statements(
-                number="DOUBLE PRECISION",
-                integer="BIGINT",
-                blob="BYTEA",
-                serial="BIGSERIAL PRIMARY KEY",
-                clustered="",
-            )
             cur.execute(
                 "SELECT table_name FROM information_schema.tables"
                 " WHERE table_schema = current_schema()"
@@ -220,7 +214,7 @@ class PostgresStore(Store):
             cur.execute("SELECT current_schema()")
             schema = str(cur.fetchone()[0])
             where = f"PostgreSQL database {conn.info.dbname}, schema {schema}"
-            tables.create_or_check(cur, where, found, ddl)
+            tables.create_or_check(cur, where, found, self.types)
             cur.execute(LIVE_TABLE)
             cur.execute(WATCH_TABLE)
             cur.execute(LIVE_STORAGE)

@@ -83,13 +83,13 @@ def statements(number: str, integer: str, blob: str, serial: str, clustered: str
     ]
 
 
-def create_or_check(cur: Any, where: str, tables: set[str], ddl: list[str]) -> None:
-    """Create the tables in a database without gradwatch's (``tables``: the names it
-    already has), or check the version of one that has them; SchemaMismatch when it
-    is another."""
+def create_or_check(cur: Any, where: str, tables: set[str], types: Sequence[str]) -> None:
+    """Create the tables (``types``: :func:`statements`' column types) in a database
+    without gradwatch's (``tables``: the names it already has), or check the version of
+    one that has them; SchemaMismatch when it is another."""
     found = _version(cur, tables)
     if found is None:
-        for statement in ddl:
+        for statement in statements(*types):
             cur.execute(statement)
     elif found != str(SCHEMA_VERSION):
         raise SchemaMismatch(where, found)
@@ -128,6 +128,8 @@ class Database(ABC):
 
     # "sqlite" or "postgresql" (how non-finite values order).
     kind: ClassVar[str]
+    # The column types of statements(): number, integer, blob, serial, clustered.
+    types: ClassVar[tuple[str, str, str, str, str]]
     # SQL written with "?" placeholders; PostgreSQL swaps them for "%s".
     placeholder: ClassVar[str] = "?"
     _local: threading.local

@@ -215,10 +215,8 @@ class PostgresStore(Store):
             schema = str(cur.fetchone()[0])
             where = f"PostgreSQL database {conn.info.dbname}, schema {schema}"
             tables.create_or_check(cur, where, found, self.types)
-            cur.execute(LIVE_TABLE)
-            cur.execute(WATCH_TABLE)
-            cur.execute(LIVE_STORAGE)
-            cur.execute(LIVE_INDEX)
+            for statement in (LIVE_TABLE, WATCH_TABLE, LIVE_STORAGE, LIVE_INDEX):
+                cur.execute(statement)
             self.channel = channel_for(schema)
         conn.commit()
 

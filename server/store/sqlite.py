@@ -72,16 +72,14 @@ class SQLiteStore(Store):
         return conn
 
     def create_schema(self, conn: Any) -> None:
-        cur = conn.cursor()
-        # BEGIN IMMEDIATE: two processes opening one new file create its tables once.
-        cur.execute("BEGIN IMMEDIATE")
-        found = {r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        try:
+        # BEGIN IMMEDIATE: two processes opening one new file create its tables once;
+        # the connection's context commits, or rolls back on any error.
+        with conn:
+            cur = conn.execute("BEGIN IMMEDIATE")
+            found = {
+                r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
             tables.create_or_check(cur, str(self.path), found, self.types)
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
 
     def remote_writer(self) -> Any:
         if not self.settings.writer_process or str(self.path) == ":memory:":

@@ -167,15 +167,6 @@ class PostgresStore(Store):
         """No live viewers here any more: other replicas' writers may skip frames."""
         self._own([("DELETE FROM live_replicas WHERE replica = %s", (self.replica,))])
 
-    def _own(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
-        """Run ``statements`` in one transaction; the last one's row count."""
-        with self.reading() as conn, conn.cursor() as cur:
-            for text, params in statements:
-                cur.execute(text, params)
-            count = int(cur.rowcount)
-            conn.commit()
-        return count
-
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """``(id, run_id, rank, seq, records, urgent)`` of stored live batches, by row
         id; the records are the JSON array a live message carries (server/columns.py)."""

@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from typing import Any
@@ -198,21 +197,14 @@ class Reads(ChunkReads):
 
     # ----- archived runs -------------------------------------------------------------
     def set_archived(self, run_id: str, archived: bool) -> None:
-        """Archive (``True``) or bring back (``False``) one run; idempotent. On a short
-        connection of its own: rare and tiny, it must not queue behind a flood of
+        """Archive (``True``) or bring back (``False``) one run; idempotent. In a
+        transaction of its own: rare and tiny, it must not queue behind a flood of
         batches in the writer."""
-        conn = self.connect()
-        try:
-            cur = conn.cursor()
-            if archived:
-                insert = self.insert_ignore("run_archive", ("run_id", "archived_at"))
-                cur.execute(self.sql(insert), (run_id, time.time()))
-            else:
-                cur.execute(self.sql("DELETE FROM run_archive WHERE run_id = ?"), (run_id,))
-            conn.commit()
-        finally:
-            with contextlib.suppress(Exception):
-                conn.close()
+        if archived:
+            insert = self.insert_ignore("run_archive", ("run_id", "archived_at"))
+            self._own([(insert, (run_id, time.time()))])
+        else:
+            self._own([("DELETE FROM run_archive WHERE run_id = ?", (run_id,))])
 
     def archived_ids(self) -> set[str]:
         """The ids of every archived run."""

@@ -184,3 +184,14 @@ class Database(ABC):
             # End the read transaction so the next query sees new commits.
             conn.rollback()
         return result
+
+    def _own(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
+        """Run ``statements`` in one transaction of their own on this thread's connection,
+        not queued behind the writer's batches; the last one's row count."""
+        with self.reading() as conn:
+            cur = conn.cursor()
+            for text, params in statements:
+                cur.execute(self.sql(text), params)
+            count = int(cur.rowcount)
+            conn.commit()
+        return count

@@ -24,7 +24,7 @@ from gradwatch.protocol.codec import dumps
 
 from ..settings import Settings
 from .chunk_writes import ChunkWrites
-from .reads import Reads
+from .history import HistoryReads
 from .split import ALERT_INSERT, EPOCH_INSERT, split_batch
 
 _STOP = object()
@@ -54,7 +54,7 @@ def store_error(error: BaseException) -> StoreError:
     return StoreError(text)
 
 
-class Store(ChunkWrites, Reads):
+class Store(ChunkWrites, HistoryReads):
     """SQL storage shared by SQLite and PostgreSQL; subclasses supply connections."""
 
     # Called on the writer thread after each group's futures are resolved (the writer

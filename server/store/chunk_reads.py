@@ -18,7 +18,6 @@ from ..columns import floats, ints
 from .chunks import INT_FIELDS, SPAN
 from .tables import Database
 
-_NAMED = "uid, written, names, steps, data"
 # (steps, values): one value per step, in step order.
 Points = tuple[list[int], list[Any]]
 # A named chunk as read: (written, uid, set id, steps, its values as float64).
@@ -128,6 +127,15 @@ class ChunkReads(Database):
             )
         }
 
+    def _named_chunks(self, run_id: str, rank: int, lo: int, hi: int) -> list[Chunk]:
+        """The named chunks of one rank that may hold a step of ``lo..hi``."""
+        return [
+            (written, uid, set_id, ints(bytes(steps)), np.frombuffer(bytes(data), "<f8"))
+            for uid, written, set_id, steps, data in self._chunks(
+                "uid, written, names, steps, data", "named_chunks", run_id, rank, lo, hi
+            )
+        ]
+
     def named_points(
         self, run_id: str, rank: int, name: str, lo: int, hi: int, memo: dict[Any, Any]
     ) -> Points:
@@ -140,12 +148,7 @@ class ChunkReads(Database):
             sets = memo["sets"] = self.name_sets(run_id, rank)
         chunks: list[Chunk] | None = memo.get((lo, hi))
         if chunks is None:
-            chunks = memo[lo, hi] = [
-                (written, uid, set_id, ints(bytes(steps)), np.frombuffer(bytes(data), "<f8"))
-                for uid, written, set_id, steps, data in self._chunks(
-                    _NAMED, "named_chunks", run_id, rank, lo, hi
-                )
-            ]
+            chunks = memo[lo, hi] = self._named_chunks(run_id, rank, lo, hi)
         held = [(i, sets.get(c[2]) or {}) for i, c in enumerate(chunks)]
         held = [(i, names) for i, names in held if name in names]
         if not held:
@@ -176,19 +179,16 @@ class ChunkReads(Database):
         columns: dict[str, int] = {}
         chunks: list[Chunk] = []
         parts: list[tuple[list[int], Any]] = []
-        for uid, written, set_id, steps, data in self._chunks(
-            _NAMED, "named_chunks", run_id, rank, lo, hi
-        ):
-            names = sets.get(set_id) or {}
-            found = wanted.get(set_id)
+        for chunk in self._named_chunks(run_id, rank, lo, hi):
+            names = sets.get(chunk[2]) or {}
+            found = wanted.get(chunk[2])
             if found is None:
                 mine = [(n, i) for n, i in names.items() if n.startswith(prefix)]
                 places = [columns.setdefault(n, len(columns)) for n, _ in mine]
-                found = wanted[set_id] = (places, [i for _, i in mine])
+                found = wanted[chunk[2]] = (places, [i for _, i in mine])
             if found[0]:
-                numbers = ints(bytes(steps))
-                chunks.append((written, uid, set_id, numbers, None))
-                rows = np.frombuffer(bytes(data), "<f8").reshape(len(numbers), len(names))
+                chunks.append(chunk)
+                rows = chunk[4].reshape(len(chunk[3]), len(names))
                 parts.append((found[0], rows[:, found[1]]))
         steps, picks = steps_layout(chunks, lo, hi)
         values = np.zeros((sum(len(c[3]) for c in chunks), len(columns)))

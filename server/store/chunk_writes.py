@@ -168,8 +168,9 @@ class ChunkWrites(Database):
         key = group.ids
         found = self._set_ids.get(key)
         if found is None:
-            row = {"series": ",".join(map(str, key)), "kinds": group.kinds}
-            set_id, kinds = self._id_row(cur, "rollup_sets", row, ("series",), "id, kinds")
+            sha, text = digest(key)
+            row = {"digest": sha, "series": text, "kinds": group.kinds}
+            set_id, kinds = self._id_row(cur, "rollup_sets", row, ("digest",), "id, kinds")
             members = ("series", "set_id", "position", "kind")
             cur.executemany(
                 self.sql(self.insert_ignore("rollup_members", members)),

@@ -104,7 +104,9 @@ def cuts(steps: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def digest(names: tuple[str, ...]) -> tuple[str, str]:
-    """(digest, JSON text) of a name set, as ``named_sets`` keeps it."""
-    text = json.dumps(list(names), separators=(",", ":"))
+def digest(members: tuple[str, ...] | tuple[int, ...]) -> tuple[str, str]:
+    """(digest, JSON text) of a name set or of a rollup set's series ids, as
+    ``named_sets`` and ``rollup_sets`` keep them (found by the digest: an index on the
+    text would exceed PostgreSQL's limit on an index entry for a large set)."""
+    text = json.dumps(list(members), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest(), text

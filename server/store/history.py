@@ -19,8 +19,9 @@ from gradwatch.protocol.column_shapes import PROFILE_KEYS
 
 from ..downsample import bucket_width
 from . import rollups
-from .chunk_reads import ChunkReads, Points
-from .chunks import INTEGER_FIELDS, SCALAR_FIELDS
+from .chunk_reads import Points
+from .chunks import SCALAR_FIELDS
+from .reads import Reads
 
 _FIELDS_EXPECTED = (
     f"fields: expected {', '.join(SCALAR_FIELDS)}, param_norms/<param>,"
@@ -29,21 +30,9 @@ _FIELDS_EXPECTED = (
 )
 
 
-class HistoryReads(ChunkReads):
-    """The ``steps`` query and its buckets; mixed into store/reads.py's Reads."""
-
-    def run_summary(self, run_id: str) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def run_keys(self, run_id: str) -> dict[str, list[tuple[str, str]]]:
-        """family -> the (key, sub) of each of a run's series of it, in order."""
-        keys: dict[str, list[tuple[str, str]]] = {}
-        for family, key, sub in self.query(
-            "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
-            (run_id,),
-        ):
-            keys.setdefault(family, []).append((key, sub))
-        return keys
+class HistoryReads(Reads):
+    """The ``steps`` query and its buckets, over the other reads (store/reads.py);
+    mixed into :class:`gradwatch.server.store.base.Store`."""
 
     def scalar_fields(self, run_id: str) -> list[str]:
         """Every scalar field name the steps endpoint answers by default for this run
@@ -119,10 +108,10 @@ class HistoryReads(ChunkReads):
                 )
             else:
                 found = list(zip(*points(lo, hi), strict=True))
-            if name in INTEGER_FIELDS or (name.startswith("profile/") and name.endswith("/calls")):
-                # Packed rows and rollup rows hold them (and profile counts) as float64.
-                found = [(s, int(v) if isinstance(v, float) and v.is_integer() else v)
-                         for s, v in found]
+            if name.startswith("profile/") and name.endswith("/calls"):
+                # Named rows and their rollups hold counts as float64 (int fields come
+                # back as ints: their chunk columns and rollup rows are int64).
+                found = [(s, int(v) if v.is_integer() else v) for s, v in found]
             values = [protocol_number(value) for _, value in found]
             out[name] = {"step": [step for step, _ in found], "value": values}
         return {

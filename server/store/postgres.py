@@ -132,6 +132,7 @@ class PostgresStore(Store):
 
     kind: ClassVar[str] = "postgresql"
     placeholder: ClassVar[str] = "%s"
+    types = ("DOUBLE PRECISION", "BIGINT", "BYTEA", "BIGSERIAL PRIMARY KEY", "")
 
     def __init__(self, settings: Settings) -> None:
         # Set before the writer thread starts (in Store.__init__); the channel is set
@@ -166,23 +167,6 @@ class PostgresStore(Store):
         """No live viewers here any more: other replicas' writers may skip frames."""
         self._own([("DELETE FROM live_replicas WHERE replica = %s", (self.replica,))])
 
-    def _own(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
-        """Run ``statements`` in one transaction; the last one's row count."""
-        conn = self.reader()
-        try:
-            with conn.cursor() as cur:
-                for text, params in statements:
-                    cur.execute(text, params)
-                count = int(cur.rowcount)
-            conn.commit()
-        except Exception:
-            if not self.alive(conn):
-                self._local.conn = None  # reconnect on this thread's next use
-            else:
-                conn.rollback()
-            raise
-        return count
-
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """``(id, run_id, rank, seq, records, urgent)`` of stored live batches, by row
         id; the records are the JSON array a live message carries (server/columns.py)."""
@@ -213,13 +197,6 @@ class PostgresStore(Store):
         with conn.cursor() as cur:
             # Serialise schema creation between servers starting at once.
             cur.execute("SELECT pg_advisory_xact_lock(4242424242)")
-            ddl = tables.statements(
-                number="DOUBLE PRECISION",
-                integer="BIGINT",
-                blob="BYTEA",
-                serial="BIGSERIAL PRIMARY KEY",
-                clustered="",
-            )
             cur.execute(
                 "SELECT table_name FROM information_schema.tables"
                 " WHERE table_schema = current_schema()"
@@ -228,11 +205,9 @@ class PostgresStore(Store):
             cur.execute("SELECT current_schema()")
             schema = str(cur.fetchone()[0])
             where = f"PostgreSQL database {conn.info.dbname}, schema {schema}"
-            tables.create_or_check(cur, where, found, ddl)
-            cur.execute(LIVE_TABLE)
-            cur.execute(WATCH_TABLE)
-            cur.execute(LIVE_STORAGE)
-            cur.execute(LIVE_INDEX)
+            tables.create_or_check(cur, where, found, self.types)
+            for statement in (LIVE_TABLE, WATCH_TABLE, LIVE_STORAGE, LIVE_INDEX):
+                cur.execute(statement)
             self.channel = channel_for(schema)
         conn.commit()
 

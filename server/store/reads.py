@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from typing import Any
@@ -26,7 +25,7 @@ from gradwatch.protocol.codec import protocol_number
 
 from ..column_checks import floats
 from ..downsample import pick_rows
-from .history import HistoryReads
+from .chunk_reads import ChunkReads
 
 _RUNS = (
     "SELECT id, name, world_size, started, updated, last_step, last_epoch, alerts, host,"
@@ -38,9 +37,9 @@ class RunNotFound(KeyError):
     """No run has this id."""
 
 
-class Reads(HistoryReads):
-    """Query methods; mixed into :class:`gradwatch.server.store.base.Store`. The
-    downsampled scalar history (``steps``) lives in :class:`HistoryReads`."""
+class Reads(ChunkReads):
+    """Query methods; the downsampled scalar history (``steps``) is store/history.py's
+    :class:`HistoryReads` over these."""
 
     # ----- runs --------------------------------------------------------------------
     def list_runs(self) -> list[dict[str, Any]]:
@@ -83,6 +82,16 @@ class Reads(HistoryReads):
             "recurrent": json.loads(rec) if rec else [],
             "host": host or "",
         }
+
+    def run_keys(self, run_id: str) -> dict[str, list[tuple[str, str]]]:
+        """family -> the (key, sub) of each of a run's series of it, in order."""
+        keys: dict[str, list[tuple[str, str]]] = {}
+        for family, key, sub in self.query(
+            "SELECT family, key, sub FROM run_keys WHERE run_id = ? ORDER BY family, key, sub",
+            (run_id,),
+        ):
+            keys.setdefault(family, []).append((key, sub))
+        return keys
 
     def run_detail(self, run_id: str) -> dict[str, Any]:
         """The summary plus hellos, modules, and which series and parameters exist."""
@@ -188,21 +197,14 @@ class Reads(HistoryReads):
 
     # ----- archived runs -------------------------------------------------------------
     def set_archived(self, run_id: str, archived: bool) -> None:
-        """Archive (``True``) or bring back (``False``) one run; idempotent. On a short
-        connection of its own: rare and tiny, it must not queue behind a flood of
+        """Archive (``True``) or bring back (``False``) one run; idempotent. In a
+        transaction of its own: rare and tiny, it must not queue behind a flood of
         batches in the writer."""
-        conn = self.connect()
-        try:
-            cur = conn.cursor()
-            if archived:
-                insert = self.insert_ignore("run_archive", ("run_id", "archived_at"))
-                cur.execute(self.sql(insert), (run_id, time.time()))
-            else:
-                cur.execute(self.sql("DELETE FROM run_archive WHERE run_id = ?"), (run_id,))
-            conn.commit()
-        finally:
-            with contextlib.suppress(Exception):
-                conn.close()
+        if archived:
+            insert = self.insert_ignore("run_archive", ("run_id", "archived_at"))
+            self._own([(insert, (run_id, time.time()))])
+        else:
+            self._own([("DELETE FROM run_archive WHERE run_id = ?", (run_id,))])
 
     def archived_ids(self) -> set[str]:
         """The ids of every archived run."""

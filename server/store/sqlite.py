@@ -41,6 +41,9 @@ class SQLiteStore(Store):
     """The default store: one file, no server to run."""
 
     kind: ClassVar[str] = "sqlite"
+    # Numeric columns without a declared type keep "NaN"/"Infinity" strings as text
+    # (a REAL column would turn NaN into NULL).
+    types = ("", "INTEGER", "BLOB", "INTEGER PRIMARY KEY AUTOINCREMENT", " WITHOUT ROWID")
 
     def __init__(self, settings: Settings) -> None:
         self.path = Path(settings.db)
@@ -66,32 +69,17 @@ class SQLiteStore(Store):
         # No connection checkpoints on commit; _checkpoint_loop does.
         conn.execute("PRAGMA wal_autocheckpoint=0")
         conn.execute(f"PRAGMA synchronous={self.settings.sqlite_synchronous.upper()}")
-        conn.execute("PRAGMA foreign_keys=OFF")
         return conn
 
     def create_schema(self, conn: Any) -> None:
-        # Numeric columns without a declared type keep "NaN"/"Infinity" strings as text
-        # (a REAL column would turn NaN into NULL).
-        ddl = tables.statements(
-            number="",
-            integer="INTEGER",
-            blob="BLOB",
-            serial="INTEGER PRIMARY KEY AUTOINCREMENT",
-            clustered=" WITHOUT ROWID",
-        )
-        cur = conn.cursor()
-        # BEGIN IMMEDIATE: two processes opening one new file create its tables once.
-        cur.execute("BEGIN IMMEDIATE")
-        found = {r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        try:
-            tables.create_or_check(cur, str(self.path), found, ddl)
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
-
-    def scalar_in(self, value: Any) -> Any:
-        return value
+        # BEGIN IMMEDIATE: two processes opening one new file create its tables once;
+        # the connection's context commits, or rolls back on any error.
+        with conn:
+            cur = conn.execute("BEGIN IMMEDIATE")
+            found = {
+                r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            tables.create_or_check(cur, str(self.path), found, self.types)
 
     def remote_writer(self) -> Any:
         if not self.settings.writer_process or str(self.path) == ":memory:":

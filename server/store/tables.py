@@ -21,14 +21,14 @@ import os
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from .chunks import schema as chunk_schema
 from .rollups import schema as rollup_schema
 
 # The layout this code reads and writes; any change to a table is a new number.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class SchemaMismatch(RuntimeError):
@@ -83,13 +83,13 @@ def statements(number: str, integer: str, blob: str, serial: str, clustered: str
     ]
 
 
-def create_or_check(cur: Any, where: str, tables: set[str], ddl: list[str]) -> None:
-    """Create the tables in a database without gradwatch's (``tables``: the names it
-    already has), or check the version of one that has them; SchemaMismatch when it
-    is another."""
+def create_or_check(cur: Any, where: str, tables: set[str], types: Sequence[str]) -> None:
+    """Create the tables (``types``: :func:`statements`' column types) in a database
+    without gradwatch's (``tables``: the names it already has), or check the version of
+    one that has them; SchemaMismatch when it is another."""
     found = _version(cur, tables)
     if found is None:
-        for statement in ddl:
+        for statement in statements(*types):
             cur.execute(statement)
     elif found != str(SCHEMA_VERSION):
         raise SchemaMismatch(where, found)
@@ -97,14 +97,11 @@ def create_or_check(cur: Any, where: str, tables: set[str], ddl: list[str]) -> N
 
 def _version(cur: Any, tables: set[str]) -> str | None:
     """The layout version of a database holding ``tables``; None: no gradwatch tables."""
-    if not tables & {"meta", "runs"}:
+    if "meta" not in tables:
         return None
-    if "meta" in tables:
-        cur.execute("SELECT value FROM meta WHERE key = 'schema_version'")
-        row = cur.fetchone()
-        if row is not None:
-            return str(row[0])
-    return "1 (from before versions were kept)"
+    cur.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+    row = cur.fetchone()
+    return str(row[0]) if row is not None else "unknown"
 
 
 def layout_problem(db: str) -> str | None:
@@ -131,6 +128,8 @@ class Database(ABC):
 
     # "sqlite" or "postgresql" (how non-finite values order).
     kind: ClassVar[str]
+    # The column types of statements(): number, integer, blob, serial, clustered.
+    types: ClassVar[tuple[str, str, str, str, str]]
     # SQL written with "?" placeholders; PostgreSQL swaps them for "%s".
     placeholder: ClassVar[str] = "?"
     _local: threading.local
@@ -141,9 +140,10 @@ class Database(ABC):
     def connect(self) -> Any:
         """A new DB-API connection (autocommit off)."""
 
-    @abstractmethod
     def scalar_in(self, value: Any) -> Any:
-        """A protocol number as this backend stores it in a numeric column."""
+        """A protocol number as this backend stores it in a numeric column (SQLite keeps
+        the strings "NaN", "Infinity" and "-Infinity" as they are)."""
+        return value
 
     def alive(self, conn: Any) -> bool:
         """Whether ``conn`` can still be used (a PostgreSQL server may drop it)."""
@@ -157,27 +157,41 @@ class Database(ABC):
         names = ", ".join(columns)
         return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING"  # noqa: S608
 
-    def reader(self) -> Any:
-        """This thread's read connection."""
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Any]:
+        """This thread's read connection, for one transaction of the caller's. On an
+        error a broken connection is dropped (this thread reconnects on its next use;
+        a PostgreSQL server may drop it) and a live one rolled back, then it raises."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = self.connect()
             with self._readers_lock:
                 self._readers.append(conn)
-        return conn
+        try:
+            yield conn
+        except Exception:
+            if not self.alive(conn):
+                self._local.conn = None
+            else:
+                conn.rollback()
+            raise
 
     def query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        conn = self.reader()
-        try:
+        with self.reading() as conn:
             cur = conn.cursor()
             cur.execute(self.sql(text), tuple(params))
             result = list(cur.fetchall())
             # End the read transaction so the next query sees new commits.
             conn.rollback()
-        except Exception:
-            if not self.alive(conn):
-                self._local.conn = None  # reconnect on this thread's next query
-            else:
-                conn.rollback()
-            raise
         return result
+
+    def _own(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
+        """Run ``statements`` in one transaction of their own on this thread's connection,
+        not queued behind the writer's batches; the last one's row count."""
+        with self.reading() as conn:
+            cur = conn.cursor()
+            for text, params in statements:
+                cur.execute(self.sql(text), params)
+            count = int(cur.rowcount)
+            conn.commit()
+        return count

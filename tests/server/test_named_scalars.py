@@ -1,6 +1,6 @@
 """Named scalars kept as packed rows of a name set (store/chunks.py): a step sent again
-keeps the value written last, counts stay integers, long name sets store, and fields
-of several name sets read like a brute-force reference.
+keeps the value written last, counts stay integers, long name sets and large rollup
+sets store, and fields of several name sets read like a brute-force reference.
 (Rollups and Python buckets against their references: test_column_rollups.py.)"""
 
 from __future__ import annotations
@@ -108,6 +108,37 @@ def test_a_name_set_of_many_long_names_is_stored(store_sql, gradwatch_db):
             "step": [0, 1, 2],
             "value": [399.0, 400.0, 401.0],
         }
+    finally:
+        store.close()
+
+
+def test_a_rollup_set_of_many_series_is_stored(store_sql, gradwatch_db):
+    """A name set of 1,500 names makes a rollup set of 1,500 series ids (~7 KB as text,
+    more than PostgreSQL takes in an index entry even compressed): found by digest too,
+    and its rollup rows answer the whole buckets of a downsampled read."""
+    names = [f"p{i}" for i in range(1500)]
+    store = store_sql.open(gradwatch_db, "wide")
+    try:
+        records = [
+            {
+                "kind": "step",
+                "step": s,
+                "param_norms": {n: float(i + s) for i, n in enumerate(names)},
+            }
+            for s in range(128)
+        ]
+        store_sql.send(store, "wide", 0, records)
+        # Two whole buckets of 64 steps: each one's min (its first step) and max (its last).
+        got = store.steps("wide", fields=["param_norms/p1499"], max_points=4)
+        assert got["downsampled"] and got["total"] == 128
+        assert got["fields"]["param_norms/p1499"] == {
+            "step": [0, 63, 64, 127],
+            "value": [1499.0, 1562.0, 1563.0, 1626.0],
+        }
+        (count,) = store.query(
+            "SELECT COUNT(*) FROM rollup_members GROUP BY set_id ORDER BY 1 DESC"
+        )[0]
+        assert count == len(names)
     finally:
         store.close()
 

@@ -1,6 +1,6 @@
 """A database keeps the version of its storage layout (store/tables.py): one of
-another version, or from before versions were kept, is refused when it is opened,
-with one line that says what it is and what to do; nothing in it is changed."""
+another version is refused when it is opened, with one line that says what it is
+and what to do; nothing in it is changed."""
 
 from __future__ import annotations
 
@@ -27,31 +27,25 @@ def test_a_new_database_records_its_layout_version(gradwatch_db, store_sql):
         assert [r["id"] for r in again.list_runs()] == ["kept"]
 
 
-@pytest.mark.parametrize("version", ["1", str(SCHEMA_VERSION + 1), None])
+@pytest.mark.parametrize("version", ["1", str(SCHEMA_VERSION + 1)])
 def test_a_database_of_another_layout_is_refused_with_what_to_do(
     gradwatch_db, store_sql, version
 ):
     open_store(Settings(db=gradwatch_db)).close()
-    if version is None:  # written before the version was kept: no meta table at all
-        store_sql.execute(gradwatch_db, [("DROP TABLE meta", ())])
-    else:
-        store_sql.execute(
-            gradwatch_db,
-            [("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))],
-        )
+    store_sql.execute(
+        gradwatch_db, [("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))]
+    )
     with pytest.raises(SchemaMismatch) as caught:
         open_store(Settings(db=gradwatch_db))
     line = str(caught.value)
     assert "\n" not in line
-    want = version if version is not None else "1 (from before versions were kept)"
-    assert f"has storage layout {want}, this gradwatch reads layout {SCHEMA_VERSION}" in line
+    assert f"has storage layout {version}, this gradwatch reads layout {SCHEMA_VERSION}" in line
     assert "move it aside" in line and "gradwatch upload" in line
     # Refused, not repaired: the old layout's version is still what it was.
-    if version is not None:
-        found = store_sql.execute(
-            gradwatch_db, [("SELECT value FROM meta WHERE key = 'schema_version'", ())]
-        )
-        assert found == [(version,)]
+    found = store_sql.execute(
+        gradwatch_db, [("SELECT value FROM meta WHERE key = 'schema_version'", ())]
+    )
+    assert found == [(version,)]
 
 
 def test_gradwatch_report_on_a_database_of_another_layout_says_so_in_one_line(

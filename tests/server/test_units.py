@@ -228,7 +228,8 @@ def test_postgres_store_reconnects_after_losing_its_connection(postgres_url):
         assert batch(0).result() is True
         assert store.steps("pg", fields=["graph_nodes"])["total"] == 1
         # The database drops the writer's and this thread's reader's connections.
-        pids = (store._writer_conn.info.backend_pid, store.reader().info.backend_pid)
+        with store.reading() as reader:
+            pids = (store._writer_conn.info.backend_pid, reader.info.backend_pid)
         with psycopg.connect(postgres_url, autocommit=True) as admin:
             for pid in pids:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))

@@ -74,6 +74,8 @@ def main() -> None:
         ("new, columns, writer thread", {"GRADWATCH_WRITER": "thread"}, "columns"),
         ("new, columns", {}, "columns"),
     ]
+    if args.postgres:  # PostgreSQL's writer is always a thread: no third variant
+        del variants[1]
     rates: dict[tuple[str, int], list[float]] = {}
     print(f"load average at start: {os.getloadavg()[0]:.2f}; window {args.window} batches")
     with tempfile.TemporaryDirectory() as folder:

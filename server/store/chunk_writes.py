@@ -22,6 +22,14 @@ from .rollups import SET_INSERT, array_blocks, merge_arrays
 from .split import SplitBatch
 from .tables import Database
 
+# Once per run and transaction: the largest step and epoch of its batches, their problems.
+RUN_UPDATE = (
+    "UPDATE runs SET updated = ?,"
+    " last_step = CASE WHEN last_step IS NULL OR last_step < ? THEN ? ELSE last_step END,"
+    " last_epoch = CASE WHEN last_epoch IS NULL OR last_epoch < ? THEN ? ELSE last_epoch END,"
+    " alerts = alerts + ? WHERE id = ?"
+)
+
 
 class ChunkWrites(Database):
     """Chunk rows and rollups (the Store empties the caches: ``_forget_ids``)."""
@@ -35,6 +43,8 @@ class ChunkWrites(Database):
     # The chunk rows (by table) and rollup groups of the transaction being written.
     _rows_pending: dict[str, list[tuple[Any, ...]]]
     _rollups_pending: list[ColumnGroup]
+    # run id -> (last step, last epoch, problems) of the transaction's batches.
+    _runs_pending: dict[str, tuple[Any, Any, int]]
     # The rollup sets this writer knows: series ids -> set id.
     _set_ids: dict[tuple[int, ...], int]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
@@ -122,15 +132,21 @@ class ChunkWrites(Database):
             self._rollups_pending.append(replace(chunk, ids=tuple(ids), kinds=kinds))
 
     def _discard_pending(self) -> None:
-        self._rows_pending, self._rollups_pending = {}, []
+        self._rows_pending, self._rollups_pending, self._runs_pending = {}, [], {}
 
     def _flush(self, cur: Any) -> None:
         """Write the chunk rows and rollups of every batch of this transaction: one
-        insert (PostgreSQL: one COPY) per table, not one per batch."""
+        insert (PostgreSQL: one COPY) per table, not one per batch; then each run's row
+        (in id order: runs rows before rollup sets, as every writer locks them)."""
         for table, columns in TABLES:
             rows = self._rows_pending.pop(table, None)
             if rows:
                 self._insert_rows(cur, table, columns, rows)
+        runs, self._runs_pending = sorted(self._runs_pending.items()), {}
+        now = time.time()
+        cur.executemany(
+            self.sql(RUN_UPDATE), [(now, s, s, e, e, p, run) for run, (s, e, p) in runs]
+        )
         if self._rollups_pending:
             groups = joined(self._rollups_pending)
             self._rollups_pending = []  # `groups` may be the very list
@@ -162,7 +178,10 @@ class ChunkWrites(Database):
                 if old_row is not None:
                     n, lo, hi = n + old_row[0], min(lo, old_row[1]), max(hi, old_row[2])
                 found.append((set_id, level, block, n, lo, hi, values[at].tobytes()))
-        cur.executemany(self.sql(SET_INSERT), found)
+        self._upsert_set_rows(cur, found)
+
+    def _upsert_set_rows(self, cur: Any, rows: list[tuple[Any, ...]]) -> None:
+        cur.executemany(self.sql(SET_INSERT), rows)
 
     def _set_id(self, cur: Any, group: ColumnGroup) -> int:
         key = group.ids
@@ -205,6 +224,11 @@ class ChunkWrites(Database):
         for set_id, level, block, *row in cur.fetchall():
             found.setdefault(set_id, {})[level, block] = tuple(row)
         return found
+
+
+def latest(old: Any, new: Any) -> Any:
+    """The larger of two steps (or epochs), either of which may be None."""
+    return new if old is None or (new is not None and new > old) else old
 
 
 def joined(groups: list[ColumnGroup]) -> list[ColumnGroup]:

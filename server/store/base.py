@@ -23,7 +23,7 @@ from typing import Any
 from gradwatch.protocol.codec import dumps
 
 from ..settings import Settings
-from .chunk_writes import ChunkWrites, latest
+from .chunk_writes import ChunkWrites
 from .reads import Reads
 from .split import ALERT_INSERT, EPOCH_INSERT, split_batch
 
@@ -256,9 +256,8 @@ class Store(ChunkWrites, Reads):
                 (status, step, self.scalar_in(t), run_id, rank),
             )
         # The run's row is updated once per transaction (ChunkWrites._flush).
-        step, epoch, problems = self._runs_pending.get(run_id, (None, None, 0))
-        last = latest(step, split.last_step), latest(epoch, split.last_epoch)
-        self._runs_pending[run_id] = (*last, problems + split.problems)
+        last = (split.last_step, split.last_epoch, split.problems)
+        self._runs_pending.setdefault(run_id, []).append(last)
         return True
 
     def close(self) -> None:

@@ -22,6 +22,9 @@ from .rollups import SET_INSERT, array_blocks, merge_arrays
 from .split import SplitBatch
 from .tables import Database
 
+SET_COLUMNS = ("set_id", "level", "block", "n", "step_lo", "step_hi", "data")
+# What store/rollups.py's SET_INSERT does on a conflict: the row computed here wins.
+UPSERT = SET_INSERT[SET_INSERT.index(" ON CONFLICT") :]
 # Once per run and transaction: the largest step and epoch of its batches, their problems.
 RUN_UPDATE = (
     "UPDATE runs SET updated = ?,"
@@ -43,8 +46,8 @@ class ChunkWrites(Database):
     # The chunk rows (by table) and rollup groups of the transaction being written.
     _rows_pending: dict[str, list[tuple[Any, ...]]]
     _rollups_pending: list[ColumnGroup]
-    # run id -> (last step, last epoch, problems) of the transaction's batches.
-    _runs_pending: dict[str, tuple[Any, Any, int]]
+    # run id -> (last step, last epoch, problems) of each of the transaction's batches.
+    _runs_pending: dict[str, list[tuple[Any, Any, int]]]
     # The rollup sets this writer knows: series ids -> set id.
     _set_ids: dict[tuple[int, ...], int]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
@@ -52,8 +55,7 @@ class ChunkWrites(Database):
 
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
-        self._series_ids, self._name_sets, self._keys_written = {}, {}, set()
-        self._set_ids = {}
+        self._series_ids, self._name_sets, self._keys_written, self._set_ids = {}, {}, set(), {}
 
     def _id_row(
         self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str], select: str = "id"
@@ -75,14 +77,8 @@ class ChunkWrites(Database):
             part = new[at : at + 500]
             insert = self.insert_ignore("series", ("run_id", "rank", "name"))
             cur.executemany(self.sql(insert), [(run_id, rank, name) for name in part])
-            marks = ", ".join("?" for _ in part)
-            cur.execute(
-                self.sql(
-                    "SELECT name, id FROM series WHERE run_id = ? AND rank = ?"  # noqa: S608
-                    f" AND name IN ({marks})"
-                ),
-                (run_id, rank, *part),
-            )
+            query = "SELECT name, id FROM series WHERE run_id = ? AND rank = ? AND name IN ("
+            cur.execute(self.sql(query + ", ".join("?" * len(part)) + ")"), (run_id, rank, *part))
             self._series_ids.update({(key, str(n)): int(i) for n, i in cur.fetchall()})
         return [self._series_ids[key, name] for name in names]
 
@@ -100,14 +96,12 @@ class ChunkWrites(Database):
         return found
 
     def _insert_rows(
-        self, cur: Any, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+        self, cur: Any, table: str, columns: Sequence[str], rows: list[Any], then: str = ""
     ) -> None:
-        """Insert rows into a chunk table (PostgreSQL copies them instead)."""
+        """Insert rows into a table, ``then`` on a conflict (PostgreSQL: as arrays)."""
         marks = ", ".join("?" for _ in columns)
-        cur.executemany(
-            self.sql(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"),  # noqa: S608
-            rows,
-        )
+        query = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){then}"  # noqa: S608
+        cur.executemany(self.sql(query), rows)
 
     def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: SplitBatch) -> None:
         """A batch's chunk rows and rollup groups, written by :meth:`_flush`."""
@@ -142,11 +136,11 @@ class ChunkWrites(Database):
             rows = self._rows_pending.pop(table, None)
             if rows:
                 self._insert_rows(cur, table, columns, rows)
-        runs, self._runs_pending = sorted(self._runs_pending.items()), {}
-        now = time.time()
-        cur.executemany(
-            self.sql(RUN_UPDATE), [(now, s, s, e, e, p, run) for run, (s, e, p) in runs]
-        )
+        runs = []
+        for run, got in sorted(self._runs_pending.items()):
+            s, e = (max((g[k] for g in got if g[k] is not None), default=None) for k in (0, 1))
+            runs.append((time.time(), s, s, e, e, sum(g[2] for g in got), run))
+        cur.executemany(self.sql(RUN_UPDATE), runs)
         if self._rollups_pending:
             groups = joined(self._rollups_pending)
             self._rollups_pending = []  # `groups` may be the very list
@@ -178,10 +172,7 @@ class ChunkWrites(Database):
                 if old_row is not None:
                     n, lo, hi = n + old_row[0], min(lo, old_row[1]), max(hi, old_row[2])
                 found.append((set_id, level, block, n, lo, hi, values[at].tobytes()))
-        self._upsert_set_rows(cur, found)
-
-    def _upsert_set_rows(self, cur: Any, rows: list[tuple[Any, ...]]) -> None:
-        cur.executemany(self.sql(SET_INSERT), rows)
+        self._insert_rows(cur, "set_rollups", SET_COLUMNS, found, UPSERT)
 
     def _set_id(self, cur: Any, group: ColumnGroup) -> int:
         key = group.ids
@@ -224,11 +215,6 @@ class ChunkWrites(Database):
         for set_id, level, block, *row in cur.fetchall():
             found.setdefault(set_id, {})[level, block] = tuple(row)
         return found
-
-
-def latest(old: Any, new: Any) -> Any:
-    """The larger of two steps (or epochs), either of which may be None."""
-    return new if old is None or (new is not None and new > old) else old
 
 
 def joined(groups: list[ColumnGroup]) -> list[ColumnGroup]:

@@ -119,18 +119,12 @@ _COPY_TYPES = {
     for table, columns in TABLES
 }
 _COPY_TYPES["live_batches"] = ["int8", "text", "text", "int8", "int8", "bool", "bytea"]
+_COPY_TYPES["set_rollups"] = ["int8"] * 6 + ["bytea"]
 # Every batch of a transaction in one statement: the ones returned are new.
 CLAIM = (
     "INSERT INTO batches (run_id, rank, session, seq, stored_at) SELECT r, k, s, q, %s"
     " FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bigint[]) AS b(r, k, s, q)"
     " ON CONFLICT DO NOTHING RETURNING run_id, rank, session, seq"
-)
-# store/rollups.py's SET_INSERT, each column an array.
-SET_UPSERT = (
-    "INSERT INTO set_rollups (set_id, level, block, n, step_lo, step_hi, data) SELECT * FROM"
-    " unnest(%b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::bytea[])"
-    " ON CONFLICT (set_id, level, block) DO UPDATE SET n = excluded.n,"
-    " step_lo = excluded.step_lo, step_hi = excluded.step_hi, data = excluded.data"
 )
 # Transaction-level locks on rollup sets (another replica may write the same set):
 # keyed by schema and id, taken in id order so two writers never wait on each other.
@@ -156,8 +150,6 @@ class PostgresStore(Store):
         self._live_pending: list[tuple[Any, ...]] = []
         # Whether the open transaction stores frames (None: not decided yet).
         self._frames: bool | None = None
-        # (run_id, rank, session, seq) of the open transaction's new batches.
-        self._claimed: dict[tuple[Any, ...], bool] = {}
         super().__init__(settings)
 
     # ----- live viewers here: other replicas' writers store frames ---------------------
@@ -259,10 +251,9 @@ class PostgresStore(Store):
 
     def _begin(self, conn: Any, group: list[Any]) -> None:
         # The shared lock before any row or set lock (a registration queued for the
-        # exclusive one holds writers that ask later; one of them holding a lock another
-        # writer waits for would deadlock); WATCHED a statement of its own, so that its
-        # snapshot is taken after the lock is granted; then every batch of the group
-        # claimed in one INSERT. Pipelined: one round trip for the three.
+        # exclusive one holds writers that ask later: one holding a lock another writer
+        # waits for would deadlock); WATCHED apart, its snapshot taken after the lock is
+        # granted; every batch of the group claimed at once. One round trip for the three.
         keys = [(p[0].run_id, p[0].rank, p[1], p[0].seq) for op, p, _ in group if op == "batch"]
         lock, watched, claim = conn.cursor(), conn.cursor(), conn.cursor()
         with conn.pipeline():
@@ -271,7 +262,8 @@ class PostgresStore(Store):
             if keys:
                 claim.execute(CLAIM, (time.time(), *map(list, zip(*keys, strict=True))))
         self._frames = bool(watched.fetchone()[0])
-        self._claimed = dict.fromkeys(map(tuple, claim.fetchall() if keys else ()), True)
+        new = claim.fetchall() if keys else []  # (run_id, rank, session, seq) of new batches
+        self._claimed: dict[Any, bool] = dict.fromkeys(map(tuple, new), True)
 
     def _claim(self, cur: Any, batch: Any, session: str) -> bool:
         return self._claimed.pop((batch.run_id, batch.rank, session, batch.seq), False)
@@ -289,16 +281,16 @@ class PostgresStore(Store):
             cur.execute(PRUNE, (RETAIN_S,))
         return True
 
-    # A transaction's rows of a table in one statement of binary arrays, no SQL parsed
-    # per row (BENCHMARKS.md, "Ingest"); in pipeline mode, without a round trip of its
-    # own. The chunks' primary key is a guard never expected to fire (a uid is unique
-    # per run, rank and session).
+    # A transaction's rows of a table in one statement of binary arrays (psycopg's
+    # executemany costs ~20 us of CPU a row), pipelined (BENCHMARKS.md, "Ingest"). The
+    # chunks' primary key is a guard never expected to fire (a uid is unique per run,
+    # rank and session).
     def _insert_rows(
-        self, cur: Any, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+        self, cur: Any, table: str, columns: Sequence[str], rows: list[Any], then: str = ""
     ) -> None:
         arrays = ", ".join(f"%b::{kind}[]" for kind in _COPY_TYPES[table])
         query = f"INSERT INTO {table} ({', '.join(columns)}) SELECT * FROM unnest({arrays})"  # noqa: S608
-        cur.execute(query, list(map(list, zip(*rows, strict=True))))
+        cur.execute(query + then, list(map(list, zip(*rows, strict=True))))
 
     # The large rows (series, live frames) by binary COPY, which pipeline mode refuses.
     def _copy(self, cur: Any, table: str, columns: Sequence[str], rows: list[Any]) -> None:
@@ -313,30 +305,24 @@ class PostgresStore(Store):
         self._frames = None
 
     def _flush(self, cur: Any) -> None:
-        series = self._rows_pending.pop("series_chunks", None)
-        if series:
+        if series := self._rows_pending.pop("series_chunks", None):
             self._copy(cur, "series_chunks", dict(TABLES)["series_chunks"], series)
         pending, self._live_pending = self._live_pending, []
         runs, urgent = [row[0] for row in pending], [row[3] for row in pending]
+        notes: tuple[Any, ...] = (ANNOUNCE_RUNS, (self.channel, self.replica, runs, urgent))
         if pending and pending[0][4] is not None:
             cur.execute(LIVE_IDS, (len(pending),))
             ids = sorted(int(row[0]) for row in cur.fetchall())
             rows = [(i, self.replica, *row) for i, row in zip(ids, pending, strict=True)]
             self._copy(cur, "live_batches", LIVE_COLUMNS, rows)
-        with cur.connection.pipeline():  # the rest: one round trip, but where ids are new
+            notes = (ANNOUNCE_BATCHES, (self.channel, self.replica, ids, runs, urgent))
+        with cur.connection.pipeline():  # the rest: a round trip where a result is read
             super()._flush(cur)
-            if pending and pending[0][4] is None:
-                cur.execute(ANNOUNCE_RUNS, (self.channel, self.replica, runs, urgent))
-            elif pending:
-                cur.execute(ANNOUNCE_BATCHES, (self.channel, self.replica, ids, runs, urgent))
+            if pending:
+                cur.execute(*notes)
 
     def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
         cur.execute(_LOCK_SETS, (set_ids,))
-
-    def _upsert_set_rows(self, cur: Any, rows: list[tuple[Any, ...]]) -> None:
-        # One statement of arrays, not one per row: psycopg's executemany costs
-        # ~20 us of the writer's CPU per row, and a transaction writes hundreds.
-        cur.execute(SET_UPSERT, list(map(list, zip(*rows, strict=True))))
 
     def alive(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken

@@ -253,8 +253,11 @@ class PostgresStore(Store):
         # The shared lock before any row or set lock (a registration queued for the
         # exclusive one holds writers that ask later: one holding a lock another writer
         # waits for would deadlock); WATCHED apart, its snapshot taken after the lock is
-        # granted; every batch of the group claimed at once. One round trip for the three.
-        keys = [(p[0].run_id, p[0].rank, p[1], p[0].seq) for op, p, _ in group if op == "batch"]
+        # granted; every batch of the group claimed at once, in key order (two replicas
+        # given the same batches wait for each other's rows in one order, never a cycle).
+        # One round trip for the three.
+        batches = [payload for op, payload, _ in group if op == "batch"]
+        keys = sorted((b.run_id, b.rank, session, b.seq) for b, session in batches)
         lock, watched, claim = conn.cursor(), conn.cursor(), conn.cursor()
         with conn.pipeline():
             lock.execute(f"SELECT pg_advisory_xact_lock_shared({LIVE_LOCK})")

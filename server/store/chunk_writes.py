@@ -25,7 +25,6 @@ from .tables import Database
 SET_COLUMNS = ("set_id", "level", "block", "n", "step_lo", "step_hi", "data")
 # What store/rollups.py's SET_INSERT does on a conflict: the row computed here wins.
 UPSERT = SET_INSERT[SET_INSERT.index(" ON CONFLICT") :]
-# Once per run and transaction: the largest step and epoch of its batches, their problems.
 RUN_UPDATE = (
     "UPDATE runs SET updated = ?,"
     " last_step = CASE WHEN last_step IS NULL OR last_step < ? THEN ? ELSE last_step END,"
@@ -130,8 +129,9 @@ class ChunkWrites(Database):
 
     def _flush(self, cur: Any) -> None:
         """Write the chunk rows and rollups of every batch of this transaction: one
-        insert (PostgreSQL: one COPY) per table, not one per batch; then each run's row
-        (in id order: runs rows before rollup sets, as every writer locks them)."""
+        insert per table, not one per batch; each run's row once (its largest step and
+        epoch, its batches' problems; in id order, before the rollup sets, as every
+        writer locks them)."""
         for table, columns in TABLES:
             rows = self._rows_pending.pop(table, None)
             if rows:
@@ -205,13 +205,8 @@ class ChunkWrites(Database):
         found: dict[int, dict[tuple[int, int], tuple[Any, ...]]] = {}
         if not clauses:
             return found
-        cur.execute(
-            self.sql(
-                "SELECT set_id, level, block, n, step_lo, step_hi, data FROM set_rollups"  # noqa: S608
-                f" WHERE {' OR '.join(clauses)}"
-            ),
-            params,
-        )
+        query = "SELECT set_id, level, block, n, step_lo, step_hi, data FROM set_rollups WHERE "
+        cur.execute(self.sql(query + " OR ".join(clauses)), params)
         for set_id, level, block, *row in cur.fetchall():
             found.setdefault(set_id, {})[level, block] = tuple(row)
         return found

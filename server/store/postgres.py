@@ -250,12 +250,10 @@ class PostgresStore(Store):
         cur.execute(ANNOUNCE_HELLO, (self.channel, self.replica, hello.run_id))
 
     def _begin(self, conn: Any, group: list[Any]) -> None:
-        # The shared lock before any row or set lock (a registration queued for the
-        # exclusive one holds writers that ask later: one holding a lock another writer
-        # waits for would deadlock); WATCHED apart, its snapshot taken after the lock is
-        # granted; every batch of the group claimed at once, in key order (two replicas
-        # given the same batches wait for each other's rows in one order, never a cycle).
-        # One round trip for the three.
+        # The shared lock before any row or set lock (a registration waiting for it holds
+        # later writers: one holding a lock another writer waits for would deadlock), then
+        # WATCHED apart (its snapshot after the lock), then the group's batches claimed in
+        # key order (two replicas never wait on each other in a cycle): one round trip.
         batches = [payload for op, payload, _ in group if op == "batch"]
         keys = sorted((b.run_id, b.rank, session, b.seq) for b, session in batches)
         lock, watched, claim = conn.cursor(), conn.cursor(), conn.cursor()
@@ -284,10 +282,9 @@ class PostgresStore(Store):
             cur.execute(PRUNE, (RETAIN_S,))
         return True
 
-    # A transaction's rows of a table in one statement of binary arrays (psycopg's
-    # executemany costs ~20 us of CPU a row), pipelined (BENCHMARKS.md, "Ingest"). The
-    # chunks' primary key is a guard never expected to fire (a uid is unique per run,
-    # rank and session).
+    # One statement of binary arrays per table and transaction, pipelined (executemany:
+    # ~20 us of CPU a row). The chunks' primary key is a guard never expected to fire (a
+    # uid is unique per run, rank and session).
     def _insert_rows(
         self, cur: Any, table: str, columns: Sequence[str], rows: list[Any], then: str = ""
     ) -> None:

@@ -195,8 +195,14 @@ async def trainer(
 
 
 async def one_round(
-    url: str, trainers: int, records: int, args: argparse.Namespace, encoding: str
+    url: str,
+    trainers: int,
+    records: int,
+    args: argparse.Namespace,
+    encoding: str,
+    on_start: Any = None,
 ) -> float:
+    """Records/s of one round; ``on_start()`` is called as the clock starts."""
     per_trainer = records // trainers
     batches = max(1, per_trainer // args.batch)
     payloads = [
@@ -209,6 +215,8 @@ async def one_round(
         for p in payloads
     ]
     await asyncio.sleep(0.2)  # let every hello land before the clock starts
+    if on_start is not None:
+        on_start()
     began = time.perf_counter()
     start.set()
     await asyncio.gather(*tasks)

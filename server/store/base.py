@@ -179,6 +179,7 @@ class Store(ChunkWrites, HistoryReads):
         forgotten) and raise on any error."""
         try:
             self._discard_pending()
+            self._begin(conn, group)
             results = [self._apply(conn, op, payload) for op, payload, _ in group]
             self._flush(conn.cursor())
             conn.commit()
@@ -188,6 +189,15 @@ class Store(ChunkWrites, HistoryReads):
             self._forget_ids()
             raise
         return results
+
+    def _begin(self, conn: Any, group: list[Any]) -> None:
+        """The transaction's first statements (PostgreSQL: its locks, the group's claims)."""
+
+    def _claim(self, cur: Any, batch: Any, session: str) -> bool:
+        """Add the batch to ``batches``; False if it is there already (a repeat)."""
+        insert = self.insert_ignore("batches", ("run_id", "rank", "session", "seq", "stored_at"))
+        cur.execute(self.sql(insert), (batch.run_id, batch.rank, session, batch.seq, time.time()))
+        return bool(cur.rowcount)
 
     def _apply(self, conn: Any, op: str, payload: Any) -> Any:
         cur = conn.cursor()
@@ -221,9 +231,7 @@ class Store(ChunkWrites, HistoryReads):
 
     def _write_batch(self, cur: Any, batch: Any, session: str) -> bool:
         run_id, rank = batch.run_id, batch.rank
-        insert = self.insert_ignore("batches", ("run_id", "rank", "session", "seq", "stored_at"))
-        cur.execute(self.sql(insert), (run_id, rank, session, batch.seq, time.time()))
-        if cur.rowcount == 0:
+        if not self._claim(cur, batch, session):
             return False  # a repeat: acknowledged, not stored again
         split = split_batch(batch, self.scalar_in, session)
         self._write_chunks(cur, run_id, rank, split)
@@ -247,18 +255,9 @@ class Store(ChunkWrites, HistoryReads):
                 ),
                 (status, step, self.scalar_in(t), run_id, rank),
             )
-        last_step, last_epoch = split.last_step, split.last_epoch
-        cur.execute(
-            self.sql(
-                "UPDATE runs SET updated = ?,"
-                " last_step = CASE WHEN last_step IS NULL OR last_step < ?"
-                " THEN ? ELSE last_step END,"
-                " last_epoch = CASE WHEN last_epoch IS NULL OR last_epoch < ?"
-                " THEN ? ELSE last_epoch END,"
-                " alerts = alerts + ? WHERE id = ?"
-            ),
-            (time.time(), last_step, last_step, last_epoch, last_epoch, split.problems, run_id),
-        )
+        # The run's row is updated once per transaction (ChunkWrites._flush).
+        last = (split.last_step, split.last_epoch, split.problems)
+        self._runs_pending.setdefault(run_id, []).append(last)
         return True
 
     def close(self) -> None:

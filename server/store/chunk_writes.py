@@ -22,6 +22,16 @@ from .rollups import SET_INSERT, array_blocks, merge_arrays
 from .split import SplitBatch
 from .tables import Database
 
+SET_COLUMNS = ("set_id", "level", "block", "n", "step_lo", "step_hi", "data")
+# What store/rollups.py's SET_INSERT does on a conflict: the row computed here wins.
+UPSERT = SET_INSERT[SET_INSERT.index(" ON CONFLICT") :]
+RUN_UPDATE = (
+    "UPDATE runs SET updated = ?,"
+    " last_step = CASE WHEN last_step IS NULL OR last_step < ? THEN ? ELSE last_step END,"
+    " last_epoch = CASE WHEN last_epoch IS NULL OR last_epoch < ? THEN ? ELSE last_epoch END,"
+    " alerts = alerts + ? WHERE id = ?"
+)
+
 
 class ChunkWrites(Database):
     """Chunk rows and rollups (the Store empties the caches: ``_forget_ids``)."""
@@ -35,6 +45,8 @@ class ChunkWrites(Database):
     # The chunk rows (by table) and rollup groups of the transaction being written.
     _rows_pending: dict[str, list[tuple[Any, ...]]]
     _rollups_pending: list[ColumnGroup]
+    # run id -> (last step, last epoch, problems) of each of the transaction's batches.
+    _runs_pending: dict[str, list[tuple[Any, Any, int]]]
     # The rollup sets this writer knows: series ids -> set id.
     _set_ids: dict[tuple[int, ...], int]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
@@ -42,8 +54,7 @@ class ChunkWrites(Database):
 
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
-        self._series_ids, self._name_sets, self._keys_written = {}, {}, set()
-        self._set_ids = {}
+        self._series_ids, self._name_sets, self._keys_written, self._set_ids = {}, {}, set(), {}
 
     def _id_row(
         self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str], select: str = "id"
@@ -65,14 +76,8 @@ class ChunkWrites(Database):
             part = new[at : at + 500]
             insert = self.insert_ignore("series", ("run_id", "rank", "name"))
             cur.executemany(self.sql(insert), [(run_id, rank, name) for name in part])
-            marks = ", ".join("?" for _ in part)
-            cur.execute(
-                self.sql(
-                    "SELECT name, id FROM series WHERE run_id = ? AND rank = ?"  # noqa: S608
-                    f" AND name IN ({marks})"
-                ),
-                (run_id, rank, *part),
-            )
+            query = "SELECT name, id FROM series WHERE run_id = ? AND rank = ? AND name IN ("
+            cur.execute(self.sql(query + ", ".join("?" * len(part)) + ")"), (run_id, rank, *part))
             self._series_ids.update({(key, str(n)): int(i) for n, i in cur.fetchall()})
         return [self._series_ids[key, name] for name in names]
 
@@ -90,14 +95,12 @@ class ChunkWrites(Database):
         return found
 
     def _insert_rows(
-        self, cur: Any, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+        self, cur: Any, table: str, columns: Sequence[str], rows: list[Any], then: str = ""
     ) -> None:
-        """Insert rows into a chunk table (PostgreSQL copies them instead)."""
+        """Insert rows into a table, ``then`` on a conflict (PostgreSQL: as arrays)."""
         marks = ", ".join("?" for _ in columns)
-        cur.executemany(
-            self.sql(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"),  # noqa: S608
-            rows,
-        )
+        query = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){then}"  # noqa: S608
+        cur.executemany(self.sql(query), rows)
 
     def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: SplitBatch) -> None:
         """A batch's chunk rows and rollup groups, written by :meth:`_flush`."""
@@ -122,15 +125,22 @@ class ChunkWrites(Database):
             self._rollups_pending.append(replace(chunk, ids=tuple(ids), kinds=kinds))
 
     def _discard_pending(self) -> None:
-        self._rows_pending, self._rollups_pending = {}, []
+        self._rows_pending, self._rollups_pending, self._runs_pending = {}, [], {}
 
     def _flush(self, cur: Any) -> None:
         """Write the chunk rows and rollups of every batch of this transaction: one
-        insert (PostgreSQL: one COPY) per table, not one per batch."""
+        insert per table, not one per batch; each run's row once (its largest step and
+        epoch, its batches' problems; in id order, before the rollup sets, as every
+        writer locks them)."""
         for table, columns in TABLES:
             rows = self._rows_pending.pop(table, None)
             if rows:
                 self._insert_rows(cur, table, columns, rows)
+        runs = []
+        for run, got in sorted(self._runs_pending.items()):
+            s, e = (max((g[k] for g in got if g[k] is not None), default=None) for k in (0, 1))
+            runs.append((time.time(), s, s, e, e, sum(g[2] for g in got), run))
+        cur.executemany(self.sql(RUN_UPDATE), runs)
         if self._rollups_pending:
             groups = joined(self._rollups_pending)
             self._rollups_pending = []  # `groups` may be the very list
@@ -162,7 +172,7 @@ class ChunkWrites(Database):
                 if old_row is not None:
                     n, lo, hi = n + old_row[0], min(lo, old_row[1]), max(hi, old_row[2])
                 found.append((set_id, level, block, n, lo, hi, values[at].tobytes()))
-        cur.executemany(self.sql(SET_INSERT), found)
+        self._insert_rows(cur, "set_rollups", SET_COLUMNS, found, UPSERT)
 
     def _set_id(self, cur: Any, group: ColumnGroup) -> int:
         key = group.ids
@@ -196,13 +206,8 @@ class ChunkWrites(Database):
         found: dict[int, dict[tuple[int, int], tuple[Any, ...]]] = {}
         if not clauses:
             return found
-        cur.execute(
-            self.sql(
-                "SELECT set_id, level, block, n, step_lo, step_hi, data FROM set_rollups"  # noqa: S608
-                f" WHERE {' OR '.join(clauses)}"
-            ),
-            params,
-        )
+        query = "SELECT set_id, level, block, n, step_lo, step_hi, data FROM set_rollups WHERE "
+        cur.execute(self.sql(query + " OR ".join(clauses)), params)
         for set_id, level, block, *row in cur.fetchall():
             found.setdefault(set_id, {})[level, block] = tuple(row)
         return found

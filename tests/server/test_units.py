@@ -141,7 +141,8 @@ def test_store_commits_many_batches_together_and_dedups_within_a_group(gradwatch
                         "run_id": "g",
                         "rank": 0,
                         "seq": s % 50,
-                        "records": [{"kind": "step", "step": s % 50, "loss": rng.random()}],
+                        # Steps descend: the run's last_step is the largest, not the last.
+                        "records": [{"kind": "step", "step": 49 - s % 50, "loss": rng.random()}],
                     }
                 )
             )

@@ -2,7 +2,10 @@
 
 On the training thread it only gathers each quantity's device payload, starts one
 host copy and appends the record to the pipeline's list (``transfer.py``,
-``pipeline.py``); everything else happens on the background thread.
+``pipeline.py``); everything else happens on the background thread. A light step
+after a light step (most steps) visits only the quantities that have work on it
+(``Quantity.idle_when_light`` false: the graph and stale-state checks), a list made
+once; the record's ``overhead`` still counts all of ``step()``'s CPU and the hooks'.
 
 Example:
     >>> import os, torch

@@ -30,6 +30,15 @@ took, at most ``MAX_GAP_S``. Records carry this thread's CPU for them in their
 ``overhead`` (their own work plus their share of the wake and the send). Memory is
 read once per wake (the records of one wake are milliseconds apart).
 
+Light step records in a row (no heavy capture, nothing to copy from the device) go
+as one run of up to ``LIGHT_RUN`` (``records.finish_light``): two clock reads for the
+run, its CPU shared evenly among its records' ``overhead``, the diagnoses record by
+record as before (the same alerts, in the same place). A run yields the GIL every
+``LIGHT_YIELD_AFTER_S``: in a training loop every wake meets cold caches (the idle
+vCPU's caches go to other work), so a light record costs 30-60 µs there against
+5-10 µs warm, and a yield ~30 µs; yielding between every two records cost as much as
+the records (BENCHMARKS.md, "What a light step costs").
+
 Example:
     >>> from gradwatch.protocol.sink import SpoolSink
     >>> import os, tempfile
@@ -93,12 +102,9 @@ MAX_GAP_S = 0.05
 YIELD_AFTER_S = 50e-6
 #: weight of the newest observation in the CPU-time running means
 _SMOOTHING = 0.2
-#: at most this many light step records in one run (records.finish_light)...
+#: at most this many light step records in one run, which yields the GIL after
+#: LIGHT_YIELD_AFTER_S seconds (see the docstring)
 LIGHT_RUN = 64
-#: ...which yields the GIL after this many seconds: a light record takes 5-10 µs warm
-#: but 30-60 µs in a training loop (every wake meets cold caches), and each yield
-#: ~30 µs of CPU there, so yielding after 50 µs (between every two records) cost as
-#: much as the records
 LIGHT_YIELD_AFTER_S = 200e-6
 
 
@@ -258,9 +264,7 @@ class Pipeline:
                     time.sleep(0)
                     unyielded = 0.0
                 run = [item] if _light(item) else None
-                if run is not None:
-                    # light records in a row go as one run (records.finish_light): two
-                    # clock reads for all, and it yields after LIGHT_YIELD_AFTER_S
+                if run is not None:  # light records in a row: one run (see above)
                     while len(run) < LIGHT_RUN and self._items and _light(self._items[0]):
                         run.append(self._items.popleft())
                 started = time.thread_time()

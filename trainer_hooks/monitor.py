@@ -2,7 +2,10 @@
 
 On the training thread it only gathers each quantity's device payload, starts one
 host copy and appends the record to the pipeline's list (``transfer.py``,
-``pipeline.py``); everything else happens on the background thread.
+``pipeline.py``); everything else happens on the background thread. A light step
+after a light step (most steps) visits only the quantities that have work on it
+(``Quantity.idle_when_light`` false: the graph and stale-state checks), a list made
+once; the record's ``overhead`` still counts all of ``step()``'s CPU and the hooks'.
 
 Example:
     >>> import os, torch
@@ -86,6 +89,8 @@ class Monitor:
         self._record_made = time.perf_counter()
         self._made_cpu = time.thread_time()
         self._heavy = False
+        # the quantities with work on a light step after a light one (most steps)
+        self._busy_light = [q for q in quantities if not q.idle_when_light]
         self._begin_step()
         ref = weakref.ref(self)
         self._at_exit = lambda: _close_at_exit(ref)
@@ -207,9 +212,7 @@ class Monitor:
         # a light step after a light step: quantities idle on light steps stay as they are
         steady = not capture and not self._heavy and self.step_index > 0
         self._heavy = capture
-        for q in self.quantities:
-            if steady and q.idle_when_light:
-                continue
+        for q in self._busy_light if steady else self.quantities:
             try:
                 q.heavy_step = capture
                 q.start_step(capture if q.heavy else not self.removed)
@@ -234,20 +237,20 @@ class Monitor:
             if loss.numel() != 1:
                 # not a scalar: its mean stands for it (an empty one for nothing)
                 value = loss.detach().double().mean() if loss.numel() else None
-            if value is not None and value.device.type != "cpu":
+            if value is not None and not value.is_cpu:
                 payloads["_monitor"] = {"loss": value}  # to the host with the rest
             else:
                 record["loss"] = value  # a CPU scalar is read on the background thread
         else:
             record["loss"] = None if loss is None else float(loss)
         hooks_cost = 0.0
-        tensor_loss = loss if isinstance(loss, torch.Tensor) else None
-        light = not self._heavy
         for q in self.quantities:
             hooks_cost += q.cost_s
             q.cost_s = 0.0
-            if self.removed or (light and q.idle_when_light):
-                continue  # such a quantity has nothing to hand over from a light step
+        tensor_loss = loss if isinstance(loss, torch.Tensor) else None
+        # a quantity idle on light steps has nothing to hand over from one
+        finishing = () if self.removed else self.quantities if self._heavy else self._busy_light
+        for q in finishing:
             try:
                 payload = q.finish_step(tensor_loss)
             except Exception as e:

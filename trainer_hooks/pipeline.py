@@ -30,6 +30,15 @@ took, at most ``MAX_GAP_S``. Records carry this thread's CPU for them in their
 ``overhead`` (their own work plus their share of the wake and the send). Memory is
 read once per wake (the records of one wake are milliseconds apart).
 
+Light step records in a row (no heavy capture, nothing to copy from the device) go
+as one run of up to ``LIGHT_RUN`` (``records.finish_light``): two clock reads for the
+run, its CPU shared evenly among its records' ``overhead``, the diagnoses record by
+record as before (the same alerts, in the same place). A run yields the GIL every
+``LIGHT_YIELD_AFTER_S``: in a training loop every wake meets cold caches (the idle
+vCPU's caches go to other work), so a light record costs 30-60 µs there against
+5-10 µs warm, and a yield ~30 µs; yielding between every two records cost as much as
+the records (BENCHMARKS.md, "What a light step costs").
+
 Example:
     >>> from gradwatch.protocol.sink import SpoolSink
     >>> import os, tempfile
@@ -58,6 +67,7 @@ from gradwatch.protocol.sink import Sink
 
 from .quantities.base import Quantity
 from .quantities.memory import memory_fields
+from .records import finish_light, merge_fields, plain
 from .transfer import Packed
 from .warn import WarnOnce
 
@@ -92,40 +102,21 @@ MAX_GAP_S = 0.05
 YIELD_AFTER_S = 50e-6
 #: weight of the newest observation in the CPU-time running means
 _SMOOTHING = 0.2
+#: at most this many light step records in one run, which yields the GIL after
+#: LIGHT_YIELD_AFTER_S seconds (see the docstring)
+LIGHT_RUN = 64
+LIGHT_YIELD_AFTER_S = 200e-6
 
 
-def merge_fields(
-    record: dict[str, Any], fields: dict[str, Any], alerts: list[dict[str, Any]]
-) -> None:
-    """Add one quantity's fields to ``record``: ``nonfinite`` deep-merged, ``alerts`` collected."""
-    for key, value in fields.items():
-        if key == "alerts":
-            alerts.extend(value)
-        elif key == "nonfinite":
-            _deep_merge(record.setdefault("nonfinite", {}), value)
-        else:
-            record[key] = value
-
-
-def _deep_merge(into: dict[str, Any], more: dict[str, Any]) -> None:
-    for key, value in more.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _deep_merge(into[key], value)
-        elif isinstance(value, list) and isinstance(into.get(key), list):
-            into[key] = into[key] + [v for v in value if v not in into[key]]
-        else:
-            into[key] = value
-
-
-def _plain(value: Any) -> Any:
-    """A host tensor left in a record becomes a number or a list."""
-    if isinstance(value, torch.Tensor):
-        return value.item() if value.dim() == 0 else value.tolist()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+def _light(item: Any) -> bool:
+    """A light step record with nothing to copy from the device: one of a run."""
+    return (
+        isinstance(item, Item)
+        and not item.heavy
+        and item.packed is None
+        and isinstance(item.record, dict)
+        and item.record.get("kind") == "step"
+    )
 
 
 class Pipeline:
@@ -272,19 +263,42 @@ class Pipeline:
                 if unyielded >= YIELD_AFTER_S:
                     time.sleep(0)
                     unyielded = 0.0
+                run = [item] if _light(item) else None
+                if run is not None:  # light records in a row: one run (see above)
+                    while len(run) < LIGHT_RUN and self._items and _light(self._items[0]):
+                        run.append(self._items.popleft())
                 started = time.thread_time()
                 try:
-                    records = self._records(item)
+                    if run is None:
+                        records = self._records(item)
+                    else:
+                        if self._memory is None:
+                            self._memory = memory_fields()
+                        records = finish_light(
+                            [dict(i.record) for i in run], self._memory, self.diagnoser,
+                            self._diagnosis_failed, LIGHT_YIELD_AFTER_S,
+                        )
                 except Exception as e:  # a bug here must not stop the thread
                     self.once.warn("pipeline", f"gradwatch: a record was lost: {e!r}")
                     continue
                 spent = time.thread_time() - started
                 unyielded += spent
-                if self._charge(item, records[0], spent):
+                if run is not None:
+                    # the run's CPU shared evenly: every record carries its part
+                    each = spent / len(run)
+                    steps = [r for r in records if r.get("kind") == "step"]
+                    for record in steps:
+                        self._charge(item, record, each)
+                    handled += len(steps)
+                    own += spent
+                elif self._charge(item, records[0], spent):
                     handled += 1
                     own += spent
                 for record in records:
-                    n = self._size(record) if item.heavy or record is not records[0] else 200
+                    if run is not None:
+                        n = 200 if record.get("kind") == "step" else self._size(record)
+                    else:
+                        n = self._size(record) if item.heavy or record is not records[0] else 200
                     if batch and (len(batch) >= self.max_batch or size + n > self.max_bytes):
                         batch, size = self._send(batch), 0
                     batch.append(record)
@@ -342,7 +356,7 @@ class Pipeline:
             except Exception as e:
                 self.once.warn("host_copy", f"gradwatch: copying a step to the host failed: {e}")
                 payloads = {}
-            record.update(_plain(payloads.pop("_monitor", {})))
+            record.update(plain(payloads.pop("_monitor", {})))
             for q in self.quantities:
                 payload = payloads.get(q.name)
                 if not payload:
@@ -361,15 +375,18 @@ class Pipeline:
                 self._memory = memory_fields()
             record.update(self._memory)
             if isinstance(record.get("loss"), torch.Tensor):
-                record["loss"] = _plain(record["loss"])
+                record["loss"] = plain(record["loss"])
         out = [record, *alerts]
         if self.diagnoser is not None:
             for r in list(out):
                 try:
                     out.extend(self.diagnoser.observe(r))
                 except Exception as e:
-                    self.once.warn("diagnoses", f"gradwatch: a diagnosis failed: {e}")
+                    self._diagnosis_failed(e)
         return out
+
+    def _diagnosis_failed(self, e: Exception) -> None:
+        self.once.warn("diagnoses", f"gradwatch: a diagnosis failed: {e}")
 
     def _finish_diagnoses(self) -> list[dict[str, Any]]:
         if self.diagnoser is None:

@@ -79,6 +79,8 @@ def as_float(value: Any) -> float | None:
     """A protocol number as a float, or None when absent or malformed."""
     if value is None:
         return None
+    if type(value) is float:  # the common case (to_float gives the same float)
+        return value
     try:
         return to_float(value)
     except ValueError:

@@ -47,6 +47,12 @@ class NonfiniteDetector(Detector):
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         if record.get("kind") != "step":
             return {}
+        if "nonfinite" not in record:
+            loss_value = record.get("loss")
+            if loss_value is None or (type(loss_value) is float and math.isfinite(loss_value)):
+                # most records (every light step): nothing bad, every subject fine now;
+                # what the full reading below gives them, without its dicts and lists
+                return dict.fromkeys(self._subjects)
         step = step_of(record)
         bad = record.get("nonfinite")
         bad = bad if isinstance(bad, Mapping) else {}

@@ -97,6 +97,12 @@ class SlowdownDetector(Detector):
         self._holding = False
         self._streak = 0  # judgements in a row that held
         self._cold = 0  # judgements in a row that ended at the rising fraction
+        # the thresholds as numbers once (this runs on every step record)
+        self._skip_first = int(config["slowdown_skip_first"])
+        self._min_points = int(config["slowdown_min_points"])
+        self._min_window = int(config["slowdown_min_window"])
+        self._sustain = int(config["slowdown_sustain"])
+        self._rising = float(config["slowdown_rising_fraction"])
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         duration = as_float(record.get("duration_s"))
@@ -107,7 +113,7 @@ class SlowdownDetector(Detector):
         ):
             return {}
         self._seen += 1
-        if self._seen <= int(self.config["slowdown_skip_first"]):
+        if self._seen <= self._skip_first:
             return {}
         self._rows.append(
             {
@@ -120,22 +126,20 @@ class SlowdownDetector(Detector):
             }
         )
         self._trend.push(float(record["step"]), duration)
-        if len(self._early) < int(self.config["slowdown_min_points"]):
+        if len(self._early) < self._min_points:
             self._early.append(duration)
             for field in _GREW:
                 value = record.get(field)
                 if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                     self._early_fields.setdefault(field, []).append(value)
-        if len(self._early) < int(self.config["slowdown_min_points"]) or len(self._rows) < int(
-            self.config["slowdown_min_window"]
-        ):
+        if len(self._early) < self._min_points or len(self._rows) < self._min_window:
             return {}
         # Strict until raised: the full rising fraction, a rise clear of the noise and
         # both halves rising, for slowdown_sustain judgements in a row (the engine
         # raises after as many). Once raised, the looser rising fraction alone keeps
         # it (a late linear slowdown rises little per window).
-        raised = self._streak >= int(self.config["slowdown_sustain"])
-        needed = float(self.config["slowdown_rising_fraction"]) - (HYSTERESIS if raised else 0)
+        raised = self._streak >= self._sustain
+        needed = self._rising - (HYSTERESIS if raised else 0)
         if self._trend.rising() < needed:
             # Cannot hold, whatever the slope: most records of a steady run end here,
             # without the slopes' sort (this runs on every step record). The sorted

@@ -92,6 +92,12 @@ class SpikeJudge:
         recorded or at the floor), ``loss`` its loss (None: absent). Returns the
         episode open after it (None: no spike under way)."""
         ep = self.episode
+        if ep is None and total is None:
+            # no spike under way and no norm (a light step, most records): only the
+            # loss joins the window; the same as the full path below, without it
+            if loss is not None and math.isfinite(loss):
+                self._losses.append(loss)
+            return None
         ratio = float(self.config["exploding_step_ratio"])
         if (
             ep is not None

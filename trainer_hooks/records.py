@@ -5,7 +5,7 @@ A light step record (no heavy capture, nothing copied from the device: the loss 
 a CPU model) needs only the memory fields, its loss as a number and the diagnoses
 that judge the loss and the step time. :func:`finish_light` does that for a run of
 them in one call: one memory read for the run (taken once per wake anyway), no
-per-record copy, no per-record clock read (the run's CPU is shared evenly), the
+per-record clock read (the run's CPU is shared evenly), the
 diagnoses in record order as before, so their alerts are the same.
 
 Example:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, StrictBool
 from gradwatch.protocol import messages as m
 from gradwatch.protocol.codec import dumps
 
-from .schema import _describe
+from .schema_errors import describe_value
 from .security import can_read, can_write, read_token_from, token_from
 from .state import AppState
 from .store import RunNotFound
@@ -86,7 +86,7 @@ async def _read(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(call, *args, **kwargs)
     except RunNotFound as error:
         # Not the whole id: a 100 KB id in must not be 100 KB out.
-        got = _describe(error.args[0])
+        got = describe_value(error.args[0])
         raise HTTPException(404, f"expected a known run id, got {got}") from None
     except ValueError as error:
         raise HTTPException(422, str(error)) from None

@@ -32,7 +32,8 @@ from gradwatch.protocol.names import identity_problem
 
 from .columns import records_json
 from .repair import parse_repairing
-from .schema import Batch, Hello, ProtocolError
+from .schema import Batch, Hello
+from .schema_errors import ProtocolError
 from .security import (
     can_read,
     can_write,

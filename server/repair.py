@@ -45,13 +45,10 @@ from .schema import (
     INT64_MAX,
     Batch,
     Hello,
-    ProtocolError,
-    _describe,
-    _format_path,
     check_columns,
-    describe_error,
     validate,
 )
+from .schema_errors import ProtocolError, describe_error, describe_value, field_path
 
 # Fields a record cannot be stored without.
 REQUIRED = {"step": ("kind", "step"), "epoch": ("kind", "epoch"), "alert": ("kind", "code"),
@@ -201,8 +198,8 @@ def _fix(error: ValidationError, records: list[Any], notices: list[str]) -> bool
             loc = problem["loc"]
             if problem["type"] == "string_too_long" and _shorten(record, loc[4:]):
                 continue
-            got = _describe(problem.get("input"))
-            why = f"{_format_path(loc)}: {_expected(problem)}, got {got}"
+            got = describe_value(problem.get("input"))
+            why = f"{field_path(loc)}: {_expected(problem)}, got {got}"
             _leave_out(record, name, why, notices)
     return True
 
@@ -217,7 +214,8 @@ def _field_problem(record: dict[str, Any], index: int, name: str) -> str:
         validate(text)
     except ValidationError as error:
         return describe_error(error).message.replace("records[0]", f"records[{index}]", 1)
-    return f"records[{index}].{name}: expected a valid value, got {_describe(record.get(name))}"
+    got = describe_value(record.get(name))
+    return f"records[{index}].{name}: expected a valid value, got {got}"
 
 
 def _repairable(problem: Any) -> bool:

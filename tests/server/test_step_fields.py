@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from gradwatch.server.schema import ProtocolError, parse_message
+from gradwatch.server.schema import parse_message
+from gradwatch.server.schema_errors import ProtocolError
 
 
 def batch(**fields: object) -> str:

@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gradwatch.server.downsample import minmax, pick_rows
-from gradwatch.server.schema import ProtocolError, parse_message
+from gradwatch.server.schema import parse_message
+from gradwatch.server.schema_errors import ProtocolError
 from gradwatch.server.settings import Settings
 from gradwatch.server.store import open_store
 

@@ -46,6 +46,26 @@ def test_every_threshold_is_documented_in_diagnoses_md() -> None:
     assert missing == []
 
 
+def test_the_thresholds_table_of_diagnoses_md_holds_the_codes_defaults() -> None:
+    """Each row of the doc's table, `name` | default, is the default in thresholds.py."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "DIAGNOSES.md").read_text(encoding="utf-8")
+    table = doc.split("## Thresholds", 1)[1]
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", table, re.MULTILINE))
+    assert set(rows) == set(THRESHOLDS)
+    wrong = {name: (rows[name], default) for name, (default, _) in THRESHOLDS.items()
+             if float(rows[name]) != default}
+    assert wrong == {}, "docs/DIAGNOSES.md (doc, code): " + repr(wrong)
+    # the prose names them with their default too: "`spike_z` (6)", "`graph_min_points`, 4"
+    prose = " ".join(doc.split("## Thresholds", 1)[0].split())
+    quoted = re.findall(r"`(\w+)`(?: \(|, )(\d(?:[\d.e-]*\d)?)", prose)
+    wrong_in_prose = [(name, value) for name, value in quoted
+                      if name in THRESHOLDS and float(value) != THRESHOLDS[name][0]]
+    assert len(quoted) > 30 and wrong_in_prose == []
+
+
 def test_alert_is_raised_once_updated_sparingly_and_cleared_after_it_stops() -> None:
     engine = DiagnosisEngine({"update_every": 5, "clear_after": 3})
     alerts: list[dict[str, Any]] = []

@@ -27,7 +27,7 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
         1e-7,
         "a gradient is at the noise floor below this fraction of its own peak in the run",
     ),
-    "gradient_floor_abs": (1e-20, "or below this absolute L2 norm (or exactly 0)"),
+    "gradient_floor_abs": (1e-20, "or at most this absolute L2 norm (or exactly 0)"),
     # vanishing
     "vanishing_factor": (
         1e-3,
@@ -64,7 +64,7 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     "graph_min_points": (4, "recorded steps that set the starting size (their smallest)"),
     "graph_growth_ratio": (
         1.5,
-        "fires when the trend grows the graph this much over the window",
+        "fires when the graph reaches this multiple of its starting size",
     ),
     "graph_rising_fraction": (0.75, "and at least this fraction of step pairs shows growth"),
     # slowdown

@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a site whose pages may show the dashboard in a frame, e.g. a JupyterHub at"
         " https://hub.lab.example; 'none' lets no page (repeatable; default"
         " $GRADWATCH_FRAME_ANCESTORS, else pages on this machine: http://localhost:*,"
-        " http://127.0.0.1:*, http://[::1]:*)",
+        " http://127.0.0.1:*)",
     )
     serve.set_defaults(handler=_serve)
 
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--only", action="append", metavar="EXAMPLE",
-        help="run only this example (repeatable; default all four)",
+        help="run only this example (repeatable; default all five)",
     )
     demo.set_defaults(handler=_run_demo)
 

@@ -6,6 +6,8 @@ COPY protocol protocol
 COPY trainer_hooks trainer_hooks
 COPY server server
 COPY client client
+COPY integrations integrations
+COPY notebook notebook
 # [server] holds fastapi, uvicorn, pydantic, plotly, websockets, psycopg; torch is in
 # the separate [torch] extra, so this install cannot pull it.
 RUN pip install --no-cache-dir ".[server]"

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--writer",
         choices=("process", "thread"),
-        default="process",
+        default=None,
         help="SQLite: write in a child process, so validating and writing each have a CPU"
         " (default), or on a thread of the server process",
     )

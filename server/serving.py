@@ -20,6 +20,7 @@ import os
 import secrets
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .hints import former_databases, tunnel_hint
@@ -99,25 +100,40 @@ def token_problem(settings: Any, loopback: bool) -> str | None:
     return None
 
 
+def settings_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Any:
+    """``gradwatch serve``'s settings: its flags over the ``GRADWATCH_*`` variables
+    (a flag not given, None, leaves its variable be). Raises ValueError.
+
+    Example:
+        >>> from gradwatch.server.cli import build_parser
+        >>> args = build_parser().parse_args(["serve", "--writer", "process"])
+        >>> settings_from(args, {"GRADWATCH_WRITER": "thread"}).writer_process
+        True
+    """
+    from gradwatch.server.settings import Settings
+
+    return Settings.from_env(
+        environ,
+        host=args.host,
+        port=args.port,
+        db=args.db,
+        token=args.token,
+        view_token=args.view_token,
+        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+        writer_process=None if args.writer is None else args.writer == "process",
+        alert_webhooks=tuple(args.alert_webhook) if args.alert_webhook else None,
+        alert_min_severity=args.alert_min_severity,
+        public_url=args.public_url,
+        frame_ancestors=tuple(args.frame_ancestor) if args.frame_ancestor else None,
+    )
+
+
 def serve(args: argparse.Namespace) -> int:
     """``gradwatch serve``: refuses a non-loopback bind without a token (exit 2)."""
-    from gradwatch.server.settings import Settings, is_loopback, user_data_dir
+    from gradwatch.server.settings import is_loopback, user_data_dir
 
     try:
-        # flags win over GRADWATCH_* variables; a flag not given (None) leaves them be
-        settings = Settings.from_env(
-            host=args.host,
-            port=args.port,
-            db=args.db,
-            token=args.token,
-            view_token=args.view_token,
-            allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
-            writer_process=False if args.writer == "thread" else None,
-            alert_webhooks=tuple(args.alert_webhook) if args.alert_webhook else None,
-            alert_min_severity=args.alert_min_severity,
-            public_url=args.public_url,
-            frame_ancestors=tuple(args.frame_ancestor) if args.frame_ancestor else None,
-        )
+        settings = settings_from(args)
     except ValueError as error:
         print(f"gradwatch serve: {error}", file=sys.stderr)
         return 2

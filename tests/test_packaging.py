@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -64,3 +66,51 @@ def test_every_subcommand_answers_help(command: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert f"gradwatch {command}" in done.stdout
+
+
+def _dockerfile_copies(dockerfile: Path) -> list[str]:
+    """The paths a Dockerfile's COPY lines take from the build context."""
+    sources: list[str] = []
+    for line in dockerfile.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--") for w in words):
+            sources += words[1:-1]
+    return sources
+
+
+def test_the_server_image_installs_from_what_its_dockerfile_copies(tmp_path: Path) -> None:
+    # No Docker engine here: the image's `pip install ".[server]"` is rebuilt as a
+    # wheel from exactly the files its COPY lines bring (a package left out fails it).
+    context = tmp_path / "context"
+    context.mkdir()
+    for source in _dockerfile_copies(ROOT / "Dockerfile"):
+        for path in ROOT.glob(source):
+            target = context / path.relative_to(ROOT)
+            if path.is_dir():
+                shutil.copytree(path, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(path, target)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "-q", "-w", str(tmp_path / "out"), str(context)],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_compose_defaults_start_a_server_reachable_through_its_port() -> None:
+    # The image listens on 0.0.0.0 (Dockerfile ENV), where `gradwatch serve` refuses
+    # short tokens: the compose file's defaults must pass the server's own check.
+    import yaml
+
+    from gradwatch.server.serving import token_problem
+    from gradwatch.server.settings import Settings
+
+    environment = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"][
+        "server"]["environment"]
+    defaults = {
+        name: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+        for name, value in environment.items()
+    }
+    settings = Settings.from_env({**defaults, "GRADWATCH_HOST": "0.0.0.0"})
+    assert token_problem(settings, loopback=False) is None

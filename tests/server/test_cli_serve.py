@@ -9,7 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gradwatch.server.serving import serving_banner
+import pytest
+
+from gradwatch.server.cli import build_parser
+from gradwatch.server.serving import serving_banner, settings_from
 from gradwatch.server.settings import Settings
 
 
@@ -23,6 +26,24 @@ def test_banner_with_tokens_gives_the_viewer_link_but_never_the_token() -> None:
     text = serving_banner(Settings(port=9000, token="secret-ingest", view_token="secret-view"))
     assert "?token=<your view token>" in text
     assert "secret" not in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "variable", "in_a_process"),
+    [
+        ((), None, True),
+        ((), "thread", False),
+        (("--writer", "thread"), None, False),
+        (("--writer", "process"), "thread", True),
+        (("--writer", "thread"), "process", False),
+    ],
+)
+def test_the_writer_flag_wins_over_the_variable(
+    flags: tuple[str, ...], variable: str | None, in_a_process: bool
+) -> None:
+    args = build_parser().parse_args(["serve", *flags])
+    environ = {} if variable is None else {"GRADWATCH_WRITER": variable}
+    assert settings_from(args, environ).writer_process is in_a_process
 
 
 def test_public_bind_without_token_is_refused_even_from_the_environment() -> None:

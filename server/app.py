@@ -29,7 +29,7 @@ from .api import require_viewer, router, version
 from .depth_api import depth_router
 from .ingest import ingest_endpoint
 from .metrics import metrics_router, watch_stalls
-from .security import SecurityMiddleware, token_cookie
+from .security import SecurityMiddleware, cookie_secure, token_cookie
 from .settings import Settings
 from .state import AppState
 from .store import Store, open_store
@@ -146,7 +146,8 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
                 # this cookie instead of a token in their URL (docs/API.md).
                 page.set_cookie(
                     token_cookie(request.headers.get("host")), opened_with, httponly=True,
-                    samesite="strict", path="/", secure=request.url.scheme == "https",
+                    samesite="strict", path="/",
+                    secure=cookie_secure(request.url.scheme, request.headers.get("host")),
                 )
             return page
 

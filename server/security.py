@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .settings import LOOPBACK_FRAME_ANCESTORS, Settings
+from .settings import LOOPBACK_FRAME_ANCESTORS, Settings, is_loopback
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -113,6 +113,20 @@ def token_cookie(host: str | None) -> str:
     """
     _, port = split_host(host or "")
     return f"gradwatch_token_{port}" if port.isdigit() else "gradwatch_token"
+
+
+def cookie_secure(scheme: str, host: str | None) -> bool:
+    """Whether the token cookie is ``Secure``: over https, and for any name that is not
+    this machine's. Behind a TLS proxy the server itself speaks http (uvicorn trusts no
+    proxy header), so the browser's ``Host`` tells: a public name is reached over TLS
+    (docs/REMOTE.md), while an SSH tunnel's ``127.0.0.1`` is plain http, where a
+    ``Secure`` cookie would be refused by some browsers.
+
+    >>> cookie_secure("http", "gradwatch.example.org"), cookie_secure("http", "127.0.0.1:8765")
+    (True, False)
+    """
+    name, _ = split_host(host or "")
+    return scheme == "https" or not is_loopback(name)
 
 
 # The dashboard's websockets offer these subprotocols when the page holds a token:

@@ -98,6 +98,18 @@ def test_the_dashboards_cookie_reads_but_never_writes(locked, wire):
     assert refused.value.code == 401
 
 
+def test_the_cookie_is_secure_where_the_browser_came_over_tls(gradwatch_server, wire):
+    # Behind the TLS proxy of docs/REMOTE.md the server itself speaks http; the
+    # browser's Host says where it came from. An SSH tunnel's loopback stays plain.
+    server = gradwatch_server(token=INGEST, view_token=VIEW,
+                              args=("--allowed-host", "gradwatch.example.org"))
+    for host, secure in (("gradwatch.example.org", True), (f"127.0.0.1:{server.port}", False),
+                         (f"localhost:{server.port}", False)):
+        status, _, headers = wire.get(server, f"/?token={VIEW}", headers={"Host": host})
+        assert status == 200, host
+        assert ("; Secure" in headers["set-cookie"]) is secure, (host, headers["set-cookie"])
+
+
 def test_websocket_from_another_sites_page_is_refused(shared_gradwatch_server, wire):
     server = shared_gradwatch_server
     for path in ("/ws/ingest", "/ws/live"):

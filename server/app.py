@@ -147,7 +147,9 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
                 page.set_cookie(
                     token_cookie(request.headers.get("host")), opened_with, httponly=True,
                     samesite="strict", path="/",
-                    secure=cookie_secure(request.url.scheme, request.headers.get("host")),
+                    secure=cookie_secure(request.url.scheme,
+                                         request.headers.get("x-forwarded-proto"),
+                                         settings.public_url),
                 )
             return page
 

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .settings import LOOPBACK_FRAME_ANCESTORS, Settings, is_loopback
+from .settings import LOOPBACK_FRAME_ANCESTORS, Settings
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -115,18 +115,19 @@ def token_cookie(host: str | None) -> str:
     return f"gradwatch_token_{port}" if port.isdigit() else "gradwatch_token"
 
 
-def cookie_secure(scheme: str, host: str | None) -> bool:
-    """Whether the token cookie is ``Secure``: over https, and for any name that is not
-    this machine's. Behind a TLS proxy the server itself speaks http (uvicorn trusts no
-    proxy header), so the browser's ``Host`` tells: a public name is reached over TLS
-    (docs/REMOTE.md), while an SSH tunnel's ``127.0.0.1`` is plain http, where a
-    ``Secure`` cookie would be refused by some browsers.
+def cookie_secure(scheme: str, forwarded_proto: str | None, public_url: str | None) -> bool:
+    """Whether the token cookie is ``Secure``: where the browser came over https. Behind
+    a TLS proxy the server itself speaks http (uvicorn trusts no proxy header), so the
+    proxy's ``X-Forwarded-Proto`` or an https ``--public-url`` tells. Trusting the
+    header here is safe: a forged one only makes the cookie stricter. A LAN's plain
+    http keeps a cookie the browser will store (a ``Secure`` one it would drop).
 
-    >>> cookie_secure("http", "gradwatch.example.org"), cookie_secure("http", "127.0.0.1:8765")
-    (True, False)
+    >>> cookie_secure("http", "https", None), cookie_secure("http", None, "https://gw.example")
+    (True, True)
+    >>> cookie_secure("http", None, None), cookie_secure("https", None, None)
+    (False, True)
     """
-    name, _ = split_host(host or "")
-    return scheme == "https" or not is_loopback(name)
+    return "https" in (scheme, forwarded_proto) or (public_url or "").startswith("https://")
 
 
 # The dashboard's websockets offer these subprotocols when the page holds a token:

@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 PROTOCOL_VERSION: Final = 1
 
@@ -126,12 +126,16 @@ class Batch(TypedDict):
 class Ack(TypedDict):
     type: Literal["ack"]
     seq: int
+    #: what the server left out of the batch it stored (a bad field), when anything
+    notice: NotRequired[str]
 
 
 class Error(TypedDict):
     type: Literal["error"]
     code: int
     message: str
+    #: the batch the database refused or failed to store, when it was one batch
+    seq: NotRequired[int]
 
 
 class StepRecord(TypedDict, total=False):

@@ -73,8 +73,9 @@ class SplitBatch:
     problems: int = 0
     ends: list[tuple[str, int | None, Any]] = field(default_factory=list)
     keys: set[tuple[str, str, str]] = field(default_factory=set)
-    last_step: int | None = None
-    last_epoch: int | None = None
+    # The batch's largest step and epoch; -1: it has none.
+    last_step: int = -1
+    last_epoch: int = -1
 
 
 def opens_problem(record: Any) -> int:
@@ -90,7 +91,6 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
     storing a protocol number)."""
     out = SplitBatch()
     run_id, rank = batch.run_id, batch.rank
-    last_step = last_epoch = -1
     # Unique per (run, rank, step) record: the batch's seq and the record's place in it,
     # salted with the session, where a new trainer process counts seq from 0 again.
     uid = (zlib.crc32(session.encode()) & 0xFFFFF) << 43 if session else 0
@@ -98,9 +98,9 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
     for record in batch.records:
         kind = record.kind
         if kind == "epoch":
-            last_epoch = max(last_epoch, record.epoch)
+            out.last_epoch = max(out.last_epoch, record.epoch)
             if record.step is not None:
-                last_step = max(last_step, record.step)
+                out.last_step = max(out.last_step, record.step)
             out.epochs.append(
                 (run_id, rank, record.epoch, record.step, scalar(record.t),
                  scalar(record.duration_s), record.steps, record.model_dump_json(exclude_none=True))
@@ -115,10 +115,8 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             out.ends.append((record.status, record.step, record.t))
     for block in (*step_blocks(batch.records), *batch.columns):
         step, epoch = add_block(out, block, run_id, rank, uid)
-        last_step, last_epoch = max(last_step, step), max(last_epoch, epoch)
+        out.last_step, out.last_epoch = max(out.last_step, step), max(out.last_epoch, epoch)
         uid += block.n
-    out.last_step = last_step if last_step >= 0 else None
-    out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out
 
 

@@ -156,9 +156,9 @@ class ChunkReads(Database):
         ``present[i, k]``, of the rows of that step that hold name k the one written last
         (``written``, then uid); names in the order first seen."""
         sets = self.name_sets(run_id, rank)
-        picked: dict[int, tuple[list[int], list[int]]] = {}  # set id -> (columns, places)
+        picked: dict[int, tuple[Any, list[int]]] = {}  # set id -> (columns, places)
         columns: dict[str, int] = {}
-        parts: list[tuple[tuple[int, int], Any, list[int], Any]] = []
+        parts: list[tuple[tuple[int, int], Any, Any, Any]] = []
         for uid, written, set_id, steps, data in self._chunks(
             "uid, written, names, steps, data", "named_chunks", run_id, rank, lo, hi
         ):
@@ -166,19 +166,19 @@ class ChunkReads(Database):
             found = picked.get(set_id)
             if found is None:
                 mine = [(n, i) for n, i in names.items() if wanted(n)]
-                places = [columns.setdefault(n, len(columns)) for n, _ in mine]
+                places = np.array([columns.setdefault(n, len(columns)) for n, _ in mine], np.intp)
                 found = picked[set_id] = (places, [i for _, i in mine])
-            if found[0]:
+            if len(found[0]):
                 numbers = np.frombuffer(bytes(steps), "<i8")
                 # In range, and of a step written twice in one chunk its later row.
-                last = np.append(numbers[1:] != numbers[:-1], True)
-                keep = (numbers >= lo) & (numbers <= hi) & last
+                keep = (numbers >= lo) & (numbers <= hi)
+                keep[:-1] &= numbers[1:] != numbers[:-1]
                 rows = np.frombuffer(bytes(data), "<f8").reshape(len(numbers), len(names))
                 parts.append(((written, uid), numbers[keep], found[0], rows[keep][:, found[1]]))
         every = np.unique(np.concatenate([p[1] for p in parts])) if parts else np.array([], int)
         values = np.zeros((len(every), len(columns)))
         present = np.zeros(values.shape, dtype=bool)
         for _, numbers, where, rows in sorted(parts, key=itemgetter(0)):  # the last written wins
-            at = np.ix_(np.searchsorted(every, numbers), where)
-            values[at], present[at] = rows, True
+            at = np.searchsorted(every, numbers)[:, None]
+            values[at, where], present[at, where] = rows, True
         return every.tolist(), list(columns), values, present

@@ -7,8 +7,8 @@ them: every heavy record is a chunk of its own (its shape differs from the light
 around it). Two ways to sum the ratios up per block for 500 steps, interleaved
 (A, B, A, B, ...) --repeats times, their answers checked equal:
 
-- A: field by field, ``named_points`` per parameter (the way ``/steps`` reads a named
-  field), then the blocks' maxima in Python;
+- A: ``field_points`` of every parameter (the way ``/steps`` reads named fields: the
+  chunks once, each field's points apart), then the blocks' maxima in Python;
 - B: ``server/depth_reads.update_ratio_blocks``: every chunk read once
   (store/chunk_reads.py, named_matrix), the maxima in numpy.
 
@@ -63,13 +63,14 @@ def fill(store: Any, run: str, blocks: int, steps: int, every: int) -> list[str]
 
 
 def field_by_field(store: Any, run: str, known: list[str], max_steps: int) -> dict[str, Any]:
-    """A: named_points per parameter, then each block's maxima in Python."""
+    """A: field_points of every parameter, then each block's maxima in Python."""
     params = store.run_detail(run)["update_ratio_parameters"]
-    memo: dict[Any, Any] = {}
+    names = [f"update_ratios/{param}" for param in params]
+    points = store.field_points(run, 0, names, 0, 2**62)
     by_block: dict[str, list[tuple[list[int], list[Any]]]] = {}
     every: set[int] = set()
-    for param in params:
-        steps, values = store.named_points(run, 0, f"update_ratios/{param}", 0, 2**62, memo)
+    for param, name in zip(params, names, strict=True):
+        steps, values = points.get(name, ([], []))
         by_block.setdefault(block_of(param, known), []).append((steps, values))
         every.update(steps)
     ordered = sorted(every)
@@ -116,7 +117,7 @@ def main() -> None:
         print(f"{params} parameters in {args.blocks + 2} blocks, {args.steps // args.every:,} heavy"
               f" steps of {args.steps:,}, 500 steps answered, median of {args.repeats}"
               f" (load average {os.getloadavg()[0]:.2f})")
-        print(f"| A: named_points per parameter | {med['A']:.0f} ms |")
+        print(f"| A: field_points of every parameter | {med['A']:.0f} ms |")
         print(f"| B: update_ratio_blocks (named_matrix) | {med['B']:.0f} ms |")
         print(f"| A / B | {med['A'] / med['B']:.1f}x |")
         print(f"| /depth matrix of the stack | {med['depth']:.0f} ms |")

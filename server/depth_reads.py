@@ -133,7 +133,8 @@ def update_ratio_blocks(
     known = list(owner)
     lo = 0 if start is None else start
     hi = 2**62 if stop is None else stop
-    steps, names, values, present = store.named_matrix(run_id, rank, "update_ratios/", lo, hi)
+    ratios = store.named_matrix(run_id, rank, lambda n: n.startswith("update_ratios/"), lo, hi)
+    steps, names, values, present = ratios
     pick = pick_rows(len(steps), max_steps)
     values, present = values[pick], present[pick]
     members: dict[str, list[int]] = {}

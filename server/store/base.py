@@ -256,8 +256,9 @@ class Store(ChunkWrites, HistoryReads):
                 (status, step, self.scalar_in(t), run_id, rank),
             )
         # The run's row is updated once per transaction (ChunkWrites._flush).
-        last = (split.last_step, split.last_epoch, split.problems)
-        self._runs_pending.setdefault(run_id, []).append(last)
+        step, epoch, problems = self._runs_pending.get(run_id, (-1, -1, 0))
+        last = (max(step, split.last_step), max(epoch, split.last_epoch))
+        self._runs_pending[run_id] = (*last, problems + split.problems)
         return True
 
     def close(self) -> None:

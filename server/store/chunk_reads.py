@@ -1,5 +1,5 @@
-"""Reading the chunks every step record is stored in (store/chunks.py): a plain
-field's points, one module's per-step series, the records' notes, the named scalars.
+"""Reading the chunks every step record is stored in (store/chunks.py): the fields'
+points, one module's per-step series, the records' notes, the named scalars.
 
 A chunk is found on its ``(run_id, rank, step_lo)`` key: its steps lie within ``SPAN``
 steps of ``step_lo``. Values come back as ints (int64 fields) or floats, NaN and the
@@ -9,19 +9,18 @@ infinities included, in either backend.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
 from ..columns import floats, ints
-from .chunks import INT_FIELDS, SPAN
+from .chunks import INT_FIELDS, SCALAR_FIELDS, SPAN
 from .tables import Database
 
 # (steps, values): one value per step, in step order.
 Points = tuple[list[int], list[Any]]
-# A named chunk as read: (written, uid, set id, steps, its values as float64).
-Chunk = tuple[int, int, int, list[int], Any]
 
 
 class ChunkReads(Database):
@@ -49,25 +48,47 @@ class ChunkReads(Database):
             found = cache[text] = {name: i for i, name in enumerate(json.loads(text))}
         return found
 
-    def chunk_points(self, run_id: str, rank: int, field: str, lo: int, hi: int) -> Points:
-        """(steps, values) of a plain field in ``lo..hi``, in (step, uid) order:
-        both rows of a step sent twice are kept."""
-        out: list[tuple[int, int, Any]] = []
+    def field_points(
+        self, run_id: str, rank: int, names: Sequence[str], lo: int, hi: int
+    ) -> dict[str, Points]:
+        """(steps, values) in ``lo..hi`` of each field of ``names`` that has some, each
+        table's chunks read once for all: a plain field's in (step, uid) order (both
+        rows of a step sent twice are kept), a named one's as :meth:`named_matrix`."""
+        plain = [name for name in names if name in SCALAR_FIELDS]
+        out = self._plain_points(run_id, rank, plain, lo, hi) if plain else {}
+        if wanted := set(names).difference(plain):
+            steps, found, values, present = self.named_matrix(
+                run_id, rank, wanted.__contains__, lo, hi
+            )
+            for k, name in enumerate(found):
+                held = present[:, k]
+                out[name] = (np.array(steps)[held].tolist(), values[held, k].tolist())
+        return out
+
+    def _plain_points(
+        self, run_id: str, rank: int, names: Sequence[str], lo: int, hi: int
+    ) -> dict[str, Points]:
+        found: dict[str, list[tuple[int, int, Any]]] = {name: [] for name in names}
         for step_lo, step_hi, uid, n, fields, steps, data in self._chunks(
             "step_lo, step_hi, uid, n, fields, steps, data", "step_chunks", run_id, rank, lo, hi
         ):
-            at = self._positions(fields).get(field)
-            if at is None:
-                continue
-            raw = bytes(data[8 * n * at : 8 * n * (at + 1)])
-            values: list[Any] = ints(raw) if field in INT_FIELDS else floats(raw)
-            found = zip(ints(bytes(steps)), range(uid, uid + n), values, strict=True)
-            if lo <= step_lo and step_hi <= hi:
-                out.extend(found)
-            else:
-                out.extend(p for p in found if lo <= p[0] <= hi)
-        out.sort(key=lambda p: (p[0], p[1]))
-        return [p[0] for p in out], [p[2] for p in out]
+            numbers = ints(bytes(steps))
+            for name, at in self._positions(fields).items():
+                if name not in found:
+                    continue
+                raw = bytes(data[8 * n * at : 8 * n * (at + 1)])
+                values: list[Any] = ints(raw) if name in INT_FIELDS else floats(raw)
+                rows = zip(numbers, range(uid, uid + n), values, strict=True)
+                if lo <= step_lo and step_hi <= hi:
+                    found[name].extend(rows)
+                else:
+                    found[name].extend(p for p in rows if lo <= p[0] <= hi)
+        out: dict[str, Points] = {}
+        for name, points in found.items():
+            if points:
+                points.sort(key=itemgetter(0, 1))
+                out[name] = ([p[0] for p in points], [p[2] for p in points])
+        return out
 
     def chunk_steps(self, run_id: str, rank: int, lo: int, hi: int) -> list[int]:
         """The steps of the step records in ``lo..hi`` (a step sent twice, twice)."""
@@ -127,99 +148,37 @@ class ChunkReads(Database):
             )
         }
 
-    def _named_chunks(self, run_id: str, rank: int, lo: int, hi: int) -> list[Chunk]:
-        """The named chunks of one rank that may hold a step of ``lo..hi``."""
-        return [
-            (written, uid, set_id, ints(bytes(steps)), np.frombuffer(bytes(data), "<f8"))
-            for uid, written, set_id, steps, data in self._chunks(
-                "uid, written, names, steps, data", "named_chunks", run_id, rank, lo, hi
-            )
-        ]
-
-    def named_points(
-        self, run_id: str, rank: int, name: str, lo: int, hi: int, memo: dict[Any, Any]
-    ) -> Points:
-        """(steps, values) of a named field in ``lo..hi``: the last row written
-        of each step. ``memo`` shares the chunks (float64 arrays) and each set of
-        chunks' steps between the fields of one query; a field's values are one strided
-        slice per chunk."""
-        sets = memo.get("sets")
-        if sets is None:
-            sets = memo["sets"] = self.name_sets(run_id, rank)
-        chunks: list[Chunk] | None = memo.get((lo, hi))
-        if chunks is None:
-            chunks = memo[lo, hi] = self._named_chunks(run_id, rank, lo, hi)
-        held = [(i, sets.get(c[2]) or {}) for i, c in enumerate(chunks)]
-        held = [(i, names) for i, names in held if name in names]
-        if not held:
-            return [], []
-        key = ("steps", lo, hi, tuple(i for i, _ in held))
-        layout = memo.get(key)
-        if layout is None:  # shared by the fields held by the same chunks
-            layout = memo[key] = steps_layout([chunks[i] for i, _ in held], lo, hi)
-        values: list[float] = []
-        for i, names in held:
-            values.extend(cast("list[float]", chunks[i][4][names[name] :: len(names)].tolist()))
-        steps, picks = layout
-        if picks is not None:
-            values = [values[p] for p in picks]
-        # The steps list is shared by the fields of a name set.
-        return steps, values
-
-
     def named_matrix(
-        self, run_id: str, rank: int, prefix: str, lo: int, hi: int
+        self, run_id: str, rank: int, wanted: Callable[[str], bool], lo: int, hi: int
     ) -> tuple[list[int], list[str], Any, Any]:
-        """(steps, names, values, present) of every named scalar starting with ``prefix``
-        in ``lo..hi``, each chunk read once (``/update_ratios``: hundreds of fields,
-        which :meth:`named_points` would read every chunk for): ``values[i, k]`` is
-        name k at ``steps[i]`` where ``present[i, k]``; names in the order first seen."""
+        """(steps, names, values, present) of every named scalar that ``wanted`` picks in
+        ``lo..hi``, each chunk read once: ``values[i, k]`` is name k at ``steps[i]`` where
+        ``present[i, k]``, of the rows of that step that hold name k the one written last
+        (``written``, then uid); names in the order first seen."""
         sets = self.name_sets(run_id, rank)
-        wanted: dict[int, tuple[list[int], list[int]]] = {}  # set id -> (columns, places)
+        picked: dict[int, tuple[Any, list[int]]] = {}  # set id -> (columns, places)
         columns: dict[str, int] = {}
-        chunks: list[Chunk] = []
-        parts: list[tuple[list[int], Any]] = []
-        for chunk in self._named_chunks(run_id, rank, lo, hi):
-            names = sets.get(chunk[2]) or {}
-            found = wanted.get(chunk[2])
+        parts: list[tuple[tuple[int, int], Any, Any, Any]] = []
+        for uid, written, set_id, steps, data in self._chunks(
+            "uid, written, names, steps, data", "named_chunks", run_id, rank, lo, hi
+        ):
+            names = sets.get(set_id) or {}
+            found = picked.get(set_id)
             if found is None:
-                mine = [(n, i) for n, i in names.items() if n.startswith(prefix)]
-                places = [columns.setdefault(n, len(columns)) for n, _ in mine]
-                found = wanted[chunk[2]] = (places, [i for _, i in mine])
-            if found[0]:
-                chunks.append(chunk)
-                rows = chunk[4].reshape(len(chunk[3]), len(names))
-                parts.append((found[0], rows[:, found[1]]))
-        steps, picks = steps_layout(chunks, lo, hi)
-        values = np.zeros((sum(len(c[3]) for c in chunks), len(columns)))
+                mine = [(n, i) for n, i in names.items() if wanted(n)]
+                places = np.array([columns.setdefault(n, len(columns)) for n, _ in mine], np.intp)
+                found = picked[set_id] = (places, [i for _, i in mine])
+            if len(found[0]):
+                numbers = np.frombuffer(bytes(steps), "<i8")
+                # In range, and of a step written twice in one chunk its later row.
+                keep = (numbers >= lo) & (numbers <= hi)
+                keep[:-1] &= numbers[1:] != numbers[:-1]
+                rows = np.frombuffer(bytes(data), "<f8").reshape(len(numbers), len(names))
+                parts.append(((written, uid), numbers[keep], found[0], rows[keep][:, found[1]]))
+        every = np.unique(np.concatenate([p[1] for p in parts])) if parts else np.array([], int)
+        values = np.zeros((len(every), len(columns)))
         present = np.zeros(values.shape, dtype=bool)
-        row = 0
-        for where, rows in parts:
-            values[row : row + len(rows), where] = rows
-            present[row : row + len(rows), where] = True
-            row += len(rows)
-        if picks is not None:
-            values, present = values[picks], present[picks]
-        return steps, list(columns), values, present
-
-def steps_layout(chunks: Sequence[Chunk], lo: int, hi: int) -> tuple[list[int], list[int] | None]:
-    """(steps, picks) of the rows of ``chunks`` (in (step_lo, uid) order) in ``lo..hi``:
-    picks is None where every row is in range and no step repeats, else the place, in
-    the chunks' rows back to back, of each step's last written row.
-
-    >>> steps_layout([(1, 10, 0, [3, 4], None), (2, 20, 0, [4, 9], None)], 0, 5)
-    ([3, 4], [0, 2])
-    """
-    steps = [s for c in chunks for s in c[3]]
-    if steps and lo <= steps[0] and steps[-1] <= hi and all(map(int.__lt__, steps, steps[1:])):
-        return steps, None
-    latest: dict[int, tuple[tuple[int, int], int]] = {}
-    place = 0
-    for written, uid, _, numbers, _ in chunks:
-        for i, step in enumerate(numbers):
-            found = latest.get(step)
-            if lo <= step <= hi and (found is None or found[0] < (written, uid + i)):
-                latest[step] = ((written, uid + i), place + i)
-        place += len(numbers)
-    ordered = sorted(latest)
-    return ordered, [latest[step][1] for step in ordered]
+        for _, numbers, where, rows in sorted(parts, key=itemgetter(0)):  # the last written wins
+            at = np.searchsorted(every, numbers)[:, None]
+            values[at, where], present[at, where] = rows, True
+        return every.tolist(), list(columns), values, present

@@ -18,17 +18,21 @@ import numpy as np
 
 from . import rollups
 from .chunks import TABLES, ColumnGroup, digest
-from .rollups import SET_INSERT, array_blocks, merge_arrays
+from .rollups import array_blocks, merge_arrays
 from .split import SplitBatch
 from .tables import Database
 
 SET_COLUMNS = ("set_id", "level", "block", "n", "step_lo", "step_hi", "data")
-# What store/rollups.py's SET_INSERT does on a conflict: the row computed here wins.
-UPSERT = SET_INSERT[SET_INSERT.index(" ON CONFLICT") :]
+# A block's row is computed from the stored one (merged), so the new row replaces it.
+UPSERT = (
+    " ON CONFLICT (set_id, level, block) DO UPDATE SET n = excluded.n,"
+    " step_lo = excluded.step_lo, step_hi = excluded.step_hi, data = excluded.data"
+)
+# A step or epoch of -1 (none in the transaction's batches) leaves NULL as it is.
 RUN_UPDATE = (
     "UPDATE runs SET updated = ?,"
-    " last_step = CASE WHEN last_step IS NULL OR last_step < ? THEN ? ELSE last_step END,"
-    " last_epoch = CASE WHEN last_epoch IS NULL OR last_epoch < ? THEN ? ELSE last_epoch END,"
+    " last_step = CASE WHEN ? > COALESCE(last_step, -1) THEN ? ELSE last_step END,"
+    " last_epoch = CASE WHEN ? > COALESCE(last_epoch, -1) THEN ? ELSE last_epoch END,"
     " alerts = alerts + ? WHERE id = ?"
 )
 
@@ -45,8 +49,8 @@ class ChunkWrites(Database):
     # The chunk rows (by table) and rollup groups of the transaction being written.
     _rows_pending: dict[str, list[tuple[Any, ...]]]
     _rollups_pending: list[ColumnGroup]
-    # run id -> (last step, last epoch, problems) of each of the transaction's batches.
-    _runs_pending: dict[str, list[tuple[Any, Any, int]]]
+    # run id -> (largest step, largest epoch, problems) of the transaction's batches.
+    _runs_pending: dict[str, tuple[int, int, int]]
     # The rollup sets this writer knows: series ids -> set id.
     _set_ids: dict[tuple[int, ...], int]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
@@ -136,11 +140,10 @@ class ChunkWrites(Database):
             rows = self._rows_pending.pop(table, None)
             if rows:
                 self._insert_rows(cur, table, columns, rows)
-        runs = []
-        for run, got in sorted(self._runs_pending.items()):
-            s, e = (max((g[k] for g in got if g[k] is not None), default=None) for k in (0, 1))
-            runs.append((time.time(), s, s, e, e, sum(g[2] for g in got), run))
-        cur.executemany(self.sql(RUN_UPDATE), runs)
+        runs = sorted(self._runs_pending.items())
+        now = time.time()
+        rows = [(now, s, s, e, e, problems, run) for run, (s, e, problems) in runs]
+        cur.executemany(self.sql(RUN_UPDATE), rows)
         if self._rollups_pending:
             groups = joined(self._rollups_pending)
             self._rollups_pending = []  # `groups` may be the very list

@@ -7,8 +7,7 @@ where it is cut by ``from``/``to``, still open, or finer than the smallest rollu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
@@ -19,7 +18,6 @@ from gradwatch.protocol.column_shapes import PROFILE_KEYS
 
 from ..downsample import bucket_width
 from . import rollups
-from .chunk_reads import Points
 from .chunks import SCALAR_FIELDS
 from .reads import Reads
 
@@ -47,19 +45,16 @@ class HistoryReads(Reads):
         ]
 
     @staticmethod
-    def _plain(name: str) -> bool:
-        """Whether a field is a plain one (else a named one); ValueError "expected ...,
-        got ..." for a name that is not a field."""
-        if name in SCALAR_FIELDS:
-            return True
+    def _check_field(name: str) -> None:
+        """ValueError "expected ..., got ..." for a name that is not a field."""
         family, _, rest = name.partition("/")
-        if (
-            (family in ("param_norms", "update_ratios") and rest)
+        if not (
+            name in SCALAR_FIELDS
+            or (family in ("param_norms", "update_ratios") and rest)
             or (family == "gate_norms" and "/" in rest)
             or (family == "profile" and rest.rpartition("/")[2] in PROFILE_KEYS)
         ):
-            return False
-        raise ValueError(f"{_FIELDS_EXPECTED}, got {name!r}")
+            raise ValueError(f"{_FIELDS_EXPECTED}, got {name!r}")
 
     def _series_id(self, run_id: str, rank: int, name: str) -> int | None:
         found = self.query(
@@ -84,30 +79,23 @@ class HistoryReads(Reads):
             raise ValueError(f"max_points: expected at least 2, got {max_points}")
         self.run_summary(run_id)  # 404 before any work
         names = list(fields) if fields else self.scalar_fields(run_id)
-        plain = {name: self._plain(name) for name in names}
+        for name in names:
+            self._check_field(name)
         lo = 0 if start is None else start
         hi = 2**62 if stop is None else stop
         total, first, last = self._count(run_id, rank, lo, hi)
-        out: dict[str, Any] = {}
+        series = {name: self._series_id(run_id, rank, name) for name in names}
+        stored = {name: found for name, found in series.items() if found is not None}
         downsampled = total > max_points
-        width = bucket_width(int(first), int(last), max_points // 2) if downsampled else 1
-        memo: dict[Any, Any] = {}  # chunks read once for all the named fields
-        for name, is_plain in plain.items():
-            series = self._series_id(run_id, rank, name)
-            if series is None:
-                out[name] = {"step": [], "value": []}
-                continue
-            points: Callable[[int, int], Points]
-            if is_plain:
-                points = partial(self.chunk_points, run_id, rank, name)
-            else:
-                points = partial(self.named_points, run_id, rank, name, memo=memo)
-            if downsampled:
-                found: Sequence[tuple[Any, Any]] = self._bucketed(
-                    series, points, memo, lo, min(hi, int(last)), int(first), width
-                )
-            else:
-                found = list(zip(*points(lo, hi), strict=True))
+        if downsampled:
+            width = bucket_width(int(first), int(last), max_points // 2)
+            read = self._bucketed(run_id, rank, stored, lo, min(hi, int(last)), int(first), width)
+        else:
+            points = self.field_points(run_id, rank, list(stored), lo, hi)
+            read = {name: list(zip(*found, strict=True)) for name, found in points.items()}
+        out: dict[str, Any] = {}
+        for name in names:
+            found = read.get(name, [])
             if name.startswith("profile/") and name.endswith("/calls"):
                 # Named rows and their rollups hold counts as float64 (int fields come
                 # back as ints: their chunk columns and rollup rows are int64).
@@ -143,55 +131,61 @@ class HistoryReads(Reads):
 
     def extremes(
         self,
-        points: Callable[[int, int], Points],
-        memo: dict[Any, Any],
-        bounds: Sequence[tuple[int, int]],
-    ) -> list[tuple[int, Any]]:
-        """(step, value) of the min and the max of each bucket (``bounds``: its first
-        and last steps) from the field's ``points``, as the rollups answer them."""
-        spans: list[list[int]] = []  # adjacent buckets are read as one range
+        run_id: str,
+        rank: int,
+        names: Sequence[str],
+        width: int,
+        bounds: list[tuple[int, int]],
+    ) -> dict[str, list[tuple[int, Any]]]:
+        """(step, value) of the min and the max of each bucket of ``width`` steps (a power
+        of two) that ``bounds`` name (its first and last steps to read) for each field,
+        from the chunks (adjacent buckets read as one range), as the rollups answer."""
+        spans: list[list[int]] = []
         for start, end in sorted(bounds):
             if spans and start == spans[-1][1] + 1:
                 spans[-1][1] = end
             else:
                 spans.append([start, end])
-        read = [points(start, end) for start, end in spans]
-        # Each step's bucket, found once per steps lists (shared by the fields of one
-        # name set); the entry holds the lists, so their ids stay their own.
-        key = ("buckets", *map(tuple, spans), *(id(steps) for steps, _ in read))
-        entry = memo.get(key)
-        if entry is None or any(a is not b for a, (b, _) in zip(entry[0], read, strict=True)):
-            steps = np.fromiter(chain.from_iterable(p for p, _ in read), np.int64)
-            starts = np.array(sorted(a for a, _ in bounds), np.int64)
-            at = np.searchsorted(starts, steps, "right") - 1
-            entry = memo[key] = ([part for part, _ in read], steps, at)
-        # All ints (int64 fields) or all floats.
-        values = np.array(read[0][1] if len(read) == 1 else [v for _, p in read for v in p])
-        records = np.empty(len(values), rollups.ROW_DTYPES[values.dtype.kind])
-        records["ls"] = records["hs"] = entry[1]
-        records["lv"] = records["hv"] = values
-        return rollups.extremes(entry[2], records, self.kind)
+        read = [self.field_points(run_id, rank, names, start, end) for start, end in spans]
+        out: dict[str, list[tuple[int, Any]]] = {}
+        for name in names:
+            parts = [part[name] for part in read if name in part]
+            steps = np.fromiter(chain.from_iterable(p for p, _ in parts), np.int64)
+            values = np.array([v for _, p in parts for v in p])  # all ints, or all floats
+            records = np.empty(len(values), rollups.ROW_DTYPES[values.dtype.kind])
+            records["ls"] = records["hs"] = steps
+            records["lv"] = records["hv"] = values
+            out[name] = rollups.extremes(steps // width, records, self.kind)
+        return out
 
     def _bucketed(
-        self, series: int, points: Callable[[int, int], Points], memo: dict[Any, Any],
-        lo: int, hi: int, first: int, width: int,
-    ) -> list[tuple[int, Any]]:
-        """(step, value) of each bucket's min and max, in step order, for the steps
-        ``lo..hi`` (``first`` the first one stored): whole buckets from the rollups,
-        the rest (cut by the range's ends, or finer than every level) from ``points``."""
+        self,
+        run_id: str,
+        rank: int,
+        series: dict[str, int],
+        lo: int,
+        hi: int,
+        first: int,
+        width: int,
+    ) -> dict[str, list[tuple[int, Any]]]:
+        """(step, value) of each bucket's min and max, in step order, of each field
+        (``series``: its id) for the steps ``lo..hi`` (``first`` the first one stored):
+        whole buckets from the rollups, the rest (cut by the range's ends, or finer than
+        every level) from the chunks, read once for every field."""
         buckets = range(first // width, hi // width + 1)
-        raw = list(buckets)
-        found: dict[int, Any] = {}
-        level = rollups.level_for(width)
+        raw, inner, level = list(buckets), [], rollups.level_for(width)
         if level is not None:
             inner = [b for b in buckets if b * width >= lo and b * width + width - 1 <= hi]
             raw = [b for b in buckets if not inner or b < inner[0] or b > inner[-1]]
-            if inner:
+        bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
+        found = self.extremes(run_id, rank, list(series), width, bounds) if raw else {}
+        out: dict[str, list[tuple[int, Any]]] = {}
+        for name, ident in series.items():
+            points = dict(found.get(name, []))
+            if inner and level is not None:
                 shift = (width.bit_length() - 1) - level
-                span = (series, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1)
+                span = (ident, level, inner[0] << shift, ((inner[-1] + 1) << shift) - 1)
                 rows = self.query(rollups.SERIES_ROWS, span)
-                found.update(rollups.bucket_extremes(rows, shift, self.kind))
-        if raw:
-            bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
-            found.update(self.extremes(points, memo, bounds))
-        return sorted(found.items())
+                points.update(rollups.bucket_extremes(rows, shift, self.kind))
+            out[name] = sorted(points.items())
+        return out

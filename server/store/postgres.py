@@ -308,7 +308,6 @@ class PostgresStore(Store):
         return value
 
 
-
 def channel_for(schema: str) -> str:
     """The NOTIFY channel of the replicas that share ``schema`` (channels are per
     database, so deployments in different schemas of one database must not mix).

@@ -89,12 +89,6 @@ def cover(lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[tuple[int,
     return blocks, rest
 
 
-SET_INSERT = (
-    "INSERT INTO set_rollups (set_id, level, block, n, step_lo, step_hi, data)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (set_id, level, block) DO UPDATE SET"
-    " n = excluded.n, step_lo = excluded.step_lo, step_hi = excluded.step_hi,"
-    " data = excluded.data"
-)
 # One series' rows of a level, from block to block, in whichever sets it is.
 _OF_SERIES = (
     " FROM rollup_members m JOIN set_rollups r ON r.set_id = m.set_id"

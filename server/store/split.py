@@ -3,8 +3,8 @@
 
 Step records come as ``columns`` blocks or one by one (docs/PROTOCOL.md); the store
 keeps both ONE way, so every read has one path: consecutive step records of one shape
-become one :class:`RecordBlock` shaped like a wire block, plus what a wire block
-cannot carry (``backward_passes``, ``depth`` series, other fields as ``notes``).
+become one :class:`Block`, as a wire block does, with what a wire block cannot
+carry (``backward_passes``, ``depth`` series, other fields as ``notes``).
 
 Example:
     >>> from gradwatch.server.schema import parse_message
@@ -13,8 +13,8 @@ Example:
     ...     ' {"kind": "step", "step": 5, "loss": 0.5, "backward_passes": 2},'
     ...     ' {"kind": "epoch", "epoch": 1, "step": 5}]}')
     >>> (block,) = step_blocks(batch.records)
-    >>> block.n, block.loss is not None, block.backward_passes is not None
-    (2, True, True)
+    >>> block.n, sorted(block.columns)
+    (2, ['backward_passes', 'epoch', 'loss', 'step'])
     >>> split = split_batch(batch, lambda v: v)
     >>> len(split.steps), len(split.epochs), split.last_step, split.last_epoch
     (1, 1, 5, 1)
@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,13 +37,7 @@ from gradwatch.protocol.columns import split_name
 from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH
 
 from ..column_checks import ints
-from ..schema import (
-    FloatColumn,
-    IntColumn,
-    NamedColumns,
-    StepColumns,
-    TimestepColumns,
-)
+from ..schema import StepColumns
 from .chunks import CHUNK_FIELDS, FLOAT_FIELDS, INT_FIELDS, SCALAR_FIELDS, ColumnGroup, cuts
 
 # Kept per record in ``notes`` (besides fields the server does not know).
@@ -73,8 +67,9 @@ class SplitBatch:
     problems: int = 0
     ends: list[tuple[str, int | None, Any]] = field(default_factory=list)
     keys: set[tuple[str, str, str]] = field(default_factory=set)
-    last_step: int | None = None
-    last_epoch: int | None = None
+    # The batch's largest step and epoch; -1: it has none.
+    last_step: int = -1
+    last_epoch: int = -1
 
 
 def opens_problem(record: Any) -> int:
@@ -90,7 +85,6 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
     storing a protocol number)."""
     out = SplitBatch()
     run_id, rank = batch.run_id, batch.rank
-    last_step = last_epoch = -1
     # Unique per (run, rank, step) record: the batch's seq and the record's place in it,
     # salted with the session, where a new trainer process counts seq from 0 again.
     uid = (zlib.crc32(session.encode()) & 0xFFFFF) << 43 if session else 0
@@ -98,9 +92,9 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
     for record in batch.records:
         kind = record.kind
         if kind == "epoch":
-            last_epoch = max(last_epoch, record.epoch)
+            out.last_epoch = max(out.last_epoch, record.epoch)
             if record.step is not None:
-                last_step = max(last_step, record.step)
+                out.last_step = max(out.last_step, record.step)
             out.epochs.append(
                 (run_id, rank, record.epoch, record.step, scalar(record.t),
                  scalar(record.duration_s), record.steps, record.model_dump_json(exclude_none=True))
@@ -113,57 +107,73 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             )
         elif kind == "end":
             out.ends.append((record.status, record.step, record.t))
-    for block in (*step_blocks(batch.records), *batch.columns):
+    for block in (*step_blocks(batch.records), *map(wire_block, batch.columns)):
         step, epoch = add_block(out, block, run_id, rank, uid)
-        last_step, last_epoch = max(last_step, step), max(last_epoch, epoch)
+        out.last_step, out.last_epoch = max(out.last_step, step), max(out.last_epoch, epoch)
         uid += block.n
-    out.last_step = last_step if last_step >= 0 else None
-    out.last_epoch = last_epoch if last_epoch >= 0 else None
     return out
 
 
-def add_block(out: SplitBatch, block: Any, run_id: str, rank: int, uid: int) -> tuple[int, int]:
+class Block(NamedTuple):
+    """Step records of one shape as columns, from a wire block (:func:`wire_block`) or
+    from records (:func:`step_blocks`): what :func:`add_block` stores."""
+
+    n: int
+    columns: dict[str, bytes]  # "step" and each plain field present: n int64 or float64
+    names: tuple[str, ...]  # the named scalars: n rows of len(names) float64 in ``named``
+    named: bytes
+    series: list[tuple[str, str, str, int, bytes]]  # (family, module, series, len, n rows)
+    notes: list[dict[str, Any] | None] | None = None  # what a column cannot hold, per record
+
+
+def wire_block(block: StepColumns) -> Block:
+    """A wire ``columns`` block as a :class:`Block` (it has no depth series, no notes)."""
+    columns = {"step": block.step.i64}
+    for name in CHUNK_FIELDS:
+        column = getattr(block, name, None)  # backward_passes comes only from records
+        if column is not None:
+            columns[name] = column.i64 if name in INT_FIELDS else column.f64
+    named = block.named
+    series = [
+        ("timesteps", module, name, column.length, column.f64)
+        for module, by_name in (block.timesteps or {}).items()
+        for name, column in by_name.items()
+    ]
+    if named is None:
+        return Block(block.n, columns, (), b"", series)
+    return Block(block.n, columns, tuple(named.names), named.f64, series)
+
+
+def add_block(out: SplitBatch, block: Block, run_id: str, rank: int, uid: int) -> tuple[int, int]:
     """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
     ``uid + 1 ...`` in block order. Returns the block's last step and last epoch."""
-    steps = ints(block.step.i64)
-    last_epoch = max(ints(block.epoch.i64)) if block.epoch is not None else 0
-    columns = [(name, getattr(block, name, None)) for name in CHUNK_FIELDS]
-    present: list[tuple[str, Any]] = [(n, c) for n, c in columns if c is not None]
-    raw = [column.i64 if name in INT_FIELDS else column.f64 for name, column in present]
+    step_column = block.columns["step"]
+    steps = ints(step_column)
+    last_epoch = max(ints(block.columns["epoch"])) if "epoch" in block.columns else 0
+    present = [(name, block.columns[name]) for name in CHUNK_FIELDS if name in block.columns]
     fields = json.dumps([name for name, _ in present])
-    rolled = [(n, data) for (n, _), data in zip(present, raw, strict=True) if n in SCALAR_FIELDS]
+    rolled = [(name, data) for name, data in present if name in SCALAR_FIELDS]
     out.keys.update(("scalar", name, "") for name, _ in rolled)
-    named = block.named if block.named is not None and block.named.names else None
-    names = tuple(named.names) if named is not None else ()
+    names = block.names
     for family, owner, key in map(split_name, names):  # a profiled module once, not per key
         out.keys.add((family, owner, "" if family == "profile" else key))
-    # A wire block has no depth series: only blocks made of records do.
-    depth = getattr(block, "depth", None) or {}
-    series_columns = [
-        ("timesteps", module, series, column)
-        for module, series_map in (block.timesteps or {}).items()
-        for series, column in series_map.items()
-    ] + [("depth", stack, "input", column) for stack, column in depth.items()]
-    out.keys.update((family, module, series) for family, module, series, _ in series_columns)
-    notes = getattr(block, "notes", None)
+    out.keys.update((family, module, series) for family, module, series, _, _ in block.series)
     chunks = cuts(steps)
-    out.groups.extend(_array_groups(steps, block.step.i64, chunks, rolled, named))
+    out.groups.extend(_array_groups(steps, step_column, chunks, rolled, block))
     for start, stop in chunks:
         n, first, lo, hi = stop - start, uid + 1 + start, steps[start], steps[stop - 1]
-        data = b"".join(d[8 * start : 8 * stop] for d in raw)
-        step_bytes = block.step.i64[8 * start : 8 * stop]
-        part = notes[start:stop] if notes is not None else None
+        data = b"".join(d[8 * start : 8 * stop] for _, d in present)
+        step_bytes = step_column[8 * start : 8 * stop]
+        part = block.notes[start:stop] if block.notes is not None else None
         text = json.dumps(part, separators=(",", ":")) if part and any(part) else None
         out.steps.append((run_id, rank, lo, hi, first, n, fields, step_bytes, data, text))
-        if named is not None:
-            data = named.f64[8 * len(names) * start : 8 * len(names) * stop]
+        if names:
+            data = block.named[8 * len(names) * start : 8 * len(names) * stop]
             out.named.append((names, (run_id, rank, lo, hi, first, n, step_bytes, data)))
-        for family, module, series, column in series_columns:
-            size = 8 * column.length
-            out.series.append(
-                (run_id, rank, family, module, series, lo, hi, first, n,
-                 column.length, step_bytes, column.f64[size * start : size * stop])
-            )
+        for family, module, series, length, values in block.series:
+            cut = values[8 * length * start : 8 * length * stop]
+            row = (run_id, rank, family, module, series, lo, hi, first, n, length, step_bytes, cut)
+            out.series.append(row)
     return max(steps), last_epoch
 
 
@@ -172,7 +182,7 @@ def _array_groups(
     step_bytes: bytes,
     chunks: list[tuple[int, int]],
     rolled: list[tuple[str, bytes]],
-    named: Any,
+    block: Block,
 ) -> list[ColumnGroup]:
     """Each chunk's rollup groups as numpy matrices of one dtype (store/rollups.py):
     the int columns with the steps, the float columns, the named scalars."""
@@ -187,23 +197,14 @@ def _array_groups(
     if floats_:
         matrix = np.frombuffer(b"".join(d for _, d in floats_), "<f8").reshape(-1, n).T
         matrices.append((tuple(name for name, _ in floats_), matrix, False))
-    if named is not None:
-        matrix = np.frombuffer(named.f64, "<f8").reshape(n, len(named.names))
-        matrices.append((tuple(named.names), matrix, True))
+    if block.names:
+        matrix = np.frombuffer(block.named, "<f8").reshape(n, len(block.names))
+        matrices.append((block.names, matrix, True))
     return [
         ColumnGroup(steps[start:stop], names, matrix[start:stop], name_set)
         for start, stop in chunks
         for names, matrix, name_set in matrices
     ]
-
-
-class RecordBlock(StepColumns):
-    """Step records of one shape as a wire block (built, never validated: the records
-    were), plus what a wire block cannot carry."""
-
-    backward_passes: IntColumn | None = None
-    depth: dict[str, TimestepColumns] | None = None  # stack -> one series per record
-    notes: list[dict[str, Any] | None] | None = None
 
 
 def floats(values: list[Any]) -> bytes:
@@ -238,7 +239,8 @@ def _named(record: Any) -> tuple[tuple[str, ...], list[Any]]:
     return tuple(names), values
 
 
-def _series(values: Any) -> bytes:
+def _series(record: Any, family: str, module: str, name: str) -> bytes:
+    values = record.depth[module] if family == "depth" else record.timesteps[module][name]
     packed = getattr(values, "f64", None)  # a series that came packed already is bytes
     return bytes(packed) if packed is not None else floats(values)
 
@@ -259,47 +261,22 @@ def _shape(record: Any) -> tuple[Any, ...]:
         for name, values in by_name.items()
     )
     if record.depth:
-        series += tuple(("depth", stack, "", len(v)) for stack, v in record.depth.items())
+        series += tuple(("depth", stack, "input", len(v)) for stack, v in record.depth.items())
     return plain, names, series, values
 
 
-def step_blocks(records: Sequence[Any]) -> Iterator[RecordBlock]:
+def step_blocks(records: Sequence[Any]) -> Iterator[Block]:
     """The step records of ``records`` as blocks of consecutive records of one shape."""
     shaped = ((_shape(r), r) for r in records if r.kind == "step")
-    for key, group in groupby(shaped, key=lambda item: item[0][:3]):
-        yield _block([(r, shape[3]) for shape, r in group], key)
-
-
-def _block(run: list[tuple[Any, list[Any]]], key: Any) -> RecordBlock:
-    plain, names, series = key
-    records = [r for r, _ in run]
-    values: dict[str, Any] = {"kind": "step", "n": len(records)}
-    values["step"] = IntColumn.model_construct(i64=_ints([r.step for r in records]))
-    for name in plain:
-        column = [getattr(r, name) for r in records]
-        if name in FLOAT_FIELDS:
-            values[name] = FloatColumn.model_construct(f64=floats(column))
-        else:
-            values[name] = IntColumn.model_construct(i64=_ints([int(v) for v in column]))
-    if names:
-        f64 = floats([v for _, vs in run for v in vs])
-        values["named"] = NamedColumns.model_construct(names=list(names), f64=f64)
-    timesteps: dict[str, dict[str, TimestepColumns]] = {}
-    depth: dict[str, TimestepColumns] = {}
-    for family, module, name, length in series:
-        if family == "timesteps":
-            data = b"".join(_series(r.timesteps[module][name]) for r in records)
-            timesteps.setdefault(module, {})[name] = TimestepColumns.model_construct(
-                length=length, f64=data
-            )
-        else:  # a depth series: one per stack
-            data = b"".join(_series(r.depth[module]) for r in records)
-            depth[module] = TimestepColumns.model_construct(length=length, f64=data)
-    if timesteps:
-        values["timesteps"] = timesteps
-    if depth:
-        values["depth"] = depth
-    notes = [_notes(r) for r in records]
-    if any(notes):
-        values["notes"] = notes
-    return RecordBlock.model_construct(**values)
+    for (plain, names, series), group in groupby(shaped, key=lambda item: item[0][:3]):
+        run = list(group)
+        records = [r for _, r in run]
+        columns = {"step": _ints([r.step for r in records])}
+        for name in plain:
+            values = [getattr(r, name) for r in records]
+            floating = name in FLOAT_FIELDS
+            columns[name] = floats(values) if floating else _ints([int(v) for v in values])
+        named = floats([v for shape, _ in run for v in shape[3]]) if names else b""
+        packed = [(*shape, b"".join(_series(r, *shape[:3]) for r in records)) for shape in series]
+        notes = [_notes(r) for r in records]
+        yield Block(len(records), columns, names, named, packed, notes if any(notes) else None)

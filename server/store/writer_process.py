@@ -31,22 +31,12 @@ import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
+from itertools import accumulate
 from typing import IO, Any
 
-from gradwatch.protocol.column_shapes import FLOAT_COLUMNS
-
-from ..schema import (
-    RECORDS,
-    Batch,
-    FloatColumn,
-    IntColumn,
-    NamedColumns,
-    StepColumns,
-    TimestepColumns,
-)
+from ..schema import RECORDS, Batch, StepColumns
 from ..settings import Settings
 from .base import StoreDataError, StoreError
-from .chunks import CHUNK_FIELDS
 
 _SIZES = struct.Struct("<II")
 
@@ -91,61 +81,52 @@ def read_frame(source: IO[bytes]) -> tuple[dict[str, Any], bytes] | None:
 
 
 def encode_batch(batch: Batch, session: str) -> tuple[dict[str, Any], list[bytes]]:
-    """A validated batch as a frame's head (``id`` still to be set) and body parts."""
-    records = RECORDS.dump_json(batch.records, exclude_unset=True) if batch.records else b""
-    parts, blocks = [records], []
-    for block in batch.columns:
-        fields = [name for name in CHUNK_FIELDS if getattr(block, name, None) is not None]
-        for name in ("step", *fields):
-            column = getattr(block, name)
-            parts.append(column.f64 if name in FLOAT_COLUMNS else column.i64)
-        named = block.named.names if block.named is not None else None
-        if block.named is not None:
-            parts.append(block.named.f64)
-        by_module = (block.timesteps or {}).items()
-        series = [[module, name, c.length] for module, by in by_module for name, c in by.items()]
-        parts.extend(c.f64 for _, by in by_module for c in by.values())
-        blocks.append({"n": block.n, "fields": fields, "named": named, "timesteps": series})
-    head = {"op": "batch", "session": session, "run_id": batch.run_id, "rank": batch.rank,
-            "seq": batch.seq, "records": len(records), "blocks": blocks,
-            "extra": batch.__pydantic_extra__ or {}}
+    """A validated batch as a frame's head (``id`` still to be set) and body parts: the
+    records as JSON, each column block as its dump with None for each bytes value (a
+    dump without None values has no other), those bytes in the body in dump order."""
+    parts = [RECORDS.dump_json(batch.records, exclude_unset=True) if batch.records else b""]
+
+    def lift(value: Any) -> Any:
+        if isinstance(value, bytes):
+            parts.append(value)
+            return None
+        return {k: lift(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    blocks = [lift(b.model_dump(exclude_none=True, by_alias=True)) for b in batch.columns]
+    head = {
+        "op": "batch",
+        "session": session,
+        "run_id": batch.run_id,
+        "rank": batch.rank,
+        "seq": batch.seq,
+        "blocks": blocks,
+        "sizes": [len(part) for part in parts],
+        "extra": batch.__pydantic_extra__ or {},
+    }
     return head, parts
 
 
 def decode_batch(head: dict[str, Any], body: bytes) -> tuple[int, Batch, str]:
-    """(id, batch, session) of a batch frame made by :func:`encode_batch`."""
-    view = memoryview(body)
-    at = head["records"]
+    """(id, batch, session) of a batch frame made by :func:`encode_batch`; the blocks
+    are validated again as Python values (cheap: their bytes are not decoded)."""
+    ends = list(accumulate(head["sizes"]))
+    records, *rest = (body[end - size : end] for size, end in zip(head["sizes"], ends, strict=True))
+    parts = iter(rest)
 
-    def take(size: int) -> bytes:
-        nonlocal at
-        at += size
-        return bytes(view[at - size : at])
+    def fill(value: Any) -> Any:
+        if value is None:
+            return next(parts)
+        return {k: fill(v) for k, v in value.items()} if isinstance(value, dict) else value
 
-    records = RECORDS.validate_json(bytes(view[:at])) if at else []
-    columns = []
-    for spec in head["blocks"]:
-        n = spec["n"]
-        values: dict[str, Any] = {"kind": "step", "n": n}
-        for name in ("step", *spec["fields"]):
-            if name in FLOAT_COLUMNS:
-                values[name] = FloatColumn.model_construct(f64=take(8 * n))
-            else:
-                values[name] = IntColumn.model_construct(i64=take(8 * n))
-        if spec["named"] is not None:
-            f64 = take(8 * n * len(spec["named"]))
-            values["named"] = NamedColumns.model_construct(names=spec["named"], f64=f64)
-        if spec["timesteps"]:
-            timesteps: dict[str, dict[str, TimestepColumns]] = {}
-            for module, name, length in spec["timesteps"]:
-                timesteps.setdefault(module, {})[name] = TimestepColumns.model_construct(
-                    length=length, f64=take(8 * n * length)
-                )
-            values["timesteps"] = timesteps
-        columns.append(StepColumns.model_construct(**values))
-    batch = Batch.model_construct(type="batch", run_id=head["run_id"], rank=head["rank"],
-                                  seq=head["seq"], records=records, columns=columns,
-                                  **head["extra"])
+    batch = Batch.model_construct(
+        type="batch",
+        run_id=head["run_id"],
+        rank=head["rank"],
+        seq=head["seq"],
+        records=RECORDS.validate_json(records) if records else [],
+        columns=[StepColumns.model_validate(fill(block)) for block in head["blocks"]],
+        **head["extra"],
+    )
     return head["id"], batch, head["session"]
 
 
@@ -271,4 +252,3 @@ class ProcessWriter:
             child.wait()
         if reader is not None:
             reader.join(timeout=timeout)  # every answer read, the pipe closed
-

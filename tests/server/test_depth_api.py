@@ -198,3 +198,21 @@ def test_a_step_sent_again_reads_its_latest_ratios_and_depth(gradwatch_server, g
         "layers.0": [1e-3, 7e-3, 1e-3], "layers.1": [2e-3, 1e-4, 2e-3]}
     heat = wire.get_ok(server, f"/api/runs/{run_id}/depth?stack=layers")
     assert heat["steps"] == [0, 1, 2] and heat["values"][1] == [5.0, 6.0]
+
+
+def test_a_ratio_a_step_sent_again_lacks_keeps_its_earlier_value(
+    gradwatch_server, gradwatch_db, wire
+):
+    """Each ratio of a step sent twice comes from the last record that holds it, in
+    /update_ratios as in /steps (a named scalar's rule)."""
+    server = gradwatch_server(db=gradwatch_db)
+    run_id = wire.run_id()
+    first = [{"kind": "step", "step": s, "update_ratios": {"a.w": 1e-3, "b.w": 2e-3}}
+             for s in range(3)]
+    again = {"kind": "step", "step": 1, "update_ratios": {"a.w": 7e-3}}
+    send(wire, server, run_id, [first, [again]])
+    ratios = wire.get_ok(server, f"/api/runs/{run_id}/update_ratios")
+    assert {b["name"]: b["values"] for b in ratios["blocks"]} == {
+        "a": [1e-3, 7e-3, 1e-3], "b": [2e-3, 2e-3, 2e-3]}
+    steps = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=update_ratios/b.w")
+    assert steps["fields"]["update_ratios/b.w"]["value"] == [2e-3, 2e-3, 2e-3]

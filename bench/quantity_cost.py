@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 if monitor is not None:
                     monitor.flush()
         base = statistics.median(arms[0][3])
-        print(f"{args.only}, every=1, {args.rounds} rounds x {args.steps} steps; "
-              f"load average {os.getloadavg()[0]:.1f}")
+        print(f"{args.only}, every=1, {args.rounds} rounds x {args.steps} steps; plain "
+              f"{base * 1e3:.2f} ms; load average {os.getloadavg()[0]:.1f}")
         print("| | training-thread CPU beyond plain, per step |\n| --- | --- |")
         for label, _, monitor, times in arms[1:]:
             print(f"| {label} | +{(statistics.median(times) - base) * 1e3:.2f} ms |")

@@ -53,11 +53,6 @@ def eager(fn: Fn) -> Fn:
     deferred until dynamo has been imported by someone (``torch.compile`` imports it
     before it traces anything): importing it here would add seconds to ``watch()``
     for everyone who never compiles.
-
-    The disabled function is called only while dynamo traces (``is_compiling()``,
-    which dynamo reads as true when it traces this code): creating a ``torch.optim``
-    optimizer imports dynamo, and outside a trace the disabled wrapper still swaps
-    the frame evaluation callback on every call (about 1 µs, once per cell call).
     """
     disabled: Fn | None = None
 
@@ -66,10 +61,8 @@ def eager(fn: Fn) -> Fn:
         nonlocal disabled
         if "torch._dynamo" not in sys.modules:
             return fn(*args, **kwargs)
-        if disabled is None:  # made outside a trace: at the first call after the import
+        if disabled is None:
             disabled = cast(Fn, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
-        if not torch.compiler.is_compiling():
-            return fn(*args, **kwargs)
         return disabled(*args, **kwargs)
 
     return cast(Fn, call)

@@ -353,14 +353,15 @@ def test_norms_of_zero_and_non_finite_gradients() -> None:
         assert got[0] == 0.0 and got[1] == float("inf") and got[2] != got[2]
 
 
+@pytest.mark.parametrize("per", [3, 1])
 def test_norms_in_several_stacked_reductions_keep_their_order(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, per: int
 ) -> None:
-    """A loop whose gradients exceed one stacked reduction is reduced in chunks: the
-    norms still come back exact and in call order."""
+    """A loop whose gradients exceed one stacked reduction is reduced in chunks (or,
+    one gradient a reduction, by _foreach_norm): exact, and in call order."""
     from gradwatch.trainer_hooks.quantities import norms
 
-    monkeypatch.setattr(norms, "STACK_LIMIT", 3 * 40)  # 3 gradients of 40 a reduction
+    monkeypatch.setattr(norms, "STACK_LIMIT", per * 40)  # gradients of 40 elements
     torch.manual_seed(4)
     grads = [torch.randn(5, 8) * 10.0 ** -k for k in range(8)]
     want = torch.stack([torch.linalg.vector_norm(g.to(F64)) for g in grads])

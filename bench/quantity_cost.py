@@ -7,6 +7,10 @@ the training thread's CPU time (``time.thread_time()``: hooks, ``step()`` and th
 device work of the norms, not the background thread) per step, beyond a plain copy,
 medians over rounds.
 
+Each copy trains in a thread of its own, as a training loop does (autograd numbers
+nodes per thread: another copy's nodes between two of a monitor's steps would read to
+it as a changed graph and re-run the stale-state check and the graph walk).
+
 Run: ``python bench/quantity_cost.py --only cells --drop timesteps update_ratios
 param_norms graph_nodes --rounds 25`` (BENCHMARKS.md, "Capture cost").
 """
@@ -14,6 +18,7 @@ param_norms graph_nodes --rounds 25`` (BENCHMARKS.md, "Capture cost").
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import os
 import random
@@ -61,27 +66,32 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     work = overhead.workload(args.only)
     with tempfile.TemporaryDirectory() as tmp:
-        arms = [arm(work, tmp, "plain", None, plain=True), arm(work, tmp, "all", None)]
-        arms += [arm(work, tmp, f"without {name}", name) for name in args.drop]
-        for _, step, monitor, _ in arms:
-            for _ in range(args.warmup):
+        labels = ["plain", "all"] + [f"without {name}" for name in args.drop]
+        pools = {label: concurrent.futures.ThreadPoolExecutor(1) for label in labels}
+
+        def steps(step: Any, monitor: Any, count: int) -> float:
+            started = time.thread_time()
+            for _ in range(count):
                 loss = step()
                 if monitor is not None:
                     monitor.step(loss)
+            return (time.thread_time() - started) / count
+
+        arms = [pools["plain"].submit(arm, work, tmp, "plain", None, True).result(),
+                pools["all"].submit(arm, work, tmp, "all", None).result()]
+        arms += [pools[f"without {name}"].submit(arm, work, tmp, f"without {name}", name).result()
+                 for name in args.drop]
+        for label, step, monitor, _ in arms:
+            pools[label].submit(steps, step, monitor, args.warmup).result()
         shuffle = random.Random(0)
         for _ in range(args.rounds):
-            for _, step, monitor, times in shuffle.sample(arms, len(arms)):
-                started = time.thread_time()
-                for _ in range(args.steps):
-                    loss = step()
-                    if monitor is not None:
-                        monitor.step(loss)
-                times.append((time.thread_time() - started) / args.steps)
+            for label, step, monitor, times in shuffle.sample(arms, len(arms)):
+                times.append(pools[label].submit(steps, step, monitor, args.steps).result())
                 if monitor is not None:
                     monitor.flush()
         base = statistics.median(arms[0][3])
-        print(f"{args.only}, every=1, {args.rounds} rounds x {args.steps} steps; "
-              f"load average {os.getloadavg()[0]:.1f}")
+        print(f"{args.only}, every=1, {args.rounds} rounds x {args.steps} steps; plain "
+              f"{base * 1e3:.2f} ms; load average {os.getloadavg()[0]:.1f}")
         print("| | training-thread CPU beyond plain, per step |\n| --- | --- |")
         for label, _, monitor, times in arms[1:]:
             print(f"| {label} | +{(statistics.median(times) - base) * 1e3:.2f} ms |")

@@ -86,7 +86,9 @@ class _Flattener:
 
     def flatten(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            t = value.detach()
+            # each op here is a dispatch per leaf per heavy step: skip those that would
+            # return the tensor as it is (the usual float64 1-D norms of a quantity)
+            t = value.detach() if value.requires_grad else value
             device = t.device
             parts = self.parts.get(device)
             if parts is None:
@@ -95,8 +97,10 @@ class _Flattener:
                 self.devices.append(device)
             offset = self.sizes[device]
             self.sizes[device] = offset + t.numel()
-            parts.append(t.reshape(-1).to(torch.float64))
-            return _Leaf(self.devices.index(device), offset, t.shape, t.dtype)
+            if t.dim() != 1:
+                t = t.reshape(-1)
+            parts.append(t if t.dtype == torch.float64 else t.to(torch.float64))
+            return _Leaf(self.devices.index(device), offset, value.shape, value.dtype)
         if isinstance(value, dict):
             if not any(isinstance(v, _CONTAINERS) for v in value.values()):
                 return value

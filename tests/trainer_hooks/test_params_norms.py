@@ -78,6 +78,25 @@ def test_param_and_gate_norms_equal_autograd_in_float64(tmp_path: Path) -> None:
     assert "nonfinite" not in record
 
 
+def test_float32_gate_norms_accumulate_in_float64_per_gate(tmp_path: Path) -> None:
+    """Float32 packed gradients (reduced on CPU as (gates, -1) rows): each gate's norm
+    equals the float64 norm of autograd's chunk, tiny gradients included."""
+    torch.manual_seed(2)
+    model = Stack()
+    path = tmp_path / "run.jsonl"
+    with watch(model, run="gates32", every=1, spool=path, diagnose=False) as monitor:
+        loss = model(torch.randn(6, 2, 3)).pow(2).sum() * 1e-25
+        loss.backward()
+        monitor.step(loss)
+        params, gates = expected_norms(model)
+    (record,) = steps_of(path)
+    assert min(min(chunks.values()) for chunks in gates.values()) < 1e-20  # float32 squares: 0
+    for name, chunks in gates.items():  # abs=0: approx would let 1e-26 pass as 0
+        assert record["gate_norms"][name] == pytest.approx(chunks, rel=1e-12, abs=0.0)
+    for name, value in params.items():
+        assert record["param_norms"][name] == pytest.approx(value, rel=1e-12, abs=0.0)
+
+
 def test_float32_norms_of_tiny_gradients_do_not_underflow(tmp_path: Path) -> None:
     model = nn.Linear(4, 1, bias=False)
     path = tmp_path / "run.jsonl"

@@ -330,7 +330,7 @@ def test_norms_are_right_down_to_1e_300(scale: float, dtype: torch.dtype) -> Non
     scaled) and to float32's subnormals (float32 gradients, float64 accumulation)."""
     import math
 
-    from gradwatch.trainer_hooks.quantities.cells import grad_norms
+    from gradwatch.trainer_hooks.quantities.norms import grad_norms
 
     torch.manual_seed(3)
     grads = [(torch.randn(4, 8, dtype=F64) * scale).to(dtype) for _ in range(3)]
@@ -344,10 +344,25 @@ def test_norms_are_right_down_to_1e_300(scale: float, dtype: torch.dtype) -> Non
 
 
 def test_norms_of_zero_and_non_finite_gradients() -> None:
-    from gradwatch.trainer_hooks.quantities.cells import grad_norms
+    from gradwatch.trainer_hooks.quantities.norms import grad_norms
 
     for dtype in (F64, torch.float32):
         grads = [torch.zeros(3, dtype=dtype), torch.tensor([1.0, float("inf"), 2.0], dtype=dtype),
                  torch.tensor([1.0, float("nan"), 2.0], dtype=dtype)]
         got = grad_norms(grads).tolist()
         assert got[0] == 0.0 and got[1] == float("inf") and got[2] != got[2]
+
+
+@pytest.mark.parametrize("per", [3, 1])
+def test_norms_in_several_stacked_reductions_keep_their_order(
+    monkeypatch: pytest.MonkeyPatch, per: int
+) -> None:
+    """A loop whose gradients exceed one stacked reduction is reduced in chunks (or,
+    one gradient a reduction, by _foreach_norm): exact, and in call order."""
+    from gradwatch.trainer_hooks.quantities import norms
+
+    monkeypatch.setattr(norms, "STACK_LIMIT", per * 40)  # gradients of 40 elements
+    torch.manual_seed(4)
+    grads = [torch.randn(5, 8) * 10.0 ** -k for k in range(8)]
+    want = torch.stack([torch.linalg.vector_norm(g.to(F64)) for g in grads])
+    torch.testing.assert_close(norms.grad_norms(grads), want, rtol=1e-12, atol=0.0)

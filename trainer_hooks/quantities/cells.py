@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .calls import F64, accumulate, eager, hook_tensor, in_backward
+from .calls import accumulate, eager, hook_tensor, in_backward
+from .norms import norms_in_order
 
 if TYPE_CHECKING:
     from .owner import CaptureOwner
@@ -118,24 +119,35 @@ class CellCapture:
 
     def _watch_call(self, args: tuple[Any, ...], output: Any) -> None:
         # the per-call cost of a cell loop is this function: keep it lean (one tuple
-        # per call, no Python hook left for backward, no grad_fn wrapper made)
+        # per call, no Python hook left for backward, no grad_fn wrapper made; the
+        # usual non-leaf output that nobody retains yet is retained inline)
         h, c = _split_output(output)
         if h is None or not h.requires_grad:
             return
         k = self.count
         self.count = k + 1
-        self.device = h.device
-        if k and not fed_by(args, self._previous):
-            self.unfed.append(k)
+        if k:
+            if not fed_by(args, self._previous):
+                self.unfed.append(k)
+        else:
+            self.device = h.device
+            self.used.add("hidden")
         self._previous = (h, c)
         if in_backward():
             self.recomputed[k] = False
-        self.used.add("hidden")
-        kept_h = self._keep(h, k, "hidden")
+        if h.is_leaf or h.retains_grad:
+            kept_h = self._keep(h, k, "hidden")
+        else:
+            h.retain_grad()
+            kept_h = h
         kept_c = None
         if c is not None and c.requires_grad:
             self.used.add("cell")
-            kept_c = self._keep(c, k, "cell")
+            if c.is_leaf or c.retains_grad:
+                kept_c = self._keep(c, k, "cell")
+            else:
+                c.retain_grad()
+                kept_c = c
         self.outputs.append((kept_h, kept_c))
         self.versions.append((h._version, kept_c._version if kept_c is not None else 0))
 
@@ -177,7 +189,7 @@ class CellCapture:
     def _check_versions(self) -> None:
         """Warn (once) when user code changed a captured output in place after the call."""
         for (h, c), (vh, vc) in zip(self.outputs, self.versions, strict=True):
-            if _changed(h, vh) or _changed(c, vc):
+            if (h is not None and h._version != vh) or (c is not None and c._version != vc):
                 self.owner.warn_once(
                     "cell_inplace",
                     f"gradwatch: an output of {self.name} was changed in place after the "
@@ -199,7 +211,11 @@ class CellCapture:
 
     def series(self, start: int = 0, end: int | None = None) -> dict[str, torch.Tensor]:
         """This step's float64 series, one entry per kept call of ``start .. end-1``
-        (the calls of the backward passes the step reports; device ops, no sync)."""
+        (the calls of the backward passes the step reports; device ops, no sync).
+
+        Both series are reduced together (h and c of an LSTM cell have one shape):
+        one stack and one norm for the step on CPU (``norms.py``).
+        """
         outputs = self.outputs[start:end]
         if not outputs or self.device is None:
             return {}
@@ -219,43 +235,18 @@ class CellCapture:
             and all(values[k - start] is None for values in grads.values())
         }
         self._check_versions()
-        result = {}
-        with torch.no_grad():
-            for series, values in grads.items():
-                if dropped:
-                    values = [g for k, g in enumerate(values) if k not in dropped]
-                result[series] = norms_in_order(values, self.device)
+        if dropped:
+            grads = {
+                series: [g for k, g in enumerate(values) if k not in dropped]
+                for series, values in grads.items()
+            }
+        everything = [g for values in grads.values() for g in values]
+        norms = norms_in_order(everything, self.device)
+        result, at = {}, 0
+        for series, values in grads.items():
+            result[series] = norms[at : at + len(values)]
+            at += len(values)
         return result
-
-
-def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """‖g‖₂ of each of ``grads`` (one device), float64, in order: one reduction.
-
-    Float32 and half gradients: one ``torch._foreach_norm`` accumulating in float64
-    (no copy of the gradients; every float32 value, subnormals included, squares
-    without underflow in float64). On this repository's CPU box that took 122 µs for
-    24 gradients of 32 x 128, against 246 µs for a cast copy into a kept float64
-    buffer and 375 µs for a float32 copy scaled by its maximum (bench notes in
-    docs/CAPTURE.md). Float64 gradients, whose squares underflow below ~1e-154, are
-    scaled: ``s * ||g / s||`` with ``s = max|g|``, right down to 1e-300 and below.
-
-    Example:
-        >>> grad_norms([torch.full((2, 2), 1e-300, dtype=torch.float64)])
-        tensor([2.0000e-300], dtype=torch.float64)
-    """
-    detached = [g.detach() for g in grads]
-    if detached[0].dtype != F64:
-        norms: torch.Tensor = torch.stack(torch._foreach_norm(detached, 2, dtype=F64))
-        return norms
-    flat = torch.stack([g.reshape(-1) for g in detached])
-    plain: torch.Tensor = torch.linalg.vector_norm(flat, dim=1)
-    if flat.shape[1] == 0:
-        return plain
-    scale = flat.abs().amax(dim=1, keepdim=True)
-    usable = torch.isfinite(scale) & (scale > 0)  # inf/NaN and zeros: the plain norm
-    scale = torch.where(usable, scale, torch.ones_like(scale))
-    scaled = torch.linalg.vector_norm(flat / scale, dim=1) * scale.view(-1)
-    return torch.where(usable.view(-1), scaled, plain)
 
 
 #: autograd nodes looked at, per call, to find the previous call's state upstream
@@ -305,47 +296,3 @@ def _fed_upstream(args: Any, targets: tuple[torch.Tensor, torch.Tensor]) -> bool
         seen.add(node)
         queue.extend(n for n, _ in node.next_functions if n is not None)
     return False
-
-
-def _changed(tensor: torch.Tensor | None, version: int) -> bool:
-    return tensor is not None and tensor._version != version
-
-
-def norms_in_order(grads: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
-    """‖g‖₂ in float64 for each entry (0 for None), one reduction per shape."""
-    first = grads[0] if grads else None
-    if first is not None:  # the usual case, one shape and no gaps: no bookkeeping
-        shape, on, dtype = first.shape, first.device, first.dtype
-        if all(
-            g is not None and g.shape == shape and g.device == on and g.dtype == dtype
-            for g in grads
-        ):
-            return grad_norms(grads)  # type: ignore[arg-type]
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for k, g in enumerate(grads):
-        if g is not None:
-            groups.setdefault((g.shape, g.dtype, g.device), []).append(k)
-    results: list[torch.Tensor] = []
-    position: dict[int, tuple[int, int]] = {}  # call -> (group, row in its norms)
-    for members in groups.values():
-        results.append(grad_norms([grads[k] for k in members]))  # type: ignore[misc]
-        for row, k in enumerate(members):
-            position[k] = (len(results) - 1, row)
-    # stitch runs of consecutive calls from one group as slices (views, no copies)
-    pieces: list[torch.Tensor] = []
-    k, total = 0, len(grads)
-    while k < total:
-        end = k + 1
-        if k not in position:
-            while end < total and end not in position:
-                end += 1
-            pieces.append(torch.zeros(end - k, dtype=F64, device=device))
-        else:
-            group, row = position[k]
-            while end < total and position.get(end) == (group, row + end - k):
-                end += 1
-            pieces.append(results[group][row : row + end - k])
-        k = end
-    if not pieces:
-        return torch.zeros(0, dtype=F64, device=device)
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)

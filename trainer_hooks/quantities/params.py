@@ -245,17 +245,17 @@ class ParamNorms(Quantity):
                         len(tensors)
                     )
                 slots.append(i)
-                tensors.append(local.detach())
+                tensors.append(local)  # under no_grad: no detach needed (one op less each)
+        packed: dict[torch.device, list[tuple[torch.Tensor, int]]] = {}
         for i, count in split.items():
             g = grads[i]
             assert g is not None
-            _, tensors, gated = groups[g.device]
-            tensors.extend(g.detach().chunk(count, dim=0))
-            gated.append((i, count))
+            groups[g.device][2].append((i, count))
+            packed.setdefault(g.device, []).append((g, count))
         scale = self._scale()
         norms: list[torch.Tensor] = []
         for device, (_, tensors, _) in groups.items():
-            vec = _unscaled_norms(tensors, device, scale)
+            vec = _unscaled_norms(tensors, device, scale, packed.get(device, []))
             if self.reduce_shards and device in reduce_at:
                 vec = reduce_norms(vec, reduce_at[device])
             norms.append(vec)
@@ -343,11 +343,32 @@ class ParamNorms(Quantity):
 
 
 def _unscaled_norms(
-    tensors: list[torch.Tensor], device: torch.device, scale: torch.Tensor | None
+    tensors: list[torch.Tensor],
+    device: torch.device,
+    scale: torch.Tensor | None,
+    packed: list[tuple[torch.Tensor, int]] | None = None,
 ) -> torch.Tensor:
-    """‖t‖₂ of each tensor of one device in float64, divided by the AMP loss scale when
-    there is one: device ops only (no sync)."""
-    vec = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))
+    """‖t‖₂ of each tensor of one device in float64, then of each gate of each packed
+    recurrent gradient ``(g, gates)`` (its ``gates`` equal chunks along dim 0), divided
+    by the AMP loss scale when there is one: device ops only (no sync).
+
+    On CUDA one ``_foreach_norm`` over the tensors and the gate chunks is one fused
+    kernel. On CPU ``_foreach_norm`` is a loop of one cast and one norm per tensor, so
+    a packed gradient is reduced as ``(gates, -1)`` rows in one norm instead of a cast
+    and a norm per gate (an LSTM cell's 4 packed gradients: 4 ops, not 16).
+    """
+    packed = packed or []
+    if device.type == "cpu" and packed:
+        parts = []
+        if tensors:
+            parts.append(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64)))
+        for g, gates in packed:
+            rows = g.reshape(gates, g.numel() // gates)
+            parts.append(torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64))
+        vec = torch.cat(parts)
+    else:
+        chunks = tensors + [c for g, gates in packed for c in g.chunk(gates, dim=0)]
+        vec = torch.stack(torch._foreach_norm(chunks, 2, dtype=torch.float64))
     if scale is not None:
         vec = vec / scale.to(device=device, dtype=torch.float64, non_blocking=True)
     return vec

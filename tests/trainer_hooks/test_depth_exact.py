@@ -108,7 +108,7 @@ def test_transformer_encoder_depth_equals_autograd(tmp_path: Path) -> None:
     expected = reference_norms(twin, list(twin.layers), run)
     record = watched_record(model, lambda m: run(m), tmp_path)
     assert list(record["depth"]) == ["layers"]
-    assert record["depth"]["layers"] == pytest.approx(expected, rel=1e-12)
+    assert record["depth"]["layers"] == pytest.approx(expected, rel=1e-12, abs=0.0)
     assert min(expected) > 0
     # the watched model's gradients are those of the unwatched twin
     for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
@@ -125,7 +125,7 @@ def test_residual_mlp_blocks_depth_equals_autograd_and_raw_input_stays_untouched
     x = torch.randn(6, 3, dtype=F64)
     expected = reference_norms(twin, list(twin.blocks), lambda m: m(x).pow(2).sum())
     record = watched_record(model, lambda m: m(x).pow(2).sum(), tmp_path)
-    assert record["depth"]["blocks"] == pytest.approx(expected, rel=1e-12)
+    assert record["depth"]["blocks"] == pytest.approx(expected, rel=1e-12, abs=0.0)
     assert x.grad is None and not x.requires_grad
 
 
@@ -138,7 +138,7 @@ def test_raw_data_fed_to_the_first_block_gets_its_gradient(tmp_path: Path) -> No
         twin, list(twin), lambda m: m(x.clone().requires_grad_()).sum()
     )
     record = watched_record(model, lambda m: m(x).sum(), tmp_path)
-    assert record["depth"]["Sequential"] == pytest.approx(expected, rel=1e-12)
+    assert record["depth"]["Sequential"] == pytest.approx(expected, rel=1e-12, abs=0.0)
     assert x.grad is None
 
 
@@ -173,8 +173,8 @@ def test_user_named_blocks_equal_autograd(tmp_path: Path) -> None:
         model, run, tmp_path, blocks=[{"trunk": [model.first, "second", "third"]}, "mixed"]
     )
     assert set(record["depth"]) == {"trunk", "mixed"}  # nothing found by itself here
-    assert record["depth"]["trunk"] == pytest.approx(trunk, rel=1e-12)
-    assert record["depth"]["mixed"] == pytest.approx(mixed, rel=1e-12)
+    assert record["depth"]["trunk"] == pytest.approx(trunk, rel=1e-12, abs=0.0)
+    assert record["depth"]["mixed"] == pytest.approx(mixed, rel=1e-12, abs=0.0)
 
 
 def test_micro_batches_combine_as_one_batch(tmp_path: Path) -> None:
@@ -193,7 +193,7 @@ def test_micro_batches_combine_as_one_batch(tmp_path: Path) -> None:
             model(x).sum().backward()
         monitor.step()
     (record,) = steps_of(path)
-    assert record["depth"]["blocks"] == pytest.approx(expected, rel=1e-12)
+    assert record["depth"]["blocks"] == pytest.approx(expected, rel=1e-12, abs=0.0)
 
 
 def test_lbfgs_step_reports_the_last_evaluation(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_lbfgs_step_reports_the_last_evaluation(tmp_path: Path) -> None:
     (record,) = steps_of(path)
     assert len(kept) > 1 and record["backward_passes"] == len(kept)
     last = [t.grad.to(F64).norm().item() for t in kept[-1]]  # type: ignore[union-attr]
-    assert record["depth"]["blocks"] == pytest.approx(last, rel=1e-12)
+    assert record["depth"]["blocks"] == pytest.approx(last, rel=1e-12, abs=0.0)
 
 
 def _through(model: ResidualMLP, h: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:

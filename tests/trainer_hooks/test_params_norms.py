@@ -68,13 +68,13 @@ def test_param_and_gate_norms_equal_autograd_in_float64(tmp_path: Path) -> None:
     (record,) = steps_of(path)
     assert record["param_norms"].keys() == params.keys()
     for name, value in params.items():
-        assert record["param_norms"][name] == pytest.approx(value, rel=1e-12)
+        assert record["param_norms"][name] == pytest.approx(value, rel=1e-12, abs=0.0)
     assert record["gate_norms"].keys() == gates.keys()
     assert "weight_ih_l1_reverse" in {k.rsplit(".", 1)[-1] for k in gates}
     for name, chunks in gates.items():
-        assert record["gate_norms"][name] == pytest.approx(chunks, rel=1e-12)
+        assert record["gate_norms"][name] == pytest.approx(chunks, rel=1e-12, abs=0.0)
     total = math.sqrt(sum(v * v for v in params.values()))
-    assert record["total_norm"] == pytest.approx(total, rel=1e-12)
+    assert record["total_norm"] == pytest.approx(total, rel=1e-12, abs=0.0)
     assert "nonfinite" not in record
 
 
@@ -106,7 +106,7 @@ def test_float32_norms_of_tiny_gradients_do_not_underflow(tmp_path: Path) -> Non
         monitor.step(loss)
     (record,) = steps_of(path)
     # each grad entry is 1e-30: squared in float32 it would be 0
-    assert record["param_norms"]["weight"] == pytest.approx(2e-30, rel=1e-6)
+    assert record["param_norms"]["weight"] == pytest.approx(2e-30, rel=1e-6, abs=0.0)
 
 
 def test_nonfinite_names_the_parameters_whose_gradient_broke(tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_nonfinite_names_the_parameters_whose_gradient_broke(tmp_path: Path) -> 
     # the infinite weight of layer 1 breaks only the gradient flowing back into layer 0
     assert sorted(second["nonfinite"]["parameters"]) == ["0.bias", "0.weight"]
     assert not math.isfinite(to_float(second["param_norms"]["0.weight"]))
-    assert second["param_norms"]["1.weight"] == pytest.approx(finite_grad, rel=1e-12)
+    assert second["param_norms"]["1.weight"] == pytest.approx(finite_grad, rel=1e-12, abs=0.0)
     assert not math.isfinite(to_float(second["total_norm"]))
 
 
@@ -168,8 +168,8 @@ def test_retain_graph_second_backward_and_create_graph(tmp_path: Path) -> None:
         assert penalty.requires_grad  # create_graph kept the double-backward graph
         model.zero_grad(set_to_none=True)  # break the parameter <-> gradient cycle
     first, second = steps_of(path)
-    assert first["param_norms"] == pytest.approx(retained, rel=1e-12)
-    assert second["param_norms"] == pytest.approx(created, rel=1e-12)
+    assert first["param_norms"] == pytest.approx(retained, rel=1e-12, abs=0.0)
+    assert second["param_norms"] == pytest.approx(created, rel=1e-12, abs=0.0)
 
 
 def test_activation_checkpointing_gives_the_same_norms(tmp_path: Path) -> None:
@@ -185,7 +185,7 @@ def test_activation_checkpointing_gives_the_same_norms(tmp_path: Path) -> None:
         loss.backward()
         monitor.step(loss)
     (record,) = steps_of(path)
-    assert record["param_norms"] == pytest.approx(plain, rel=1e-12)
+    assert record["param_norms"] == pytest.approx(plain, rel=1e-12, abs=0.0)
 
 
 def test_grad_scaler_norms_are_unscaled(tmp_path: Path) -> None:

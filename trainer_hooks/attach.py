@@ -40,8 +40,9 @@ from .quantities.depth import BlockSpec, DepthSeries
 from .quantities.graph import DEFAULT_LIMIT, GraphSize
 from .quantities.params import ParamNorms
 from .quantities.profile import ModuleProfile
+from .quantities.retention import LossRetention
 from .quantities.sharded import is_sharded
-from .quantities.stale import CellSpec, LossRetention, StaleState
+from .quantities.stale import CellSpec, StaleState
 from .quantities.timesteps import RecurrentTimesteps
 from .quantities.updates import UpdateRatios
 from .schedule import DEFAULT_BUDGET, Schedule

@@ -1,16 +1,12 @@
-"""The direct check for graph growth: state or losses kept attached across steps.
+"""``stale_state``: the direct check for graph growth through state kept attached
+across steps (losses kept alive: quantities/retention.py).
 
-Two quantities, both cheap and active on every step:
-
-- :class:`StaleState`: a forward pre-hook on every recurrent module (``nn.LSTM``,
-  ``nn.GRU``, ``nn.RNN``, the ``*Cell`` classes and the cells named with ``cells=``)
-  checks whether an incoming tensor (the hidden state, typically) was produced in an
-  earlier training step and is still attached to that step's autograd graph. That is
-  the bug behind "every epoch is slower than the last": each backward walks every
-  earlier step again. It emits one ``graph_growth`` alert naming the module and the fix.
-- :class:`LossRetention`: catches graphs kept alive by the losses themselves
-  (``total += loss``, ``losses.append(loss)``): when the loss node of two steps ago is
-  still alive, something holds it.
+:class:`StaleState` puts a forward pre-hook on every recurrent module (``nn.LSTM``,
+``nn.GRU``, ``nn.RNN``, the ``*Cell`` classes and the cells named with ``cells=``)
+that checks whether an incoming tensor (the hidden state, typically) was produced in
+an earlier training step and is still attached to that step's autograd graph. That is
+the bug behind "every epoch is slower than the last": each backward walks every
+earlier step again. It emits one ``graph_growth`` alert naming the module and the fix.
 
 How a node's step is known without tagging every output: autograd numbers its nodes
 in creation order (``grad_fn._sequence_nr()``, per thread). At the start of each step
@@ -47,8 +43,6 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-import weakref
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -330,76 +324,3 @@ class StaleState(Quantity):
             self._created[self.heavy_step] = created
         alerts, self._alerts = self._alerts, []
         return {"alerts": alerts} if alerts else {}
-
-
-class _Sentinel:
-    """Lives in a loss node's metadata; its weakref says whether the node is alive."""
-
-
-class LossRetention(Quantity):
-    """Alerts ``graph_growth`` (subject ``loss``) when old loss graphs stay alive.
-
-    Example:
-        >>> import torch
-        >>> q = LossRetention(); w = torch.ones(1, requires_grad=True); total = 0
-        >>> for _ in range(3):
-        ...     q.start_step(True); loss = (w * 2).sum(); total = total + loss
-        ...     out = q.finish_step(loss)
-        >>> out["alerts"][0]["subject"]
-        'loss'
-    """
-
-    name = "loss_retention"
-    heavy = False
-    #: a loss node this many steps old and still alive is being held on purpose
-    AGE = 2
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.step = -1
-        self._refs: deque[tuple[int, weakref.ref[_Sentinel]]] = deque()
-        self._alerted = False
-
-    def start_step(self, capture: bool) -> None:
-        super().start_step(capture)
-        self.step += 1
-
-    def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
-        if self._alerted or not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
-            return {}
-        sentinel = _Sentinel()
-        node: Any = loss.grad_fn
-        node.metadata["gradwatch_step"] = sentinel
-        refs = self._refs
-        refs.append((self.step, weakref.ref(sentinel)))
-        oldest = None
-        while self.step - refs[0][0] >= self.AGE:  # each loss is looked at once, AGE old
-            then, ref = refs.popleft()
-            if oldest is None and ref() is not None:
-                oldest = then
-        if oldest is None:
-            return {}
-        self._alerted = True
-        return {
-            "alerts": [
-                {
-                    "kind": "alert",
-                    "step": self.step,
-                    "code": "graph_growth",
-                    "severity": "error",
-                    "state": "raised",
-                    "subject": "loss",
-                    "message": (
-                        f"the loss graph of step {oldest} is still alive at step {self.step}: "
-                        "something keeps earlier losses (such as total += loss), and with "
-                        "them every earlier step's autograd graph"
-                    ),
-                    "hint": (
-                        "Accumulate plain numbers, not tensors: total += loss.item() "
-                        "(or loss.detach())"
-                    ),
-                    "evidence": {"held_step": oldest, "steps_back": self.step - oldest},
-                    "t": time.time(),
-                }
-            ]
-        }

@@ -1,0 +1,94 @@
+"""``loss_retention``: graphs kept alive by the losses themselves (``total += loss``,
+``losses.append(loss)``).
+
+Each step's loss node carries a sentinel in its metadata; a weak reference to it says
+whether the node is still alive. When the loss node of ``AGE`` steps ago is alive,
+something holds it, and with it every earlier step's autograd graph: one
+``graph_growth`` alert (subject ``loss``) with the fix. Cheap enough for every step;
+quantities/stale.py catches the other way graphs grow (a hidden state carried across
+steps without ``detach()``).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+
+from .base import Quantity
+
+
+class _Sentinel:
+    """Lives in a loss node's metadata; its weakref says whether the node is alive."""
+
+
+class LossRetention(Quantity):
+    """Alerts ``graph_growth`` (subject ``loss``) when old loss graphs stay alive.
+
+    Example:
+        >>> import torch
+        >>> q = LossRetention(); w = torch.ones(1, requires_grad=True); total = 0
+        >>> for _ in range(3):
+        ...     q.start_step(True); loss = (w * 2).sum(); total = total + loss
+        ...     out = q.finish_step(loss)
+        >>> out["alerts"][0]["subject"]
+        'loss'
+    """
+
+    name = "loss_retention"
+    heavy = False
+    #: a loss node this many steps old and still alive is being held on purpose
+    AGE = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = -1
+        self._refs: deque[tuple[int, weakref.ref[_Sentinel]]] = deque()
+        self._alerted = False
+
+    def start_step(self, capture: bool) -> None:
+        super().start_step(capture)
+        self.step += 1
+
+    def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
+        if self._alerted or not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+            return {}
+        sentinel = _Sentinel()
+        node: Any = loss.grad_fn
+        node.metadata["gradwatch_step"] = sentinel
+        refs = self._refs
+        refs.append((self.step, weakref.ref(sentinel)))
+        oldest = None
+        while self.step - refs[0][0] >= self.AGE:  # each loss is looked at once, AGE old
+            then, ref = refs.popleft()
+            if oldest is None and ref() is not None:
+                oldest = then
+        if oldest is None:
+            return {}
+        self._alerted = True
+        return {
+            "alerts": [
+                {
+                    "kind": "alert",
+                    "step": self.step,
+                    "code": "graph_growth",
+                    "severity": "error",
+                    "state": "raised",
+                    "subject": "loss",
+                    "message": (
+                        f"the loss graph of step {oldest} is still alive at step {self.step}: "
+                        "something keeps earlier losses (such as total += loss), and with "
+                        "them every earlier step's autograd graph"
+                    ),
+                    "hint": (
+                        "Accumulate plain numbers, not tensors: total += loss.item() "
+                        "(or loss.detach())"
+                    ),
+                    "evidence": {"held_step": oldest, "steps_back": self.step - oldest},
+                    "t": time.time(),
+                }
+            ]
+        }

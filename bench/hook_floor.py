@@ -30,6 +30,7 @@ import sys
 import time
 import timeit
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -81,19 +82,30 @@ def whole_steps(rounds: int, steps: int) -> None:
     times: dict[str, list[float]] = {name: [] for name in variants}
     order = list(variants)
     shuffle = random.Random(0)
+
+    def block(name: str) -> float:
+        step, monitor = variants[name]
+        started = time.process_time()
+        for _ in range(steps):
+            loss = step()
+            if monitor is not None:
+                monitor.step(loss)
+        if monitor is not None:
+            monitor.flush()
+        return (time.process_time() - started) / steps
+
+    # Each variant trains in a thread of its own, as a training loop does: autograd
+    # numbers nodes per thread, and another variant's nodes between two of a monitor's
+    # steps would read to it as a changed graph (bench/overhead.py says more).
+    threads = {name: ThreadPoolExecutor(1) for name in variants}
     for r in range(rounds + 1):
         shuffle.shuffle(order)
         for name in order:
-            step, monitor = variants[name]
-            started = time.process_time()
-            for _ in range(steps):
-                loss = step()
-                if monitor is not None:
-                    monitor.step(loss)
-            if monitor is not None:
-                monitor.flush()
+            elapsed = threads[name].submit(block, name).result()
             if r:  # round 0 warms up
-                times[name].append((time.process_time() - started) / steps)
+                times[name].append(elapsed)
+    for pool in threads.values():
+        pool.shutdown()
     med0, min0 = statistics.median(times["plain"]), min(times["plain"])
     print("| variant | median ms | vs plain | min ms | vs plain |\n| --- | --- | --- | --- | --- |")
     for name, t in times.items():

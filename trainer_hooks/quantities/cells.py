@@ -119,8 +119,7 @@ class CellCapture:
 
     def _watch_call(self, args: tuple[Any, ...], output: Any) -> None:
         # the per-call cost of a cell loop is this function: keep it lean (one tuple
-        # per call, no Python hook left for backward, no grad_fn wrapper made; the
-        # usual non-leaf output that nobody retains yet is retained inline)
+        # per call, no Python hook left for backward, no grad_fn wrapper made)
         h, c = _split_output(output)
         if h is None or not h.requires_grad:
             return
@@ -135,19 +134,11 @@ class CellCapture:
         self._previous = (h, c)
         if in_backward():
             self.recomputed[k] = False
-        if h.is_leaf or h.retains_grad:
-            kept_h = self._keep(h, k, "hidden")
-        else:
-            h.retain_grad()
-            kept_h = h
+        kept_h = self._keep(h, k, "hidden")
         kept_c = None
         if c is not None and c.requires_grad:
             self.used.add("cell")
-            if c.is_leaf or c.retains_grad:
-                kept_c = self._keep(c, k, "cell")
-            else:
-                c.retain_grad()
-                kept_c = c
+            kept_c = self._keep(c, k, "cell")
         self.outputs.append((kept_h, kept_c))
         self.versions.append((h._version, kept_c._version if kept_c is not None else 0))
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-F64 = torch.float64
+from .calls import F64
+
 #: elements stacked for one reduction on CPU: 128 KiB of float32 and its float64 copy.
 #: Stacking all 48 gradients of the cell loop at once (2.3 MiB of temporaries) made
 #: glibc hand the memory back and fault it in again: up to 64 page faults a step

@@ -6,7 +6,9 @@ thread (``time.thread_time()``) inside the loop, and the same call repeated on o
 loss in a warm loop (what the code costs with its caches hot); then, in interleaved
 blocks against a plain copy, the process CPU time per step (training and background
 threads together) with the diagnoses on and off, and the background thread's own CPU
-per step.
+per step. Each arm trains in a thread of its own, as in bench/overhead.py: autograd
+numbers nodes per thread, and a monitor that saw another arm's nodes between two of its
+steps would take them for a changed graph and check for stale state again.
 
 Run: ``python bench/light_step.py --only long_lstm`` (BENCHMARKS.md, "What a light step
 costs, and where").
@@ -15,6 +17,7 @@ costs, and where").
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import os
 import random
@@ -61,6 +64,16 @@ def step_cpu(work: Any, tmp: str, steps: int) -> tuple[float, float]:
     return statistics.median(in_loop), statistics.median(warm)
 
 
+def train(step: Any, monitor: Any, steps: int) -> None:
+    """``steps`` steps, each closed by the monitor if any, then its records handed over."""
+    for _ in range(steps):
+        loss = step()
+        if monitor is not None:
+            monitor.step(loss)
+    if monitor is not None:
+        monitor.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="long_lstm", choices=overhead.WORKLOADS)
@@ -80,26 +93,22 @@ def main(argv: list[str] | None = None) -> int:
                 model, run=label, spool=os.path.join(tmp, f"{len(arms)}.jsonl"), quiet=True,
                 every=10**9, **work.options, **options)
             arms.append([label, work.make_step(model), monitor, [], []])
-        for _, step, monitor, _, _ in arms:
-            for _ in range(20):
-                loss = step()
-                if monitor is not None:
-                    monitor.step(loss)
+        pools = [concurrent.futures.ThreadPoolExecutor(1) for _ in arms]
+        for pool, (_, step, monitor, _, _) in zip(pools, arms, strict=True):
+            pool.submit(train, step, monitor, 20).result()
         shuffle = random.Random(0)
         for _ in range(args.rounds):
-            for _, step, monitor, cpu, background in shuffle.sample(arms, len(arms)):
+            for i in shuffle.sample(range(len(arms)), len(arms)):
+                _, step, monitor, cpu, background = arms[i]
                 thread = monitor._pipeline._thread if monitor is not None else None
                 bg = thread_cpu(thread) if thread is not None else 0.0
                 started = time.process_time()
-                for _ in range(args.steps):
-                    loss = step()
-                    if monitor is not None:
-                        monitor.step(loss)
-                if monitor is not None:
-                    monitor.flush()
+                pools[i].submit(train, step, monitor, args.steps).result()
                 cpu.append((time.process_time() - started) / args.steps)
                 if thread is not None:
                     background.append((thread_cpu(thread) - bg) / args.steps)
+        for pool in pools:
+            pool.shutdown()
         base = statistics.median(arms[0][3])
         print(f"{args.only}, light steps; load average {os.getloadavg()[0]:.1f}")
         print(f"monitor.step() CPU: {in_loop * 1e6:.1f} µs in the loop, "

@@ -1,0 +1,119 @@
+"""What `watch()` costs one model, measured against that same model unwatched.
+
+bench/overhead.py compares copies of a model, each in a thread of its own; on a noisy
+machine two plain copies differ by a few percent however many rounds run (their
+memory, their optimizer state). Here plain and watched blocks take turns on ONE model
+instance in one thread: each watched block attaches a fresh ``watch()``, trains
+``--warm`` untimed steps (past the stale-state checks of a monitor's first steps and
+the graph walk's first pacing), times ``--steps`` steps and removes it, which leaves the
+model as it was. Process CPU per step (training and background threads), the training
+thread's own CPU, the monitor's background thread, and the overhead gradwatch reported
+for the timed steps (``overhead x duration_s`` summed over their duration). ``--self``
+adds a plain arm against itself: the noise floor of this method on this machine.
+
+It measures the fixed schedules (``every=1``, ``every=N``, and ``light``: every step
+light after the first); the default budget learns over many steps and is measured by
+bench/overhead.py.
+
+    .venv/bin/python bench/same_model.py --only cells --every 1 --rounds 20 --self
+    .venv/bin/python bench/same_model.py --only long_lstm --every light --rounds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overhead  # the workloads
+
+from gradwatch.protocol import read_spool
+from gradwatch.trainer_hooks import watch
+
+LIGHT = 10**9  # every step light after step 0
+
+
+def block(step: Any, steps: int, monitor: Any = None) -> tuple[float, float, float]:
+    """Process CPU, training-thread CPU and background-thread CPU per step."""
+    thread = monitor._pipeline._thread if monitor is not None else None
+    clock = time.pthread_getcpuclockid(thread.ident) if thread is not None else None
+    background = time.clock_gettime(clock) if clock is not None else 0.0
+    process, own = time.process_time(), time.thread_time()
+    for _ in range(steps):
+        loss = step()
+        if monitor is not None:
+            monitor.step(loss)
+    if monitor is not None:
+        monitor.flush()
+    process, own = time.process_time() - process, time.thread_time() - own
+    background = time.clock_gettime(clock) - background if clock is not None else 0.0
+    return process / steps, own / steps, background / steps
+
+
+def reported(spool: str, first: int, steps: int) -> float:
+    """The overhead gradwatch reported over steps ``first``.. of its spool."""
+    records = [r for m in read_spool(spool) if m["type"] == "batch" for r in m["records"]
+               if r["kind"] == "step" and first <= r["step"] < first + steps]
+    spent = sum(r["overhead"] * r["duration_s"] for r in records)
+    return spent / sum(r["duration_s"] for r in records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="cells", choices=overhead.WORKLOADS)
+    parser.add_argument("--every", nargs="*", default=["1", "light"],
+                        help="schedules to measure: an interval, or 'light'")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=32, help="timed steps a block")
+    parser.add_argument("--warm", type=int, default=70, help="untimed steps after watch()")
+    parser.add_argument("--self", action="store_true", help="add plain against itself")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    work = overhead.workload(args.only)
+    model = copy.deepcopy(work.model)
+    step = work.make_step(model)
+    block(step, 30)
+    arms = ["plain", *(["plain again"] if args.self else []), *args.every]
+    found: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in arms}
+    said: dict[str, list[float]] = {arm: [] for arm in arms}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for arm in arms if r % 2 == 0 else arms[::-1]:  # drift falls on both sides
+                if arm.startswith("plain"):
+                    found[arm].append(block(step, args.steps))
+                    continue
+                every = LIGHT if arm == "light" else int(arm)
+                spool = os.path.join(tmp, f"{arm}-{r}.jsonl")
+                monitor = watch(model, run=arm, spool=spool, quiet=True, every=every,
+                                **work.options)
+                block(step, args.warm, monitor)
+                found[arm].append(block(step, args.steps, monitor))
+                monitor.close()
+                said[arm].append(reported(spool, args.warm, args.steps))
+    plain = [statistics.median(x[i] for x in found["plain"]) for i in range(3)]
+    print(f"{args.only}, {args.rounds} rounds x {args.steps} steps after {args.warm} warm-up"
+          f" steps, 1 torch thread; load average {os.getloadavg()[0]:.1f}")
+    print("| arm | process CPU per step | vs plain | measured share | reported overhead |"
+          " training thread, beyond plain | background thread |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for arm, rows in found.items():
+        process, own, background = (statistics.median(x[i] for x in rows) for i in range(3))
+        told = f"{statistics.median(said[arm]):.1%}" if said[arm] else ""
+        print(f"| {arm} | {process * 1e3:.3f} ms | {process / plain[0]:.3f}x |"
+              f" {1 - plain[0] / process:+.1%} | {told} |"
+              f" {(own - plain[1]) * 1e6:+.0f} µs | {background * 1e6:.0f} µs |")
+
+
+if __name__ == "__main__":
+    main()

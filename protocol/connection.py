@@ -76,9 +76,12 @@ class ConnectionThread:
             try:
                 ws = open_ingest(self.url, self.token, min(self.connect_timeout, remaining))
             except Exception as e:
-                self._warn.warn("unreachable", f"gradwatch: cannot reach {self.url} ({e}); "
-                                f"training goes on, records wait in {self.spool_path} and "
-                                "are sent when the server is back")
+                self._warn.warn(
+                    "unreachable",
+                    f"gradwatch: cannot reach {self.url} ({e}); "
+                    f"training goes on, records wait in {self.spool_path} and "
+                    "are sent when the server is back",
+                )
                 self._pause()
                 continue
             outcome = "lost"
@@ -170,8 +173,11 @@ class ConnectionThread:
             self._backoff.reset()  # it worked for a while: reconnect quickly
         error = self._server_error
         if error is None:
-            self._warn.warn("lost", f"gradwatch: lost the connection to {self.url}; "
-                            "reconnecting, nothing acknowledged is lost")
+            self._warn.warn(
+                "lost",
+                f"gradwatch: lost the connection to {self.url}; "
+                "reconnecting, nothing acknowledged is lost",
+            )
             return "lost"
         code, message = error
         acked_since = self._box.acked_batches > acked_before
@@ -183,8 +189,11 @@ class ConnectionThread:
             if batch is not None:
                 self._reject(batch, code, message)
                 return "rejected"
-        self._warn.warn("refused", f"gradwatch: {self.url} refused the connection "
-                        f"(code {code}: {message}); retrying with backoff, records are kept")
+        self._warn.warn(
+            "refused",
+            f"gradwatch: {self.url} refused the connection "
+            f"(code {code}: {message}); retrying with backoff, records are kept",
+        )
         return "refused"
 
     def _reject(self, batch: Any, code: int, message: str) -> None:
@@ -196,9 +205,12 @@ class ConnectionThread:
             where = f"kept in {self.rejected_path}"
         except OSError as e:
             where = f"could not be kept ({e})"
-        self._warn.warn("rejected", f"gradwatch: the server refused batch seq {batch.seq} "
-                        f"for good (code {code}: {message}); it is {where}; "
-                        "the following batches are sent on")
+        self._warn.warn(
+            "rejected",
+            f"gradwatch: the server refused batch seq {batch.seq} "
+            f"for good (code {code}: {message}); it is {where}; "
+            "the following batches are sent on",
+        )
 
     def _read(self, ws: ClientConnection, session: int) -> None:
         """Reader of one connection: acks, and the server's error before it closes."""
@@ -216,10 +228,13 @@ class ConnectionThread:
                             self.repaired_batches += 1
                         self._cond.notify_all()
                     if notice:
-                        self._warn.warn("notice", f"gradwatch: the server stored batch seq "
-                                        f"{message['seq']} without what it could not accept "
-                                        f"({str(notice)[:300]}); later such batches are "
-                                        "counted in stats()['repaired_batches']")
+                        self._warn.warn(
+                            "notice",
+                            f"gradwatch: the server stored batch seq "
+                            f"{message['seq']} without what it could not accept "
+                            f"({str(notice)[:300]}); later such batches are "
+                            "counted in stats()['repaired_batches']",
+                        )
                 elif kind == "error":
                     seq = message.get("seq")
                     with self._cond:

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import workload
+from workloads import workload
 
 from gradwatch.trainer_hooks import watch
 from gradwatch.trainer_hooks.quantities.graph import count_nodes

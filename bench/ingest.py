@@ -26,29 +26,20 @@ import base64
 import json
 import os
 import random
-import socket
 import statistics
 import struct
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections import deque
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from serve import Server  # bench/serve.py, beside this file
 from websockets.asyncio.client import connect
 
 from gradwatch.protocol.outbox import WINDOW_BATCHES, WINDOW_BYTES
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _packed(values: list[float]) -> dict[str, str]:
@@ -82,47 +73,6 @@ def step_record(
             for module, series in record["timesteps"].items()
         }
     return record
-
-
-class Server:
-    """A real `gradwatch serve` subprocess."""
-
-    def __init__(self, db: str, env: dict[str, str] | None = None, workers: int = 1) -> None:
-        self.port = free_port()
-        self.http = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "gradwatch.server.cli",
-            "serve",
-            "--port",
-            str(self.port),
-            "--db",
-            db,
-            "--log-level",
-            "warning",
-            "--workers",
-            str(workers),
-        ]
-        self.process = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.http + "/api/health", timeout=2):  # noqa: S310
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise SystemExit("server did not start")
-
-    def get(self, path: str) -> tuple[float, Any]:
-        start = time.perf_counter()
-        with urllib.request.urlopen(self.http + path, timeout=600) as answer:  # noqa: S310
-            body = answer.read()
-        return time.perf_counter() - start, json.loads(body)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
 
 
 def encode_batches(

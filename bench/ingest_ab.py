@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ingest  # bench/ingest.py, beside this file
+import serve  # bench/serve.py
 
 _SCHEMAS: list[tuple[str, str]] = []
 
@@ -118,7 +119,7 @@ def main() -> None:
                 db = _fresh_schema(args.postgres) if args.postgres else str(
                     Path(folder) / f"{label[:3]}-{r}.db"
                 )
-                server = ingest.Server(db, env)
+                server = serve.Server(db, env)
                 url = server.http.replace("http://", "ws://")
                 try:
                     for n in args.trainers:

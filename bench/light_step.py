@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overhead  # the workloads
+import workloads  # the workloads (bench/workloads.py)
 
 from gradwatch.trainer_hooks import watch
 
@@ -76,13 +76,13 @@ def train(step: Any, monitor: Any, steps: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="long_lstm", choices=overhead.WORKLOADS)
+    parser.add_argument("--only", default="long_lstm", choices=workloads.WORKLOADS)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=16)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    work = overhead.workload(args.only)
+    work = workloads.workload(args.only)
     with tempfile.TemporaryDirectory() as tmp:
         in_loop, warm = step_cpu(work, tmp, 600)
         arms: list[list[Any]] = []

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overhead  # the workloads
+import workloads  # the workloads (bench/workloads.py)
 
 from gradwatch.trainer_hooks import watch
 
@@ -55,7 +55,7 @@ def arm(work: Any, tmp: str, label: str, drop: str | None, plain: bool = False) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="cells", choices=overhead.WORKLOADS)
+    parser.add_argument("--only", default="cells", choices=workloads.WORKLOADS)
     parser.add_argument("--drop", nargs="*", default=["timesteps", "update_ratios",
                                                       "param_norms", "graph_nodes"])
     parser.add_argument("--rounds", type=int, default=25)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    work = overhead.workload(args.only)
+    work = workloads.workload(args.only)
     with tempfile.TemporaryDirectory() as tmp:
         labels = ["plain", "all"] + [f"without {name}" for name in args.drop]
         pools = {label: concurrent.futures.ThreadPoolExecutor(1) for label in labels}

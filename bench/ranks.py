@@ -28,7 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dashboard import CHROMIUM_ARGS, COUNTER, Server  # bench/ is the script's folder
+from dashboard import CHROMIUM_ARGS, COUNTER  # bench/ is the script's folder
+from serve import Server
 from websockets.sync.client import connect
 
 SPREAD_POINTS = "() => document.getElementById('chart-ranks-spread').data[0].x.length"
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(str(Path(tmp) / "bench.db"))
+        server = Server(str(Path(tmp) / "bench.db"), quiet=True)
         try:
             t0 = time.perf_counter()
             runs = {n: ingest(server, f"ranks-{n}", n, args.steps) for n in (1, 2, 8)}

@@ -35,7 +35,8 @@ from typing import Any
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest import free_port, step_record
+from ingest import step_record
+from serve import free_port
 
 
 @contextmanager

@@ -2,12 +2,13 @@
 
 ``send(records)`` (the Monitor's background thread) only encodes (step records as
 ``columns``, protocol/batching.py) and queues, in the
-:class:`~gradwatch.protocol.outbox.Outbox`; one thread owns the connection: ``hello``,
-then the batches in ``seq`` order, several in flight, each kept until its ``ack`` and
-resent after a reconnect. While the server is away batches wait in the spool and
-reconnects back off with full jitter; ``close(timeout)`` leaves what is undelivered
-in the spool for ``gradwatch upload``. Nothing raises into the caller; each kind of
-trouble is one ``GradwatchWarning``. docs/DELIVERY.md tells the whole story.
+:class:`~gradwatch.protocol.outbox.Outbox`; one thread owns the connection
+(protocol/connection.py): ``hello``, then the batches in ``seq`` order, several in
+flight, each kept until its ``ack`` and resent after a reconnect. While the server is
+away batches wait in the spool and reconnects back off with full jitter;
+``close(timeout)`` leaves what is undelivered in the spool for ``gradwatch upload``.
+Nothing raises into the caller; each kind of trouble is one ``GradwatchWarning``.
+docs/DELIVERY.md tells the whole story.
 
 Example:
     >>> sink = WebSocketSink("ws://127.0.0.1:8765", hello, spool="run.jsonl")  # doctest: +SKIP
@@ -19,39 +20,28 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection
-
 from .backoff import Backoff
 from .batching import encode_batches
-from .blame import blames_a_batch
-from .codec import loads
+from .connection import ConnectionThread
 from .leftovers import leftovers, resend_in_background
 from .messages import MAX_MESSAGE_BYTES
 from .outbox import ENVELOPE_BYTES, WINDOW_BATCHES, WINDOW_BYTES, Outbox, encode_records
 from .sink import with_session
 from .spoolfiles import default_spool_path, fresh_path, rejected_path
-from .warnings import WarnOnce
-from .wsclient import abort, ingest_url, open_ingest, run_link
+from .warnings import WarnOnce, say
+from .wsclient import abort, ingest_url
 
 __all__ = ["WebSocketSink", "default_spool_path", "encode_records", "rejected_path"]
 
 DEFAULT_CLOSE_TIMEOUT = 10.0
 
 
-def say(line: str) -> None:
-    """One line to stderr in one write: print() writes the text and its newline apart,
-    so a line from the sender thread and one from the training thread could join."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-class WebSocketSink:
+class WebSocketSink(ConnectionThread):
     """Streams batches to ``/ws/ingest`` with acks, resend, a disk spool and backoff.
 
     Args:
@@ -124,9 +114,9 @@ class WebSocketSink:
         self._cond = threading.Condition()
         self._connected = False
         self._session = 0
-        self._ws: ClientConnection | None = None
-        self._server_error: tuple[int, str] | None = None
-        self._error_seq: int | None = None  # the seq an error names, when it names one
+        self._ws = None
+        self._server_error = None
+        self._error_seq = None  # the seq an error names, when it names one
         self._closing = False
         self._closed = False
         self._stop = False
@@ -259,183 +249,3 @@ class WebSocketSink:
                 "connections": self.connections,
             }
 
-    # -- the connection thread ---------------------------------------------------------
-
-    def _finished(self) -> bool:
-        if self._stop:
-            return True
-        return self._closing and (self._box.empty or time.monotonic() >= self._deadline)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._finished():
-                    return
-                remaining = self._deadline - time.monotonic()
-            try:
-                ws = open_ingest(self.url, self.token, min(self.connect_timeout, remaining))
-            except Exception as e:
-                self._warn.warn("unreachable", f"gradwatch: cannot reach {self.url} ({e}); "
-                                f"training goes on, records wait in {self.spool_path} and "
-                                "are sent when the server is back")
-                self._pause()
-                continue
-            outcome = "lost"
-            try:
-                outcome = self._serve(ws)
-            except Exception as e:  # a bug here must not end delivery for good
-                self._warn.warn("internal", f"gradwatch: sender error {e!r}; reconnecting")
-            finally:
-                if outcome == "done" and self._box.empty:
-                    with contextlib.suppress(Exception):
-                        ws.close()  # a clean goodbye: everything is acknowledged
-                abort(ws)
-                with self._cond:
-                    self._connected = False
-                    self._ws = None
-            if outcome == "rejected":
-                continue  # the server is fine; go on with the next batch at once
-            if outcome != "done":
-                self._pause()
-
-    def _announce(self) -> None:
-        link = run_link(self.url, str(self.hello["run_id"]), int(self.hello.get("rank", 0)))
-        with contextlib.suppress(Exception):  # a closed stderr must not stop the sender
-            say(f"gradwatch: streaming run {self.hello.get('run', '')} to {link}")
-
-    def _pause(self) -> None:
-        delay = self._backoff.next_delay()
-        with self._cond:
-            self._cond.wait_for(self._finished, timeout=delay)
-
-    def _serve(self, ws: ClientConnection) -> str:
-        """One connection: hello, then batches in order until it ends. Returns why."""
-        with self._cond:
-            if self._finished():
-                return "done"
-            self._session += 1
-            session = self._session
-            self._ws = ws
-            self._server_error = None
-            self._error_seq = None
-            self.resent_batches += sum(1 for b in self._box.memory if b.sent)
-            self._box.restart()
-            self.connections += 1
-            acked_before = self._box.acked_batches
-        reader = threading.Thread(
-            target=self._read, args=(ws, session), name="gradwatch-acks", daemon=True
-        )
-        try:
-            ws.send(self._box.hello_text)
-            with self._cond:
-                self._connected = True
-            if self.announce and self.connections == 1 and self.hello.get("rank", 0) == 0:
-                self._announce()
-            reader.start()
-            while True:
-                with self._cond:
-                    while True:
-                        if self._finished():
-                            return "done"
-                        if not self._connected or self._session != session:
-                            return self._why_ended(acked_before)
-                        batch = self._box.next_to_send()
-                        if batch is not None:
-                            break
-                        self._cond.wait(self._wait_bound())
-                    assert batch.text is not None
-                    text = batch.text
-                ws.send(text)
-        except (ConnectionClosed, OSError):
-            if reader.ident is None:  # refused right after the handshake
-                reader.start()
-            # Let the reader record an error message the server sent before closing.
-            reader.join(2.0)
-            with self._cond:
-                return self._why_ended(acked_before)
-        finally:
-            with self._cond:
-                self._connected = False
-                self._cond.notify_all()
-
-    def _wait_bound(self) -> float | None:
-        if not self._closing:
-            return None
-        return max(0.0, self._deadline - time.monotonic())
-
-    def _why_ended(self, acked_before: int) -> str:
-        """Called under the lock once a connection ended."""
-        if self._box.acked_batches > acked_before:
-            self._backoff.reset()  # it worked for a while: reconnect quickly
-        error = self._server_error
-        if error is None:
-            self._warn.warn("lost", f"gradwatch: lost the connection to {self.url}; "
-                            "reconnecting, nothing acknowledged is lost")
-            return "lost"
-        code, message = error
-        acked_since = self._box.acked_batches > acked_before
-        if blames_a_batch(code, message, self._error_seq, acked_since):  # protocol/blame.py
-            if self._error_seq is not None:
-                batch = self._box.reject_sent(self._error_seq)
-            else:
-                batch = self._box.reject_oldest_sent()
-            if batch is not None:
-                self._reject(batch, code, message)
-                return "rejected"
-        self._warn.warn("refused", f"gradwatch: {self.url} refused the connection "
-                        f"(code {code}: {message}); retrying with backoff, records are kept")
-        return "refused"
-
-    def _reject(self, batch: Any, code: int, message: str) -> None:
-        self.rejected_batches += 1
-        try:
-            self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.rejected_path, "a", encoding="utf-8") as f:
-                f.write(batch.text + "\n")
-            where = f"kept in {self.rejected_path}"
-        except OSError as e:
-            where = f"could not be kept ({e})"
-        self._warn.warn("rejected", f"gradwatch: the server refused batch seq {batch.seq} "
-                        f"for good (code {code}: {message}); it is {where}; "
-                        "the following batches are sent on")
-
-    def _read(self, ws: ClientConnection, session: int) -> None:
-        """Reader of one connection: acks, and the server's error before it closes."""
-        try:
-            for raw in ws:
-                try:
-                    message = loads(raw)
-                    kind = message.get("type") if isinstance(message, dict) else None
-                except ValueError:
-                    kind = None
-                if kind == "ack" and isinstance(message.get("seq"), int):
-                    notice = message.get("notice")
-                    with self._cond:
-                        if self._box.ack(message["seq"]) and notice:
-                            self.repaired_batches += 1
-                        self._cond.notify_all()
-                    if notice:
-                        self._warn.warn("notice", f"gradwatch: the server stored batch seq "
-                                        f"{message['seq']} without what it could not accept "
-                                        f"({str(notice)[:300]}); later such batches are "
-                                        "counted in stats()['repaired_batches']")
-                elif kind == "error":
-                    seq = message.get("seq")
-                    with self._cond:
-                        self._server_error = (
-                            int(message.get("code", 0) or 0),
-                            str(message.get("message", "")),
-                        )
-                        named = isinstance(seq, int) and not isinstance(seq, bool)
-                        self._error_seq = seq if named else None
-        except (ConnectionClosed, OSError):
-            pass
-        finally:
-            if ws.close_code is not None and ws.close_code in (1007, 1008, 1009):
-                with self._cond:
-                    if self._server_error is None:
-                        self._server_error = (ws.close_code, ws.close_reason or "")
-            with self._cond:
-                if self._session == session:
-                    self._connected = False
-                self._cond.notify_all()

@@ -182,7 +182,7 @@ def _upload_part(
             continue
         code, message, named = error
         # As in the sender: the batch the error names, else the oldest in flight, but only
-        # when the error cannot be about the hello (see WebSocketSink._why_ended).
+        # when the error cannot be about the hello (see _why_ended, protocol/connection.py).
         blame_batch = code == CLOSE_TOO_BIG or (
             code == CLOSE_INVALID_DATA
             and (

@@ -3,7 +3,9 @@
 Monitoring must never break training: trouble (server away, disk full, a batch the
 server refuses) is reported as a :class:`GradwatchWarning`, once per kind, and the
 run carries on. The category lives here, in the torch-free protocol package, so the
-websocket sender and ``gradwatch.trainer_hooks`` raise the same one.
+websocket sender and ``gradwatch.trainer_hooks`` raise the same one. What is not
+trouble (the run's link, a close that waits for the server) is one line on stderr
+(:func:`say`).
 
 Example:
     >>> import warnings
@@ -54,6 +56,13 @@ def user_location() -> tuple[str, int, str] | None:
             return name, frame.f_lineno, str(frame.f_globals.get("__name__", "__main__"))
         frame = frame.f_back
     return None
+
+
+def say(line: str) -> None:
+    """One line to stderr in one write: print() writes the text and its newline apart,
+    so a line from the sender thread and one from the training thread could join."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 class WarnOnce:

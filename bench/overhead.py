@@ -48,7 +48,8 @@ Run: ``python bench/overhead.py`` (both the default torch threads and 1 thread;
 (under ~6 minutes on the 2-core VM when other processes leave it be),
 ``--only cells lm``, ``--rounds``, ``--steps``, ``--clock cpu`` (this process's CPU
 time instead of the wall clock: steadier when other processes load the box, blind to
-time spent waiting for the GIL).
+time spent waiting for the GIL), ``--device cuda`` (DEVICE_WORKLOADS on a GPU, each
+block timed to a synchronize: bench/gpu.sh).
 """
 
 from __future__ import annotations
@@ -70,13 +71,21 @@ from typing import Any
 
 import torch
 from torch import nn
-from workloads import WORKLOADS, Step, Workload, workload  # bench/workloads.py, beside this
+from workloads import DEVICE_WORKLOADS, WORKLOADS, Step, Workload, workload  # bench/workloads.py
 
 from gradwatch.protocol import read_spool
 from gradwatch.trainer_hooks import watch
 
 #: what the blocks are timed with: the wall clock, or this process's CPU time (--clock)
 CLOCK: list[Callable[[], float]] = [time.perf_counter]
+#: where the workloads train (--device); on a GPU each block ends with a synchronize
+DEVICE = ["cpu"]
+
+
+def settled() -> None:
+    """Wait for the device's queued work: a block's time includes its kernels."""
+    if DEVICE[0] != "cpu":
+        torch.cuda.synchronize()
 
 
 # -- variants ----------------------------------------------------------------------
@@ -108,6 +117,7 @@ class Variant:
         return self._thread.submit(self._run, steps, timed).result()
 
     def _run(self, steps: int, timed: bool) -> float:
+        settled()
         started, wall = CLOCK[0](), time.perf_counter()
         for _ in range(steps):
             loss = self.step()
@@ -116,6 +126,7 @@ class Variant:
                 self.timed_steps.add(self.count)
             self.count += 1
         self.drain()
+        settled()
         elapsed = (CLOCK[0]() - started) / steps
         if timed:
             self.times.append(elapsed)
@@ -152,7 +163,7 @@ def plain_variants(work: Workload, labels: tuple[str, ...]) -> list[Variant]:
 
 def variants(name: str, stack: ExitStack, tmp: Path) -> list[Variant]:
     """Plain, its control and gradwatch's settings: the first pass."""
-    work = workload(name)
+    work = workload(name, DEVICE[0])
     found = plain_variants(work, ("plain", "plain (control)"))
     for label, options in (("gradwatch default", {}), ("gradwatch every=1", {"every": 1}),
                            ("gradwatch every=10", {"every": 10})):
@@ -170,7 +181,7 @@ def other_variants(name: str, stack: ExitStack, tmp: Path, notes: list[str]) -> 
     """wandb and TensorBoard beside a plain copy: a second pass, apart from the first,
     because wandb's own threads go on working after its blocks (nothing drains them)
     and would be charged to whichever variant ran next."""
-    work = workload(name)
+    work = workload(name, DEVICE[0])
     found = plain_variants(work, ("plain (second pass)",))
     try:
         import wandb
@@ -257,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per timed block")
     parser.add_argument("--threads", type=int, nargs="*", default=[0, 1],
                         help="torch intra-op threads to run with (0: torch's default)")
-    parser.add_argument("--only", nargs="*", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--only", nargs="*", choices=WORKLOADS, default=None,
+                        help="workloads to run (default: all; on a GPU, DEVICE_WORKLOADS)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda where one is at hand")
     parser.add_argument("--no-others", action="store_true",
                         help="skip the second pass (wandb and TensorBoard, where installed)")
     parser.add_argument(
@@ -266,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
         "threads, steadier on a box other processes load (blind to GIL waits)",
     )
     args = parser.parse_args(argv)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        parser.error(f"expected a CUDA device for --device {args.device}: torch sees none")
+    DEVICE[0] = args.device
+    only = args.only or list(WORKLOADS if args.device == "cpu" else DEVICE_WORKLOADS)
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
     # Long blocks: a schedule measures the wall time between its own records, and the
@@ -278,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     default_threads = torch.get_num_threads()
     notes: list[str] = []
     started = time.perf_counter()
-    print(f"torch {torch.__version__}, cpu, {rounds} rounds x {steps} steps per variant "
+    print(f"torch {torch.__version__}, {args.device}, {rounds} rounds x {steps} steps per variant "
           f"after {warmup} warm-up steps, {args.clock} clock; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for threads in args.threads:
@@ -288,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         print("| workload | variant | step ms (mean) | vs plain (medians) | vs plain (means) "
               "| measured share | reported overhead | heavy steps |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        for name in args.only:
+        for name in only:
             for line in measure(name, rounds, steps, warmup, notes, not args.no_others):
                 print(line, flush=True)
     for note in dict.fromkeys(notes):

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overhead  # the workloads
+import workloads  # the workloads (bench/workloads.py)
 
 from gradwatch.protocol import read_spool
 from gradwatch.trainer_hooks import watch
@@ -70,7 +70,7 @@ def reported(spool: str, first: int, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="cells", choices=overhead.WORKLOADS)
+    parser.add_argument("--only", default="cells", choices=workloads.WORKLOADS)
     parser.add_argument("--every", nargs="*", default=["1", "light"],
                         help="schedules to measure: an interval, or 'light'")
     parser.add_argument("--rounds", type=int, default=20)
@@ -80,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    work = overhead.workload(args.only)
+    work = workloads.workload(args.only)
     model = copy.deepcopy(work.model)
     step = work.make_step(model)
     block(step, 30)

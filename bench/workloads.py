@@ -95,24 +95,31 @@ def _regression(
     return step
 
 
-def workload(name: str) -> Workload:
+def workload(name: str, device: str = "cpu") -> Workload:
+    """The workload ``name``; on another device than the CPU, one of DEVICE_WORKLOADS
+    (the examples' own loops build tensors on the CPU)."""
+    if device != "cpu" and name not in DEVICE_WORKLOADS:
+        raise ValueError(f"expected one of {DEVICE_WORKLOADS} on {device}, got {name!r}")
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen)
+        return torch.randn(*shape, generator=gen).to(device)
+
+    def on(model: nn.Module, make_step: Callable[[nn.Module], Step]) -> Workload:
+        return Workload(model.to(device), make_step)
 
     if name == "cells":
         x, y = randn(24, 32, 64), randn(24, 32, 64)
-        return Workload(CellDecoder(), lambda m: _regression(m, x, y))
+        return on(CellDecoder(), lambda m: _regression(m, x, y))
     if name == "fused2":
         x, y = randn(48, 32, 64), randn(48, 32, 64)
-        return Workload(Fused2(), lambda m: _regression(m, x, y))
+        return on(Fused2(), lambda m: _regression(m, x, y))
     if name == "transformer":
         x, y = randn(32, 48, 64), randn(32, 48, 64)
-        return Workload(Encoder(), lambda m: _regression(m, x, y))
+        return on(Encoder(), lambda m: _regression(m, x, y))
     if name == "lm":
-        tokens = torch.randint(0, 2000, (36, 20), generator=gen)
+        tokens = torch.randint(0, 2000, (36, 20), generator=gen).to(device)
 
         def lm_step(model: nn.Module) -> Step:
             optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -128,12 +135,12 @@ def workload(name: str) -> Workload:
 
             return step
 
-        return Workload(LanguageModel(), lm_step)
+        return on(LanguageModel(), lm_step)
     if name == "long_lstm":
         import long_lstm
 
-        x, y = long_lstm.batch(32)
-        return Workload(long_lstm.LongLSTM(), lambda m: _regression(m, x, y))
+        x, y = (t.to(device) for t in long_lstm.batch(32))
+        return on(long_lstm.LongLSTM(), lambda m: _regression(m, x, y))
     if name == "rotation_lstm":
         import rotation_lstm
 
@@ -197,3 +204,5 @@ WORKLOADS = (
     "tree_gru",
     "seq2seq_attention",
 )
+#: the workloads whose model and data move to a GPU (bench/overhead.py --device cuda)
+DEVICE_WORKLOADS = ("cells", "fused2", "transformer", "lm", "long_lstm")

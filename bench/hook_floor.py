@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import workload
+from workloads import train, workload
 
 from gradwatch.trainer_hooks import watch
 from gradwatch.trainer_hooks.quantities.graph import count_nodes
@@ -86,12 +86,7 @@ def whole_steps(rounds: int, steps: int) -> None:
     def block(name: str) -> float:
         step, monitor = variants[name]
         started = time.process_time()
-        for _ in range(steps):
-            loss = step()
-            if monitor is not None:
-                monitor.step(loss)
-        if monitor is not None:
-            monitor.flush()
+        train(step, monitor, steps)
         return (time.process_time() - started) / steps
 
     # Each variant trains in a thread of its own, as a training loop does: autograd

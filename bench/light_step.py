@@ -64,16 +64,6 @@ def step_cpu(work: Any, tmp: str, steps: int) -> tuple[float, float]:
     return statistics.median(in_loop), statistics.median(warm)
 
 
-def train(step: Any, monitor: Any, steps: int) -> None:
-    """``steps`` steps, each closed by the monitor if any, then its records handed over."""
-    for _ in range(steps):
-        loss = step()
-        if monitor is not None:
-            monitor.step(loss)
-    if monitor is not None:
-        monitor.flush()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="long_lstm", choices=workloads.WORKLOADS)
@@ -95,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             arms.append([label, work.make_step(model), monitor, [], []])
         pools = [concurrent.futures.ThreadPoolExecutor(1) for _ in arms]
         for pool, (_, step, monitor, _, _) in zip(pools, arms, strict=True):
-            pool.submit(train, step, monitor, 20).result()
+            pool.submit(workloads.train, step, monitor, 20).result()
         shuffle = random.Random(0)
         for _ in range(args.rounds):
             for i in shuffle.sample(range(len(arms)), len(arms)):
@@ -103,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 thread = monitor._pipeline._thread if monitor is not None else None
                 bg = thread_cpu(thread) if thread is not None else 0.0
                 started = time.process_time()
-                pools[i].submit(train, step, monitor, args.steps).result()
+                pools[i].submit(workloads.train, step, monitor, args.steps).result()
                 cpu.append((time.process_time() - started) / args.steps)
                 if thread is not None:
                     background.append((thread_cpu(thread) - bg) / args.steps)

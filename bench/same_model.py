@@ -49,12 +49,7 @@ def block(step: Any, steps: int, monitor: Any = None) -> tuple[float, float, flo
     clock = time.pthread_getcpuclockid(thread.ident) if thread is not None else None
     background = time.clock_gettime(clock) if clock is not None else 0.0
     process, own = time.process_time(), time.thread_time()
-    for _ in range(steps):
-        loss = step()
-        if monitor is not None:
-            monitor.step(loss)
-    if monitor is not None:
-        monitor.flush()
+    workloads.train(step, monitor, steps)
     process, own = time.process_time() - process, time.thread_time() - own
     background = time.clock_gettime(clock) - background if clock is not None else 0.0
     return process / steps, own / steps, background / steps

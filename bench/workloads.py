@@ -95,6 +95,16 @@ def _regression(
     return step
 
 
+def train(step: Step, monitor: Any, steps: int) -> None:
+    """``steps`` steps, each closed by ``monitor`` if any, then its records handed over."""
+    for _ in range(steps):
+        loss = step()
+        if monitor is not None:
+            monitor.step(loss)
+    if monitor is not None:
+        monitor.flush()
+
+
 def workload(name: str, device: str = "cpu") -> Workload:
     """The workload ``name``; on another device than the CPU, one of DEVICE_WORKLOADS
     (the examples' own loops build tensors on the CPU)."""

@@ -34,8 +34,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from .backoff import Backoff
+from .blame import blames_a_batch
 from .codec import dumps, loads
-from .messages import CLOSE_INVALID_DATA, CLOSE_TOO_BIG
 from .spool import SpoolError, scan_spool
 from .spoolfiles import rejected_path
 from .wsclient import ingest_url, open_ingest
@@ -182,15 +182,8 @@ def _upload_part(
             continue
         code, message, named = error
         # As in the sender: the batch the error names, else the oldest in flight, but only
-        # when the error cannot be about the hello (see _why_ended, protocol/connection.py).
-        blame_batch = code == CLOSE_TOO_BIG or (
-            code == CLOSE_INVALID_DATA
-            and (
-                named is not None
-                or result.acked > acked_before
-                or message.startswith(("records", "batch"))
-            )
-        )
+        # when the error cannot be about the hello (protocol/blame.py).
+        blame_batch = blames_a_batch(code, message, named, result.acked > acked_before)
         index = 0 if named is None else next(
             (i for i, (s, _) in enumerate(todo) if s == named), None
         )

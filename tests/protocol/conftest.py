@@ -36,6 +36,7 @@ class AckServer:
         self.token: str | None = None
         self.hello_error: str | None = None  # refuse every hello with this 1007 message
         self.name_seq_in_errors = False  # errors carry the refused batch's "seq"
+        self.batch_error: str | None = None  # a refusal's message (naming no field)
         self.acks_held = threading.Event()  # set: receive but do not ack yet
         self.port = 0
         self._server: Server | None = None
@@ -130,6 +131,8 @@ class AckServer:
                     error: dict[str, Any] = {"type": "error", "code": 1007}
                     if self.name_seq_in_errors:
                         error.update(message=f"bad batch {seq}", seq=seq)
+                    elif self.batch_error is not None:
+                        error.update(message=self.batch_error)
                     else:
                         error.update(message=f"records[0].step: bad seq {seq}")
                     ws.send(dumps(error))

@@ -175,3 +175,17 @@ def test_upload_sets_aside_the_batch_an_error_names(
     result = upload(spool, ack_server.url)
     assert [(seq, code) for seq, code, _ in result.rejected] == [(0, 1007)]
     assert ack_server.seqs() == [1, 2]
+
+
+def test_upload_blames_the_oldest_batch_in_flight_once_one_was_acknowledged(
+    ack_server: Any, hello: Any, steps: Any, tmp_path: Path
+) -> None:
+    # An error that names neither a seq nor a field, after an ack on the same
+    # connection: the hello was accepted, so the oldest unacknowledged batch is refused.
+    ack_server.batch_error = "the store refused this data"
+    ack_server.reject_seqs = {1}
+    spool = tmp_path / "run.jsonl"
+    write_spool(spool, [(hello, [steps(i, 1) for i in range(4)])])
+    result = upload(spool, ack_server.url)
+    assert [(seq, code) for seq, code, _ in result.rejected] == [(1, 1007)]
+    assert ack_server.seqs() == [0, 2, 3]

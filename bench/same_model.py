@@ -11,12 +11,13 @@ thread's own CPU, the monitor's background thread, and the overhead gradwatch re
 for the timed steps (``overhead x duration_s`` summed over their duration). ``--self``
 adds a plain arm against itself: the noise floor of this method on this machine.
 
-It measures the fixed schedules (``every=1``, ``every=N``, and ``light``: every step
-light after the first); the default budget learns over many steps and is measured by
-bench/overhead.py.
+Arms: ``every=1``, ``every=N``, ``light`` (every step light after the first) and
+``default`` (``watch(model)`` with no options: the budget). The budget learns its
+interval over its first steps, so ``default`` warms up ``--default-warm`` steps, and
+its timed blocks should hold several heavy steps (``--steps 200``).
 
     .venv/bin/python bench/same_model.py --only cells --every 1 --rounds 20 --self
-    .venv/bin/python bench/same_model.py --only long_lstm --every light --rounds 30
+    .venv/bin/python bench/same_model.py --only long_lstm --every default --steps 200 --self
 """
 
 from __future__ import annotations
@@ -67,10 +68,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="cells", choices=workloads.WORKLOADS)
     parser.add_argument("--every", nargs="*", default=["1", "light"],
-                        help="schedules to measure: an interval, or 'light'")
+                        help="schedules to measure: an interval, 'light' or 'default'")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=32, help="timed steps a block")
     parser.add_argument("--warm", type=int, default=70, help="untimed steps after watch()")
+    parser.add_argument("--default-warm", type=int, default=300,
+                        help="untimed steps after watch() for the default budget")
     parser.add_argument("--self", action="store_true", help="add plain against itself")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -88,17 +91,20 @@ def main() -> None:
                 if arm.startswith("plain"):
                     found[arm].append(block(step, args.steps))
                     continue
-                every = LIGHT if arm == "light" else int(arm)
+                schedule = {} if arm == "default" else {
+                    "every": LIGHT if arm == "light" else int(arm)}
+                warm = args.default_warm if arm == "default" else args.warm
                 spool = os.path.join(tmp, f"{arm}-{r}.jsonl")
-                monitor = watch(model, run=arm, spool=spool, quiet=True, every=every,
+                monitor = watch(model, run=arm, spool=spool, quiet=True, **schedule,
                                 **work.options)
-                block(step, args.warm, monitor)
+                block(step, warm, monitor)
                 found[arm].append(block(step, args.steps, monitor))
                 monitor.close()
-                said[arm].append(reported(spool, args.warm, args.steps))
+                said[arm].append(reported(spool, warm, args.steps))
     plain = [statistics.median(x[i] for x in found["plain"]) for i in range(3)]
     print(f"{args.only}, {args.rounds} rounds x {args.steps} steps after {args.warm} warm-up"
-          f" steps, 1 torch thread; load average {os.getloadavg()[0]:.1f}")
+          f" steps ({args.default_warm} for the default), 1 torch thread; load average"
+          f" {os.getloadavg()[0]:.1f}")
     print("| arm | process CPU per step | vs plain | measured share | reported overhead |"
           " training thread, beyond plain | background thread |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -115,7 +115,7 @@ class ChunkWrites(Database):
                 (*row[:5], written, self._name_set(cur, run_id, rank, names)[0], *row[5:])
                 for names, row in chunks.named
             ]
-        for (table, _), rows in zip(TABLES, (chunks.steps, named_rows, chunks.series), strict=True):
+        for table, rows in zip(TABLES, (chunks.steps, named_rows, chunks.series), strict=True):
             self._rows_pending.setdefault(table, []).extend(rows)
         for chunk in chunks.groups:
             if chunk.name_set:
@@ -136,7 +136,7 @@ class ChunkWrites(Database):
         insert per table, not one per batch; each run's row once (its largest step and
         epoch, its batches' problems; in id order, before the rollup sets, as every
         writer locks them)."""
-        for table, columns in TABLES:
+        for table, columns in TABLES.items():
             rows = self._rows_pending.pop(table, None)
             if rows:
                 self._insert_rows(cur, table, columns, rows)

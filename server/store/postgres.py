@@ -116,7 +116,7 @@ PRUNE = "DELETE FROM live_batches WHERE created < clock_timestamp() - make_inter
 _TEXT, _BYTES = {"run_id", "fields", "notes", "family", "module", "series"}, {"steps", "data"}
 _COPY_TYPES = {
     table: ["text" if c in _TEXT else "bytea" if c in _BYTES else "int8" for c in columns]
-    for table, columns in TABLES
+    for table, columns in TABLES.items()
 }
 _COPY_TYPES["live_batches"] = ["int8", "text", "text", "int8", "int8", "bool", "bytea"]
 _COPY_TYPES["set_rollups"] = ["int8"] * 6 + ["bytea"]
@@ -281,7 +281,7 @@ class PostgresStore(Store):
 
     def _flush(self, cur: Any) -> None:
         if series := self._rows_pending.pop("series_chunks", None):
-            self._copy(cur, "series_chunks", dict(TABLES)["series_chunks"], series)
+            self._copy(cur, "series_chunks", TABLES["series_chunks"], series)
         pending, self._live_pending = self._live_pending, []
         runs, urgent = [row[0] for row in pending], [row[3] for row in pending]
         notes: tuple[Any, ...] = (ANNOUNCE_RUNS, (self.channel, self.replica, runs, urgent))

@@ -86,13 +86,14 @@ class ChunkWrites(Database):
         self, cur: Any, run_id: str, rank: int, names: tuple[str, ...]
     ) -> tuple[int, list[int]]:
         """(id in ``named_sets``, series id of each name) of a name set."""
-        key = ((run_id, rank), names)
-        if key not in self._name_sets:
+        found = self._name_sets.get(((run_id, rank), names))
+        if found is None:
             sha, text = digest(names)
             row = {"run_id": run_id, "rank": rank, "digest": sha, "names": text}
             set_id = self._row_id(cur, "named_sets", row, ("run_id", "rank", "digest"))
-            self._name_sets[key] = (set_id, self._series(cur, run_id, rank, names))
-        return self._name_sets[key]
+            series = self._series(cur, run_id, rank, names)
+            found = self._name_sets[(run_id, rank), names] = (set_id, series)
+        return found
 
     def _insert_rows(
         self, cur: Any, table: str, columns: Sequence[str], rows: list[Any], then: str = ""
@@ -174,7 +175,8 @@ class ChunkWrites(Database):
     def _set_id(self, cur: Any, group: ColumnGroup) -> int:
         # A series' kind never changes: a stored set of these series has these kinds.
         key, kinds = group.ids, group.kinds
-        if key not in self._set_ids:
+        found = self._set_ids.get(key)
+        if found is None:
             sha, text = digest(key)
             row = {"digest": sha, "series": text, "kinds": kinds}
             set_id = self._row_id(cur, "rollup_sets", row, ("digest",))
@@ -183,8 +185,8 @@ class ChunkWrites(Database):
                 self.sql(self.insert_ignore("rollup_members", members)),
                 [(series, set_id, at, kinds[at]) for at, series in enumerate(key)],
             )
-            self._set_ids[key] = set_id
-        return self._set_ids[key]
+            found = self._set_ids[key] = set_id
+        return found
 
     def _stored_set_rows(
         self, cur: Any, sets: list[tuple[int, list[tuple[Any, ...]]]]

@@ -82,20 +82,15 @@ def depth_matrix(
     detail = store.run_detail(run_id)  # RunNotFound first
     lo = 0 if start is None else start
     hi = 2**62 if stop is None else stop
-    places = store.series_steps("depth", run_id, stack, "input", rank, lo, hi)
-    all_steps = sorted(places)
-    chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
-    values = [
-        [protocol_number(v) for v in floats(store.series_row("depth", run_id, stack, "input", rank,
-                                                        places[step]))]
-        for step in chosen
-    ]
+    key = ("depth", stack, "input")
+    total, picked, rows = store.series_rows(run_id, rank, key, lo, hi, max_steps)
+    values = [[protocol_number(v) for v in floats(packed)] for packed in rows]
     blocks = stack_blocks(_hello(detail, rank), [stack])[stack]
     return {
         "stack": stack,
         "rank": rank,
-        "steps": chosen,
-        "total_steps": len(all_steps),
+        "steps": [step for step, _ in picked],
+        "total_steps": total,
         "values": values,
         "blocks": blocks,
         "max_blocks": max((len(r) for r in values), default=0),

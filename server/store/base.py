@@ -204,11 +204,11 @@ class Store(ChunkWrites, HistoryReads):
         if op == "hello":
             self._write_hello(cur, payload)
             return None
-        batch, session = payload
-        return self._write_batch(cur, batch, session)
+        return self._write_batch(cur, *payload)
 
     def _write_hello(self, cur: Any, hello: Any) -> None:
         now, model = time.time(), hello.model
+        shapes = (dumps(list(model.recurrent)), dumps({m.name: m.type for m in model.modules}))
         cur.execute(
             self.sql(
                 "INSERT INTO runs (id, name, world_size, started, updated, host, recurrent,"
@@ -217,8 +217,7 @@ class Store(ChunkWrites, HistoryReads):
                 " world_size = CASE WHEN excluded.world_size > runs.world_size"
                 " THEN excluded.world_size ELSE runs.world_size END"
             ),
-            (hello.run_id, hello.run, hello.world_size, now, now, hello.host,
-             dumps(list(model.recurrent)), dumps({m.name: m.type for m in model.modules})),
+            (hello.run_id, hello.run, hello.world_size, now, now, hello.host, *shapes),
         )
         cur.execute(
             self.sql(

@@ -9,13 +9,14 @@ infinities included, in either backend.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from ..columns import floats, ints
+from ..downsample import pick_rows
 from .chunks import INT_FIELDS, SCALAR_FIELDS, SPAN
 from .tables import Database
 
@@ -27,14 +28,14 @@ class ChunkReads(Database):
     """Mixed into the stores' reads (store/history.py, store/reads.py)."""
 
     def _chunks(
-        self, columns: str, table: str, run_id: str, rank: int, lo: int, hi: int,
-        where: str = "", params: tuple[Any, ...] = (),
+        self, columns: str, table: str, key: tuple[Any, ...], lo: int, hi: int, where: str = ""
     ) -> list[tuple[Any, ...]]:
-        """``columns`` of the chunks of one rank that may hold a step of ``lo..hi``."""
+        """``columns`` of the chunks of one rank (``key``: run_id, rank, then the values
+        ``where`` names) that may hold a step of ``lo..hi``."""
         return self.query(
             f"SELECT {columns} FROM {table} WHERE run_id = ? AND rank = ?{where}"  # noqa: S608
             " AND step_lo >= ? AND step_lo <= ? AND step_hi >= ? ORDER BY step_lo, uid",
-            (run_id, rank, *params, lo - SPAN + 1, hi, lo),
+            (*key, lo - SPAN + 1, hi, lo),
         )
 
     def _positions(self, text: str) -> dict[str, int]:
@@ -70,7 +71,7 @@ class ChunkReads(Database):
     ) -> dict[str, Points]:
         found: dict[str, list[tuple[int, int, Any]]] = {name: [] for name in names}
         for step_lo, step_hi, uid, n, fields, steps, data in self._chunks(
-            "step_lo, step_hi, uid, n, fields, steps, data", "step_chunks", run_id, rank, lo, hi
+            "step_lo, step_hi, uid, n, fields, steps, data", "step_chunks", (run_id, rank), lo, hi
         ):
             numbers = ints(bytes(steps))
             for name, at in self._positions(fields).items():
@@ -92,61 +93,53 @@ class ChunkReads(Database):
 
     def chunk_steps(self, run_id: str, rank: int, lo: int, hi: int) -> list[int]:
         """The steps of the step records in ``lo..hi`` (a step sent twice, twice)."""
-        rows = self._chunks("steps", "step_chunks", run_id, rank, lo, hi)
+        rows = self._chunks("steps", "step_chunks", (run_id, rank), lo, hi)
         return [s for (steps,) in rows for s in ints(bytes(steps)) if lo <= s <= hi]
 
-    def series_steps(
-        self, family: str, run_id: str, module: str, series: str, rank: int, lo: int, hi: int
-    ) -> dict[int, tuple[int, int, int]]:
-        """Each step of one module's series in ``lo..hi``: step -> (the chunk's step_lo,
-        its uid, the step's place in it); the series are not read. A step sent twice
-        is read from its last chunk in (step_lo, uid) order."""
-        out: dict[int, tuple[int, int, int]] = {}
+    def series_rows(
+        self, run_id: str, rank: int, key: tuple[str, str, str], lo: int, hi: int, most: int
+    ) -> tuple[int, list[tuple[int, int]], Iterator[bytes]]:
+        """One module's series (``key``: family, module, series) in ``lo..hi``: how many
+        steps hold it, (step, record uid) of at most ``most`` of them (evenly spaced:
+        pick_rows) and their packed series, each read as it is iterated: the database
+        cuts it out of its chunk, so a heatmap of 500 steps moves 500 series, not 500
+        chunks. A step sent twice is read from its last chunk in (step_lo, uid) order."""
+        where = " AND family = ? AND module = ? AND series = ?"
+        places: dict[int, tuple[int, int, int]] = {}  # step -> (step_lo, uid, place)
         for step_lo, uid, steps in self._chunks(
-            "step_lo, uid, steps", "series_chunks", run_id, rank, lo, hi,
-            " AND family = ? AND module = ? AND series = ?", (family, module, series),
+            "step_lo, uid, steps", "series_chunks", (run_id, rank, *key), lo, hi, where
         ):
             for i, step in enumerate(ints(bytes(steps))):
                 if lo <= step <= hi:
-                    out[step] = (step_lo, uid, i)
-        return out
-
-    def series_row(
-        self, family: str, run_id: str, module: str, series: str, rank: int,
-        where: tuple[int, int, int],
-    ) -> bytes:
-        """One step's packed series from its chunk (``where`` from series_steps); the
-        database cuts it out, so a heatmap of 500 steps moves 500 series, not 500
-        chunks."""
-        step_lo, uid, i = where
-        ((data,),) = self.query(
+                    places[step] = (step_lo, uid, i)
+        every = sorted(places)
+        picked = [every[k] for k in pick_rows(len(every), most)]
+        query = (
             "SELECT substr(data, CAST(? * 8 * len + 1 AS INTEGER), CAST(8 * len AS INTEGER))"
-            " FROM series_chunks WHERE run_id = ? AND family = ? AND module = ?"
-            " AND series = ? AND rank = ? AND step_lo = ? AND uid = ?",
-            (i, run_id, family, module, series, rank, step_lo, uid),
+            " FROM series_chunks WHERE run_id = ? AND rank = ? AND family = ? AND module = ?"
+            " AND series = ? AND step_lo = ? AND uid = ?"
         )
-        return bytes(data) if data else b""  # SQLite: NULL for a series of no values
+
+        def rows() -> Iterator[bytes]:
+            for step in picked:
+                step_lo, uid, i = places[step]
+                ((data,),) = self.query(query, (i, run_id, rank, *key, step_lo, uid))
+                yield bytes(data) if data else b""  # SQLite: NULL for a series of no values
+
+        # A record's uid: its chunk's uid plus its place in the chunk.
+        return len(every), [(s, places[s][1] + places[s][2]) for s in picked], rows()
 
     def notes(self, run_id: str, rank: int, lo: int, hi: int) -> dict[int, dict[str, Any]]:
         """The notes of the records in ``lo..hi`` that have some, by record uid."""
         out: dict[int, dict[str, Any]] = {}
         for uid, steps, text in self._chunks(
-            "uid, steps, notes", "step_chunks", run_id, rank, lo, hi, " AND notes IS NOT NULL"
+            "uid, steps, notes", "step_chunks", (run_id, rank), lo, hi, " AND notes IS NOT NULL"
         ):
             found = zip(ints(bytes(steps)), json.loads(text), strict=True)
             for i, (step, note) in enumerate(found):
                 if note is not None and lo <= step <= hi:
                     out[uid + i] = note
         return out
-
-    def name_sets(self, run_id: str, rank: int) -> dict[int, dict[str, int]]:
-        """Each name set of a run and rank: id -> {name: index in its rows}."""
-        return {
-            set_id: self._positions(text)
-            for set_id, text in self.query(
-                "SELECT id, names FROM named_sets WHERE run_id = ? AND rank = ?", (run_id, rank)
-            )
-        }
 
     def named_matrix(
         self, run_id: str, rank: int, wanted: Callable[[str], bool], lo: int, hi: int
@@ -155,12 +148,13 @@ class ChunkReads(Database):
         ``lo..hi``, each chunk read once: ``values[i, k]`` is name k at ``steps[i]`` where
         ``present[i, k]``, of the rows of that step that hold name k the one written last
         (``written``, then uid); names in the order first seen."""
-        sets = self.name_sets(run_id, rank)
+        query = "SELECT id, names FROM named_sets WHERE run_id = ? AND rank = ?"
+        sets = {set_id: self._positions(text) for set_id, text in self.query(query, (run_id, rank))}
         picked: dict[int, tuple[Any, list[int]]] = {}  # set id -> (columns, places)
         columns: dict[str, int] = {}
         parts: list[tuple[tuple[int, int], Any, Any, Any]] = []
         for uid, written, set_id, steps, data in self._chunks(
-            "uid, written, names, steps, data", "named_chunks", run_id, rank, lo, hi
+            "uid, written, names, steps, data", "named_chunks", (run_id, rank), lo, hi
         ):
             names = sets.get(set_id) or {}
             found = picked.get(set_id)

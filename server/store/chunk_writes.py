@@ -60,16 +60,13 @@ class ChunkWrites(Database):
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
         self._series_ids, self._name_sets, self._keys_written, self._set_ids = {}, {}, set(), {}
 
-    def _id_row(
-        self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str], select: str = "id"
-    ) -> Any:
-        """``select`` of the stored row of ``table`` with ``row``'s ``key`` values,
-        inserted where none is there yet (another replica may insert it first)."""
+    def _row_id(self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str]) -> int:
+        """The id of the stored row of ``table`` with ``row``'s ``key`` values, inserted
+        where none is there yet (another replica may insert it first)."""
         cur.execute(self.sql(self.insert_ignore(table, tuple(row))), tuple(row.values()))
         where = " AND ".join(f"{k} = ?" for k in key)
-        query = f"SELECT {select} FROM {table} WHERE {where}"  # noqa: S608
-        cur.execute(self.sql(query), [row[k] for k in key])
-        return cur.fetchone()
+        cur.execute(self.sql(f"SELECT id FROM {table} WHERE {where}"), [row[k] for k in key])  # noqa: S608
+        return int(cur.fetchone()[0])
 
     def _series(self, cur: Any, run_id: str, rank: int, names: Sequence[str]) -> list[int]:
         """The series id of each name; those not known yet are made in one insert and
@@ -91,9 +88,9 @@ class ChunkWrites(Database):
         """(id in ``named_sets``, series id of each name) of a name set."""
         found = self._name_sets.get(((run_id, rank), names))
         if found is None:
-            key, text = digest(names)
-            row = {"run_id": run_id, "rank": rank, "digest": key, "names": text}
-            set_id = int(self._id_row(cur, "named_sets", row, ("run_id", "rank", "digest"))[0])
+            sha, text = digest(names)
+            row = {"run_id": run_id, "rank": rank, "digest": sha, "names": text}
+            set_id = self._row_id(cur, "named_sets", row, ("run_id", "rank", "digest"))
             series = self._series(cur, run_id, rank, names)
             found = self._name_sets[(run_id, rank), names] = (set_id, series)
         return found
@@ -102,9 +99,7 @@ class ChunkWrites(Database):
         self, cur: Any, table: str, columns: Sequence[str], rows: list[Any], then: str = ""
     ) -> None:
         """Insert rows into a table, ``then`` on a conflict (PostgreSQL: as arrays)."""
-        marks = ", ".join("?" for _ in columns)
-        query = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){then}"  # noqa: S608
-        cur.executemany(self.sql(query), rows)
+        cur.executemany(self.sql(self.insert(table, columns, then)), rows)
 
     def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: SplitBatch) -> None:
         """A batch's chunk rows and rollup groups, written by :meth:`_flush`."""
@@ -115,7 +110,7 @@ class ChunkWrites(Database):
                 (*row[:5], written, self._name_set(cur, run_id, rank, names)[0], *row[5:])
                 for names, row in chunks.named
             ]
-        for (table, _), rows in zip(TABLES, (chunks.steps, named_rows, chunks.series), strict=True):
+        for table, rows in zip(TABLES, (chunks.steps, named_rows, chunks.series), strict=True):
             self._rows_pending.setdefault(table, []).extend(rows)
         for chunk in chunks.groups:
             if chunk.name_set:
@@ -136,7 +131,7 @@ class ChunkWrites(Database):
         insert per table, not one per batch; each run's row once (its largest step and
         epoch, its batches' problems; in id order, before the rollup sets, as every
         writer locks them)."""
-        for table, columns in TABLES:
+        for table, columns in TABLES.items():
             rows = self._rows_pending.pop(table, None)
             if rows:
                 self._insert_rows(cur, table, columns, rows)
@@ -178,18 +173,19 @@ class ChunkWrites(Database):
         self._insert_rows(cur, "set_rollups", SET_COLUMNS, found, UPSERT)
 
     def _set_id(self, cur: Any, group: ColumnGroup) -> int:
-        key = group.ids
+        # A series' kind never changes: a stored set of these series has these kinds.
+        key, kinds = group.ids, group.kinds
         found = self._set_ids.get(key)
         if found is None:
             sha, text = digest(key)
-            row = {"digest": sha, "series": text, "kinds": group.kinds}
-            set_id, kinds = self._id_row(cur, "rollup_sets", row, ("digest",), "id, kinds")
+            row = {"digest": sha, "series": text, "kinds": kinds}
+            set_id = self._row_id(cur, "rollup_sets", row, ("digest",))
             members = ("series", "set_id", "position", "kind")
             cur.executemany(
                 self.sql(self.insert_ignore("rollup_members", members)),
                 [(series, set_id, at, kinds[at]) for at, series in enumerate(key)],
             )
-            found = self._set_ids[key] = int(set_id)
+            found = self._set_ids[key] = set_id
         return found
 
     def _stored_set_rows(

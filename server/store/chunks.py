@@ -36,22 +36,30 @@ FLOAT_FIELDS = FLOAT_COLUMNS
 # The plain fields a chunk may hold, in the order of its ``fields``.
 CHUNK_FIELDS = ("epoch", *FLOAT_FIELDS, *INT_FIELDS[1:])
 # The plain fields the history API serves (docs/API.md, ``/steps``), each rolled up.
-SCALAR_FIELDS = ("loss", "duration_s", "total_norm", "graph_nodes", "rss_bytes",
-                 "cuda_allocated_bytes", "cuda_reserved_bytes", "overhead", "backward_passes")
+SCALAR_FIELDS = (
+    "loss",
+    "duration_s",
+    "total_norm",
+    "graph_nodes",
+    "rss_bytes",
+    "cuda_allocated_bytes",
+    "cuda_reserved_bytes",
+    "overhead",
+    "backward_passes",
+)
 INTEGER_FIELDS = tuple(name for name in SCALAR_FIELDS if name in INT_FIELDS)
 # A chunk's steps lie within step_lo .. step_lo + SPAN - 1, so the chunks that may
 # hold a step range are found on the (run, rank, step_lo) key alone.
 SPAN = 4096
 
 # The columns of each table, in the order of its rows (and of PostgreSQL's COPY).
-STEP_COLUMNS = ("run_id", "rank", "step_lo", "step_hi", "uid", "n", "fields", "steps", "data",
-                "notes")
-NAMED_COLUMNS = ("run_id", "rank", "step_lo", "step_hi", "uid", "written", "names", "n",
-                 "steps", "data")
-SERIES_COLUMNS = ("run_id", "rank", "family", "module", "series", "step_lo", "step_hi", "uid",
-                  "n", "len", "steps", "data")
-TABLES = (("step_chunks", STEP_COLUMNS), ("named_chunks", NAMED_COLUMNS),
-          ("series_chunks", SERIES_COLUMNS))
+_RANGE = ("step_lo", "step_hi", "uid")
+_SERIES = ("family", "module", "series")
+TABLES = {
+    "step_chunks": ("run_id", "rank", *_RANGE, "n", "fields", "steps", "data", "notes"),
+    "named_chunks": ("run_id", "rank", *_RANGE, "written", "names", "n", "steps", "data"),
+    "series_chunks": ("run_id", "rank", *_SERIES, *_RANGE, "n", "len", "steps", "data"),
+}
 
 
 def schema(integer: str, blob: str, clustered: str) -> list[str]:

@@ -173,7 +173,9 @@ class HistoryReads(Reads):
         whole buckets from the rollups, the rest (cut by the range's ends, or finer than
         every level) from the chunks, read once for every field."""
         buckets = range(first // width, hi // width + 1)
-        raw, inner, level = list(buckets), [], rollups.level_for(width)
+        # The coarsest level whose blocks tile a bucket; None: buckets finer than every one.
+        level = max((lv for lv in rollups.LEVELS if 1 << lv <= width), default=None)
+        raw, inner = list(buckets), []
         if level is not None:
             inner = [b for b in buckets if b * width >= lo and b * width + width - 1 <= hi]
             raw = [b for b in buckets if not inner or b < inner[0] or b > inner[-1]]

@@ -5,25 +5,12 @@ thread. Numbers live in ``double precision`` (NaN and the infinities natively); 
 leave as the protocol's strings. Use a fresh database or schema per deployment:
 ``postgresql://user@host/db?options=-csearch_path%3Dgw``.
 
-Replicas that share one database see each other's batches live (docs/DEPLOY.md,
-"Replicas"). Each batch NOTIFYs ``{"r": replica, "run": run_id, "u": urgent}`` (a
-hello ``{"r": replica, "run": run_id, "hello": true}``) on the schema's channel
-(:func:`channel_for`); it leaves at COMMIT, after the rows are readable;
-server/pg_listen.py listens, and ignores its own ``r``. Only while another replica
-has live viewers of a run (a row in ``live_replicas``, :meth:`PostgresStore.watch`)
-does a transaction also store its batches' frames (store/writer_process.py: the
-blocks as raw bytes) in the UNLOGGED table ``live_batches``, kept :data:`RETAIN_S`
-seconds, and its notes point to them (``"id": row id``: a NOTIFY payload holds 8000
-bytes, less than a batch). Storing them costs a batch's writer about as much as the
-batch itself (BENCHMARKS.md, "Replicas"), for nothing when no one elsewhere watches.
-
-Why no batch is lost between the two: each write transaction first takes the shared
-advisory lock :data:`LIVE_LOCK`, then asks whether another replica watches (READ
-COMMITTED: that statement sees every registration committed before the lock was
-granted). A registration takes the lock exclusively, so it commits only after every
-transaction that may have decided "no frames" has committed: those batches are in
-history, which the new viewer reads after its registration; every later transaction
-sees the row and stores its frames.
+Replicas that share one database see each other's batches live: a transaction
+NOTIFYs its batches on the schema's channel (:func:`channel_for`) and, only while
+another replica has live viewers (a row in ``live_replicas``), stores their frames in
+``live_batches``; the advisory lock :data:`LIVE_LOCK` lets a registration commit only
+after every transaction that may have decided "no frames". What is sent, and why no
+batch falls between history and live: docs/DEPLOY.md, "How: PostgreSQL LISTEN/NOTIFY".
 """
 
 from __future__ import annotations
@@ -116,7 +103,7 @@ PRUNE = "DELETE FROM live_batches WHERE created < clock_timestamp() - make_inter
 _TEXT, _BYTES = {"run_id", "fields", "notes", "family", "module", "series"}, {"steps", "data"}
 _COPY_TYPES = {
     table: ["text" if c in _TEXT else "bytea" if c in _BYTES else "int8" for c in columns]
-    for table, columns in TABLES
+    for table, columns in TABLES.items()
 }
 _COPY_TYPES["live_batches"] = ["int8", "text", "text", "int8", "int8", "bool", "bytea"]
 _COPY_TYPES["set_rollups"] = ["int8"] * 6 + ["bytea"]
@@ -281,7 +268,7 @@ class PostgresStore(Store):
 
     def _flush(self, cur: Any) -> None:
         if series := self._rows_pending.pop("series_chunks", None):
-            self._copy(cur, "series_chunks", dict(TABLES)["series_chunks"], series)
+            self._copy(cur, "series_chunks", TABLES["series_chunks"], series)
         pending, self._live_pending = self._live_pending, []
         runs, urgent = [row[0] for row in pending], [row[3] for row in pending]
         notes: tuple[Any, ...] = (ANNOUNCE_RUNS, (self.channel, self.replica, runs, urgent))
@@ -303,9 +290,7 @@ class PostgresStore(Store):
         return not conn.closed and not conn.broken
 
     def scalar_in(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return NONFINITE_STRINGS[value]
-        return value
+        return NONFINITE_STRINGS[value] if isinstance(value, str) else value
 
 
 def channel_for(schema: str) -> str:

@@ -140,34 +140,29 @@ class Reads(ChunkReads):
         self.run_summary(run_id)
         lo = 0 if start is None else start
         hi = 2**62 if stop is None else stop
-        places = self.series_steps("timesteps", run_id, module, series, rank, lo, hi)
-        all_steps = sorted(places)
-        chosen = [all_steps[i] for i in pick_rows(len(all_steps), max_steps)]
-        per_row = max(2, max_cells // max(1, len(chosen)))
+        key = ("timesteps", module, series)
+        total, picked, rows = self.series_rows(run_id, rank, key, lo, hi, max_steps)
+        per_row = max(2, max_cells // max(1, len(picked)))
         values: list[list[Any]] = []
         longest = 0
-        for step in chosen:
-            row = floats(self.series_row("timesteps", run_id, module, series, rank, places[step]))
+        for packed in rows:
+            row = floats(packed)
             longest = max(longest, len(row))
             if len(row) > per_row:
                 row = [row[i] for i in pick_rows(len(row), per_row)]
             values.append([protocol_number(v) for v in row])
         # Each row's timestep_layout for this module (docs/PROTOCOL.md): chain unless
         # its record said tree.
-        notes = self.notes(run_id, rank, chosen[0], chosen[-1]) if chosen else {}
-        layout = []
-        for step in chosen:
-            _, uid, i = places[step]
-            said = notes.get(uid + i, {}).get("timestep_layout") or {}
-            layout.append(said.get(module, "chain"))
+        notes = self.notes(run_id, rank, picked[0][0], picked[-1][0]) if picked else {}
+        said = [notes.get(uid, {}).get("timestep_layout") or {} for _, uid in picked]
         answer = {
             "module": module,
             "series": series,
             "rank": rank,
-            "steps": chosen,
-            "total_steps": len(all_steps),
+            "steps": [step for step, _ in picked],
+            "total_steps": total,
             "values": values,
-            "layout": layout,
+            "layout": [layouts.get(module, "chain") for layouts in said],
             "max_timesteps": longest,
         }
         if longest > per_row:

@@ -35,6 +35,7 @@ LEVELS = (6, 10, 14, 18)
 # first/last steps answer the history's `total` without counting 1e6 rows.
 STEP_SERIES = "step"
 
+
 def coarser(fine: list[int]) -> list[tuple[int, int, int, int]]:
     """The blocks of every level above the finest, as runs of the finest blocks
     ``fine`` (ascending block numbers): ``(level, block, first index, last + 1)``.
@@ -54,39 +55,26 @@ def coarser(fine: list[int]) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def level_for(width: int) -> int | None:
-    """The coarsest stored level whose blocks tile buckets of ``width`` (a power of
-    two) steps; None when buckets are finer than every level (read the rows)."""
-    fitting = [level for level in LEVELS if 1 << level <= width]
-    return fitting[-1] if fitting else None
-
-
-def cover(lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
-    """Steps ``lo..hi`` as whole rollup blocks ``(level, first block, last block)``,
-    coarsest first, and the step ranges at the ends that no block fits.
+def cover(
+    lo: int, hi: int, i: int = len(LEVELS) - 1
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """Steps ``lo..hi`` as whole rollup blocks ``(level, first block, last block)`` of
+    ``LEVELS[i]`` and finer, coarsest first, and the step ranges at the ends that no
+    block fits.
 
     >>> cover(10, 2000)
     ([(6, 1, 30)], [(10, 63), (1984, 2000)])
     """
-    blocks: list[tuple[int, int, int]] = []
-    rest: list[tuple[int, int]] = []
-    pending = [(lo, hi, len(LEVELS) - 1)]
-    while pending:
-        a, b, i = pending.pop()
-        if a > b:
-            continue
-        if i < 0:
-            rest.append((a, b))
-            continue
-        size = 1 << LEVELS[i]
-        first, last = -(-a // size), (b + 1) // size - 1
-        if first > last:
-            pending.append((a, b, i - 1))
-            continue
-        blocks.append((LEVELS[i], first, last))
-        pending.append(((last + 1) * size, b, i - 1))
-        pending.append((a, first * size - 1, i - 1))
-    return blocks, rest
+    if lo > hi:
+        return [], []
+    if i < 0:
+        return [], [(lo, hi)]
+    size = 1 << LEVELS[i]
+    first, last = -(-lo // size), (hi + 1) // size - 1
+    if first > last:
+        return cover(lo, hi, i - 1)
+    left, right = cover(lo, first * size - 1, i - 1), cover((last + 1) * size, hi, i - 1)
+    return [(LEVELS[i], first, last), *left[0], *right[0]], left[1] + right[1]
 
 
 # One series' rows of a level, from block to block, in whichever sets it is.
@@ -172,10 +160,8 @@ def array_blocks(
     highs = np.empty_like(lows)
     for f, (i, j) in enumerate(zip(starts, ends, strict=True)):
         part = keys[i:j]
-        lows[f] = part.argmin(0)
-        highs[f] = part.argmax(0)
-        lows[f] += i
-        highs[f] += i
+        lows[f] = part.argmin(0) + i
+        highs[f] = part.argmax(0) + i
     found = [
         (finest, fine[f], ends[f] - starts[f], step_list[starts[f]], step_list[ends[f] - 1])
         for f in range(len(fine))
@@ -204,18 +190,14 @@ def merge_arrays(old: np.ndarray, new: np.ndarray, order: str) -> np.ndarray:
     ``old``: the lower value wins, then the earlier step; the higher value, then the
     earlier step (values compared by :func:`order_keys`)."""
     out = old.copy()
-    new_lo, old_lo = order_keys(new["lv"], order), order_keys(old["lv"], order)
-    low = (new_lo < old_lo) | ((new_lo == old_lo) & (new["ls"] < old["ls"]))
-    out["ls"][low], out["lv"][low] = new["ls"][low], new["lv"][low]
-    new_hi, old_hi = order_keys(new["hv"], order), order_keys(old["hv"], order)
-    high = (new_hi > old_hi) | ((new_hi == old_hi) & (new["hs"] < old["hs"]))
-    out["hs"][high], out["hv"][high] = new["hs"][high], new["hv"][high]
+    for step, value, better in (("ls", "lv", np.less), ("hs", "hv", np.greater)):
+        new_key, old_key = order_keys(new[value], order), order_keys(old[value], order)
+        wins = better(new_key, old_key) | ((new_key == old_key) & (new[step] < old[step]))
+        out[step][wins], out[value][wins] = new[step][wins], new[value][wins]
     return out
 
 
-def bucket_extremes(
-    rows: list[tuple[Any, ...]], shift: int, order: str
-) -> list[tuple[int, Any]]:
+def bucket_extremes(rows: list[tuple[Any, ...]], shift: int, order: str) -> list[tuple[int, Any]]:
     """(step, value) of the min and of the max of each bucket of ``2**shift`` blocks,
     from the :data:`SERIES_ROWS` rows ``(position, kind, block, data)`` of one series
     (in one set or several), as :func:`extremes` picks them."""
@@ -227,15 +209,11 @@ def bucket_extremes(
     if not parts:
         return []
     blocks = np.concatenate([np.array(b, np.int64) for b, _ in parts.values()])
-    records = np.concatenate(
-        [
-            np.frombuffer(b"".join(d), ROW_DTYPES["i" if kind == "q" else "f"]).reshape(
-                len(d), -1
-            )[:, at]
-            for (at, kind, _), (_, d) in parts.items()
-        ]
-    )
-    return extremes(blocks >> shift, records, order)
+    records = []
+    for (at, kind, _), (_, data) in parts.items():
+        dtype = ROW_DTYPES["i" if kind == "q" else "f"]
+        records.append(np.frombuffer(b"".join(data), dtype).reshape(len(data), -1)[:, at])
+    return extremes(blocks >> shift, np.concatenate(records), order)
 
 
 def extremes(buckets: np.ndarray, records: np.ndarray, order: str) -> list[tuple[int, Any]]:

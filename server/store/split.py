@@ -95,16 +95,13 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             out.last_epoch = max(out.last_epoch, record.epoch)
             if record.step is not None:
                 out.last_step = max(out.last_step, record.step)
-            out.epochs.append(
-                (run_id, rank, record.epoch, record.step, scalar(record.t),
-                 scalar(record.duration_s), record.steps, record.model_dump_json(exclude_none=True))
-            )
+            times = (scalar(record.t), scalar(record.duration_s))
+            dump = record.model_dump_json(exclude_none=True)
+            out.epochs.append((run_id, rank, record.epoch, record.step, *times, record.steps, dump))
         elif kind == "alert":
             out.problems += opens_problem(record)
-            out.alerts.append(
-                (run_id, rank, record.step, record.code, record.severity, record.state,
-                 record.subject, record.model_dump_json())
-            )
+            said = (record.code, record.severity, record.state, record.subject)
+            out.alerts.append((run_id, rank, record.step, *said, record.model_dump_json()))
         elif kind == "end":
             out.ends.append((record.status, record.step, record.t))
     for block in (*step_blocks(batch.records), *map(wire_block, batch.columns)):
@@ -187,16 +184,13 @@ def _array_groups(
     """Each chunk's rollup groups as numpy matrices of one dtype (store/rollups.py):
     the int columns with the steps, the float columns, the named scalars."""
     n = len(steps)
-    ints_ = [(name, data) for name, data in rolled if name in INT_FIELDS]
+    ints_ = [("step", step_bytes), *((name, d) for name, d in rolled if name in INT_FIELDS)]
     floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
-    int_bytes = b"".join([step_bytes, *(d for _, d in ints_)])
-    matrices: list[tuple[tuple[str, ...], Any, bool]] = [
-        (("step", *(name for name, _ in ints_)), np.frombuffer(int_bytes, "<i8").reshape(-1, n).T,
-         False)
-    ]
-    if floats_:
-        matrix = np.frombuffer(b"".join(d for _, d in floats_), "<f8").reshape(-1, n).T
-        matrices.append((tuple(name for name, _ in floats_), matrix, False))
+    matrices: list[tuple[tuple[str, ...], Any, bool]] = []
+    for columns, dtype in ((ints_, "<i8"), (floats_, "<f8")):
+        if columns:
+            matrix = np.frombuffer(b"".join(d for _, d in columns), dtype).reshape(-1, n).T
+            matrices.append((tuple(name for name, _ in columns), matrix, False))
     if block.names:
         matrix = np.frombuffer(block.named, "<f8").reshape(n, len(block.names))
         matrices.append((block.names, matrix, True))

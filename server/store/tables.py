@@ -152,10 +152,13 @@ class Database(ABC):
     def sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
-    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
+    def insert(self, table: str, columns: Sequence[str], then: str = "") -> str:
+        """An INSERT of one row, ``then`` on a conflict."""
         marks = ", ".join("?" for _ in columns)
-        names = ", ".join(columns)
-        return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING"  # noqa: S608
+        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){then}"  # noqa: S608
+
+    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
+        return self.insert(table, columns, " ON CONFLICT DO NOTHING")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Any]:

@@ -41,18 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
+from serve import Server  # bench/serve.py, beside this file
+
 _T = re.compile(r'"t":(-?[0-9][0-9.eE+-]*)')
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def proc_cpu(pid: int) -> float:
@@ -240,21 +235,6 @@ async def measure(server_pid: int, port: int, mode: str, trainers: int, viewers:
     }
 
 
-def start_server(port: int, db: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gradwatch.server.cli", "serve", "--port", str(port), "--db", db,
-         "--log-level", "warning"])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2):
-                return process
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise SystemExit("gradwatch serve did not come up")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainers", type=int, default=4)
@@ -276,9 +256,8 @@ def main() -> None:
         run(args._url, args._run_id, args._rank, args.trainers, args.rate, args.seconds,
             args.timesteps)
         return
-    port = free_port()
     db = args.db or str(Path(tempfile.mkdtemp()) / "latency.db")
-    server = start_server(port, db)
+    server = Server(db)
     try:
         kind = "postgresql" if db.startswith("postgres") else "sqlite"
         print(f"{args.trainers} trainers x {args.rate:g} steps/s for {args.seconds:g} s, "
@@ -289,8 +268,8 @@ def main() -> None:
         results: dict[str, list[dict[str, Any]]] = {}
         for _ in range(args.repeat):  # modes interleaved, so both see the same load
             for mode in args.modes.split(","):
-                r = asyncio.run(measure(server.pid, port, mode, args.trainers, args.viewers,
-                                        args.rate, args.seconds, args.timesteps))
+                r = asyncio.run(measure(server.process.pid, server.port, mode, args.trainers,
+                                        args.viewers, args.rate, args.seconds, args.timesteps))
                 results.setdefault(mode, []).append(r)
                 print(f"{r['mode']:<8} {r['samples']:>8} {r['p50']:>7.1f} {r['p99']:>7.1f} "
                       f"{r['max']:>7.1f} {r['lagged']:>6}          {r['cpu_server']:>6.1f} "
@@ -305,8 +284,7 @@ def main() -> None:
                 print(f"median of {args.repeat}: {mode:<8} p50 {p50:.1f} ms  p99 {p99:.1f} ms")
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """A real `gradwatch serve` process on 127.0.0.1 for the benchmarks beside this file.
 
-ingest.py, ingest_ab.py, dashboard.py and ranks.py measure the server users run, so
-they start that process, not an app in their own: its websockets, its store and its
-writer are all part of what they time.
+ingest.py, ingest_ab.py, dashboard.py, ranks.py, latency.py and soak_viewers.py
+measure the server users run, so they start that process, not an app in their own:
+its websockets, its store and its writer are all part of what they time.
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ class Server:
             cmd, env={**os.environ, **(env or {})}, stdout=output, stderr=output
         )
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.process.poll() is None:
             try:
                 with urllib.request.urlopen(self.http + "/api/health", timeout=2):  # noqa: S310
                     return
             except OSError:
                 time.sleep(0.05)  # readiness poll
+        self.process.kill()  # no server left behind
+        self.process.wait()
         raise SystemExit("gradwatch serve did not start")
 
     def get(self, path: str) -> tuple[float, Any]:

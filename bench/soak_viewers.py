@@ -25,14 +25,12 @@ import json
 import os
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 
+from serve import Server  # bench/serve.py, beside this file
 from websockets.sync.client import connect
 
 
@@ -54,22 +52,6 @@ def rss_kib(pid: int) -> int:
         except OSError:
             pass
     return total
-
-
-def start_server(port: int, db: str, queue_bytes: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, GRADWATCH_LIVE_QUEUE_BYTES=str(queue_bytes))
-    cmd = [sys.executable, "-m", "gradwatch.server.cli", "serve", "--port", str(port),
-           "--db", db, "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("gradwatch serve did not start")
 
 
 def slow_viewer(port: int, run_id: str) -> socket.socket | None:
@@ -162,10 +144,12 @@ def main() -> None:
     args = parser.parse_args()
 
     folder = tempfile.mkdtemp(prefix="gradwatch-soak-")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = start_server(port, os.path.join(folder, "soak.db"), args.queue_bytes)
+    server = Server(
+        os.path.join(folder, "soak.db"),
+        env={"GRADWATCH_LIVE_QUEUE_BYTES": str(args.queue_bytes)},
+        quiet=True,
+    )
+    port, proc = server.port, server.process
     run_id = str(uuid.uuid4())
     trainer = Trainer(port, run_id, args.rate, args.series)
     viewers: list[socket.socket] = []
@@ -202,8 +186,7 @@ def main() -> None:
         trainer.join(10)
         for sock in viewers:
             sock.close()
-        proc.terminate()
-        proc.wait(30)
+        server.stop()
     steady = [s for s in samples if s[0] >= args.warmup]
     if len(steady) < 2:
         print("too short for a verdict")

@@ -2,29 +2,33 @@
 norms and the update ratios.
 
 Precision. Float32 tensors on CPU are reduced in float32 with no float64 copy: each
-sum of squares is float32 rounding (~1e-7 relative: ``square`` then ``sum``, whose
-CPU kernel adds pairwise, where ``vector_norm``'s float32 accumulation lost 3e-6 on
-4,096 equal values and 5e-4 on 1e6). The rows float32 cannot give to that precision
-are recomputed in float64, which squares every float32 value exactly: a non-finite
-sum (an element beyond ~1.8e19 squares to infinity; a NaN or an infinity in the
-tensor reads the same as in float64) and a sum small enough that underflowed squares
-could matter (below ``n * UNDERFLOW_SUM``, see there). So zeros read 0, vanishing
-gradients (1e-30-scale elements) read their float64 norm, NaN reads NaN.
-Everything else keeps today's float64 reduction, exact to float64 rounding: float64
-tensors, scaled where their squares would underflow (``s * ||g / s||``,
-``s = max|g|``, down to 1e-300 and below), half and bfloat16 tensors, mixed dtypes,
-and CUDA, where ``_foreach_norm(dtype=float64)`` is one fused kernel with no copy and
-nothing may wait for the device (on CPU reading the fallback's flag costs nothing).
+sum of squares is float32 rounding (~1e-7 relative: ``x * x`` then ``sum``, whose
+CPU kernel adds pairwise; a float32 ``vector_norm`` keeps one running sum and lost
+3e-6 on 4,096 equal values, 5e-4 on 1e6; BLAS ``dot`` 2e-6 and 6e-4). The rows
+float32 cannot give to that precision are recomputed in float64, which squares every
+float32 value exactly: a non-finite sum (an element beyond ~1.8e19 squares to
+infinity; a NaN or an infinity in the tensor reads as it does in float64) and a sum
+small enough that underflowed squares could matter (below ``n * UNDERFLOW_SUM``, see
+there). So zeros read 0, vanishing gradients (1e-30-scale elements) their float64
+norm, NaN reads NaN. Reading whether a row needs it is a host read of a CPU tensor:
+nothing to wait for. Everything else is reduced in float64, exact to float64
+rounding: float64 tensors, scaled where their squares would underflow
+(``s * ||g / s||``, ``s = max|g|``, down to 1e-300 and below), half and bfloat16
+tensors, mixed dtypes, and CUDA, where ``_foreach_norm(dtype=float64)`` is one fused
+kernel with no copy and nothing may wait for the device.
 
-Why: the float64 copies were most of the cost. 48 cell gradients of 32 x 128 a step:
-``vector_norm(dtype=float64)`` of the stacked rows 101 µs, the float32 squares and
-sums 67 µs, ``_foreach_norm(dtype=float64)`` 238 µs (timeit, 1 thread, 2-core box).
+Why: ``vector_norm(..., dtype=float64)`` writes a float64 copy of its input first.
+48 cell gradients of 32 x 128: 157 µs before, 109 µs now; the cell loop's parameter
+norms 81 -> 70 µs, one update norm of its 6 weights 65 -> 53 µs (timeit, 1 thread,
+the 2-core box). Inside the training loop, where the data and the code are cold, the
+gain is smaller and ops count more than bytes (docs/CAPTURE.md, cells in a loop).
 
 How many ops matters more than how many bytes for a cell loop's gradients: each op
 costs a dispatch and an allocation, and PyTorch's CPU ``_foreach_norm`` is a loop
 over the tensors. On CPU same-shape gradients are therefore stacked (one float32
 copy, squared in place) and reduced by one ``sum(dim=1)`` per ``STACK_LIMIT``
-elements.
+elements. Lists of tensors of several shapes (parameters, weights) are squared and
+summed one by one, a packed recurrent tensor as ``(gates, -1)`` rows.
 
 Example:
     >>> grad_norms([torch.full((2, 2), 1e-300, dtype=torch.float64)])
@@ -80,7 +84,7 @@ def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
         for i in range(0, len(grads), per):
             chunk = grads[i : i + per]
             rows = torch.stack(chunk).view(len(chunk), size)  # our copy: square in place
-            parts.append(rows.square_().sum(dim=1))
+            parts.append(rows.mul_(rows).sum(dim=1))
         squares = parts[0] if len(parts) == 1 else torch.cat(parts)
         return _settle(squares, size, lambda k: _float64_norm(grads[k]))
 
@@ -122,9 +126,10 @@ def _float32_norms(
     tensors: list[torch.Tensor], packed: Sequence[tuple[torch.Tensor, int]]
 ) -> torch.Tensor:
     size = max((t.numel() for t in tensors), default=0)
-    parts = [torch.stack([t.square().sum() for t in tensors])] if tensors else []
+    parts = [torch.stack([torch.mul(t, t).sum() for t in tensors])] if tensors else []
     for g, gates in packed:
-        parts.append(g.reshape(gates, g.numel() // gates).square().sum(dim=1))
+        rows = g.reshape(gates, g.numel() // gates)
+        parts.append(torch.mul(rows, rows).sum(dim=1))
         size = max(size, g.numel() // gates)
     squares = parts[0] if len(parts) == 1 else torch.cat(parts)
 

@@ -157,18 +157,20 @@ def _settle(
     squares: torch.Tensor, size: int, exact: Callable[[int], torch.Tensor]
 ) -> torch.Tensor:
     """Float32 sums of at most ``size`` squares (CPU) as float64 norms; the rows float32
-    cannot give (non-finite, or below ``size * UNDERFLOW_SUM``) are ``exact(row)``."""
-    norms = squares.to(F64).sqrt_()
-    if not squares.numel():
-        return norms
+    cannot give (non-finite, or below ``size * UNDERFLOW_SUM``) are ``exact(row)``.
+
+    On the host, where reading a CPU tensor waits for nothing: one read, a Python
+    check and one new tensor are 2 ops where the check on tensors (``aminmax``, two
+    reads, a cast, a square root) took 6. Inside the training loop an op costs ~4 µs
+    however small, and the cell loop's parameter norms took 145-191 µs this way
+    against 173-221 µs (paired in the real callback, 150-200 steps)."""
+    values = squares.tolist()
     least = size * UNDERFLOW_SUM
-    low, high = torch.aminmax(squares)  # NaN anywhere: both NaN
-    if low.item() >= least and high.item() < math.inf:  # the usual case: no row to redo
-        return norms
-    redo = ~(torch.isfinite(squares) & (squares >= least))
-    for k in redo.nonzero().view(-1).tolist():
-        norms[k] = exact(k)
-    return norms
+    norms = [math.sqrt(v) if least <= v < math.inf else -1.0 for v in values]  # NaN: -1
+    for k, norm in enumerate(norms):
+        if norm < 0:
+            norms[k] = exact(k).item()
+    return torch.tensor(norms, dtype=F64)
 
 
 def _scaled(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -18,10 +18,11 @@ tensors, mixed dtypes, and CUDA, where ``_foreach_norm(dtype=float64)`` is one f
 kernel with no copy and nothing may wait for the device.
 
 Why: ``vector_norm(..., dtype=float64)`` writes a float64 copy of its input first.
-48 cell gradients of 32 x 128: 157 µs before, 109 µs now; the cell loop's parameter
-norms 81 -> 70 µs, one update norm of its 6 weights 65 -> 53 µs (timeit, 1 thread,
-the 2-core box). Inside the training loop, where the data and the code are cold, the
-gain is smaller and ops count more than bytes (docs/CAPTURE.md, cells in a loop).
+48 cell gradients of 32 x 128: 126-183 µs against 173-254 µs before; the cell loop's
+parameter norms 77-117 against 93-119 µs, one update norm of its 6 weights 57-87
+against 70-89 µs (timeit, 1 thread, three runs on the 2-core box at load 1.8-2.2).
+Inside the training loop, where the data and the code are cold, the gain is smaller
+and ops count more than bytes (docs/CAPTURE.md, cells in a loop).
 
 How many ops matters more than how many bytes for a cell loop's gradients: each op
 costs a dispatch and an allocation, and PyTorch's CPU ``_foreach_norm`` is a loop

@@ -67,7 +67,8 @@ UNDERFLOW_SUM = torch.finfo(F32).tiny / 1e-6
 def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
     """‖g‖₂ of each of ``grads`` (one shape, dtype and device), float64, in order.
 
-    Device ops only, no sync. Float32 on CPU: float32 rounding, exact in float64
+    Never waits for a device: on CUDA device ops only; float32 on CPU reads its sums
+    on the host (nothing to wait for there) and is float32 rounding, exact in float64
     where float32 would underflow or overflow (module docstring); otherwise exact to
     float64 rounding, for float64 gradients down to 1e-300 and below.
     """
@@ -95,7 +96,7 @@ def tensor_norms(
 ) -> torch.Tensor:
     """‖t‖₂ of each of ``tensors`` (one device, any shapes), then of each gate of each
     packed recurrent tensor ``(t, gates)`` (its ``gates`` equal chunks along dim 0), as
-    one float64 vector; device ops only, no sync.
+    one float64 vector; never waits for a device (the host read is on CPU only).
 
     Float32 on CPU: float32 rounding, exact in float64 where float32 would underflow
     or overflow. Otherwise (CUDA, other or mixed dtypes) float64 accumulation: on CUDA

@@ -4,8 +4,11 @@ The norms are taken at the end of every backward pass of a heavy step (an autogr
 callback queued by a hook on the parameters), so they are the raw gradients as
 backward left them: before any clipping, before an optimizer or ``GradScaler.step``
 touches them, and, with gradient accumulation, summed over every backward of the
-step (the last callback wins). One ``torch._foreach_norm`` in float64 per device
-covers every parameter and every gate chunk; nothing reaches the host here.
+step (the last callback wins). One reduction per device covers every parameter and
+every gate chunk; nothing reaches the host here. The norms are float64: float32
+gradients on CPU are reduced in float32 (float32 rounding, ~1e-7 relative; exact in
+float64 where float32 would underflow or overflow, ``norms.py``), everything else in
+float64 (on CUDA one fused ``_foreach_norm``).
 
 With ``scaler=`` (a ``torch.amp.GradScaler``), the norms are divided by the
 scaler's scale tensor on the device (no ``.item()``), so they are the unscaled
@@ -36,6 +39,7 @@ from torch.autograd import Variable
 from gradwatch.protocol.messages import GRU_GATES, LSTM_GATES
 
 from .base import Quantity
+from .norms import tensor_norms
 from .sharded import Groups, is_sharded, local_part, reduce_groups, reduce_norms
 
 _GATED_PREFIXES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
@@ -348,27 +352,15 @@ def _unscaled_norms(
     scale: torch.Tensor | None,
     packed: list[tuple[torch.Tensor, int]] | None = None,
 ) -> torch.Tensor:
-    """‖t‖₂ of each tensor of one device in float64, then of each gate of each packed
+    """‖t‖₂ of each tensor of one device as float64, then of each gate of each packed
     recurrent gradient ``(g, gates)`` (its ``gates`` equal chunks along dim 0), divided
     by the AMP loss scale when there is one: device ops only (no sync).
 
-    On CUDA one ``_foreach_norm`` over the tensors and the gate chunks is one fused
-    kernel. On CPU ``_foreach_norm`` is a loop of one cast and one norm per tensor, so
-    a packed gradient is reduced as ``(gates, -1)`` rows in one norm instead of a cast
-    and a norm per gate (an LSTM cell's 4 packed gradients: 4 ops, not 16).
+    ``norms.tensor_norms``: float32 gradients on CPU in float32 (float32 rounding,
+    float64 where float32 would underflow or overflow); CUDA and other dtypes in
+    float64, on CUDA one fused ``_foreach_norm`` over the tensors and the gate chunks.
     """
-    packed = packed or []
-    if device.type == "cpu" and packed:
-        parts = []
-        if tensors:
-            parts.append(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64)))
-        for g, gates in packed:
-            rows = g.reshape(gates, g.numel() // gates)
-            parts.append(torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64))
-        vec = torch.cat(parts)
-    else:
-        chunks = tensors + [c for g, gates in packed for c in g.chunk(gates, dim=0)]
-        vec = torch.stack(torch._foreach_norm(chunks, 2, dtype=torch.float64))
+    vec = tensor_norms(tensors, packed or ())
     if scale is not None:
         vec = vec / scale.to(device=device, dtype=torch.float64, non_blocking=True)
     return vec

@@ -10,9 +10,12 @@ How: PyTorch's global optimizer step hooks
 (``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``..._post_hook``),
 which every ``torch.optim`` optimizer runs around ``step()``. On heavy steps only,
 the pre-hook copies the watched parameters this optimizer holds (one foreach op:
-``w * 1.0`` is bitwise ``w``); the post-hook takes ‖w_before‖ in float64, subtracts
-the new weights from the copy in place and takes that norm, then drops the copy. All
-on the device, nothing reaches the host until the Monitor's one copy per step. On
+``w * 1.0`` is bitwise ``w``); the post-hook takes ‖w_before‖, subtracts the new
+weights from the copy in place and takes that norm, then drops the copy. Both norms
+are float64 (``norms.tensor_norms``): float32 weights on CPU are reduced in float32
+(float32 rounding, ~1e-7 relative), exact in float64 where float32 would underflow or
+overflow (a tiny learning rate's 1e-20-scale Δw); CUDA and other dtypes in float64.
+All on the device, nothing reaches the host until the Monitor's one copy per step. On
 light steps both hooks return at once. Memory: one copy of the parameters for the
 length of ``optimizer.step()`` on heavy steps. ``monitor.remove()`` removes both hooks.
 
@@ -48,7 +51,7 @@ from torch.optim.optimizer import (
 from gradwatch.trainer_hooks.warn import WarnOnce
 
 from .base import Quantity
-from .calls import F64
+from .norms import tensor_norms
 from .sharded import Groups, is_sharded, local_part, reduce_groups, reduce_norms
 
 
@@ -145,9 +148,9 @@ class UpdateRatios(Quantity):
                 for members in groups.values():
                     before = [copies[i] for i in members]
                     after = [params[i] for i in members]
-                    weight = torch.stack(torch._foreach_norm(before, 2, dtype=F64))
+                    weight = tensor_norms(before)
                     torch._foreach_sub_(before, after)  # the copies now hold -Δw
-                    update = torch.stack(torch._foreach_norm(before, 2, dtype=F64))
+                    update = tensor_norms(before)
                     member_slots = [slots[i] for i in members]
                     if self._over and self.reduce_shards:
                         weight, update = self._global(member_slots, weight, update)

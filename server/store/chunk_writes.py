@@ -117,11 +117,9 @@ class ChunkWrites(Database):
                 ids = self._name_set(cur, run_id, rank, chunk.names)[1]
             else:
                 ids = self._series(cur, run_id, rank, chunk.names)
-            # A group's series are of one kind: "q" int64 (the step numbers' group), "d" float64.
-            kinds = ("q" if chunk.matrix.dtype.kind == "i" else "d") * len(ids)
             # Written once per transaction (_flush): the batches of one run that commit
             # together share their coarse blocks, one row each.
-            self._rollups_pending.append(replace(chunk, ids=tuple(ids), kinds=kinds))
+            self._rollups_pending.append(replace(chunk, ids=tuple(ids)))
 
     def _discard_pending(self) -> None:
         self._rows_pending, self._rollups_pending, self._runs_pending = {}, [], {}
@@ -173,17 +171,16 @@ class ChunkWrites(Database):
         self._insert_rows(cur, "set_rollups", SET_COLUMNS, found, UPSERT)
 
     def _set_id(self, cur: Any, group: ColumnGroup) -> int:
-        # A series' kind never changes: a stored set of these series has these kinds.
-        key, kinds = group.ids, group.kinds
+        # A series' kind never changes: a stored set of these series has this group's.
+        key, kind = group.ids, group.matrix.dtype.kind
         found = self._set_ids.get(key)
         if found is None:
             sha, text = digest(key)
-            row = {"digest": sha, "series": text, "kinds": kinds}
-            set_id = self._row_id(cur, "rollup_sets", row, ("digest",))
+            set_id = self._row_id(cur, "rollup_sets", {"digest": sha, "series": text}, ("digest",))
             members = ("series", "set_id", "position", "kind")
             cur.executemany(
                 self.sql(self.insert_ignore("rollup_members", members)),
-                [(series, set_id, at, kinds[at]) for at, series in enumerate(key)],
+                [(series, set_id, at, kind) for at, series in enumerate(key)],
             )
             found = self._set_ids[key] = set_id
         return found
@@ -215,9 +212,9 @@ class ChunkWrites(Database):
 def joined(groups: list[ColumnGroup]) -> list[ColumnGroup]:
     """Groups of the same series (one run's batches in one transaction) as one group:
     one array_blocks call instead of one per batch and a merge of their shared blocks."""
-    by_series: dict[tuple[tuple[int, ...], str], list[ColumnGroup]] = {}
+    by_series: dict[tuple[int, ...], list[ColumnGroup]] = {}
     for group in groups:
-        by_series.setdefault((group.ids, group.kinds), []).append(group)
+        by_series.setdefault(group.ids, []).append(group)
     if len(by_series) == len(groups):
         return groups
     return [

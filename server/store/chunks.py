@@ -62,37 +62,17 @@ TABLES = {
 }
 
 
-def schema(integer: str, blob: str, clustered: str) -> list[str]:
-    """CREATE statements of the chunk tables."""
-    head = f"run_id TEXT NOT NULL, rank {integer} NOT NULL"
-    span = f"step_lo {integer} NOT NULL, step_hi {integer} NOT NULL, uid {integer} NOT NULL"
-    return [
-        f"CREATE TABLE step_chunks ({head}, {span}, n {integer} NOT NULL,"
-        f" fields TEXT NOT NULL, steps {blob} NOT NULL, data {blob} NOT NULL, notes TEXT,"
-        f" PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
-        f"CREATE TABLE named_chunks ({head}, {span}, written {integer} NOT NULL,"
-        f" names {integer} NOT NULL, n {integer} NOT NULL, steps {blob} NOT NULL,"
-        f" data {blob} NOT NULL, PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
-        f"CREATE TABLE series_chunks ({head}, family TEXT NOT NULL, module TEXT NOT NULL,"
-        f" series TEXT NOT NULL, {span}, n {integer} NOT NULL, len {integer} NOT NULL,"
-        f" steps {blob} NOT NULL, data {blob} NOT NULL)",
-        "CREATE INDEX series_chunks_lookup"
-        " ON series_chunks (run_id, family, module, series, rank, step_lo)",
-    ]
-
-
 @dataclass
 class ColumnGroup:
     """One chunk's series for the rollups: ``matrix[i, k]`` (all int64 or all float64)
     is the series named ``names[k]`` at ``steps[i]`` (``name_set``: named scalars); the
-    writer adds their ids and kinds (store/chunk_writes.py)."""
+    writer adds their ids (store/chunk_writes.py)."""
 
     steps: list[int]
     names: tuple[str, ...]
     matrix: Any
     name_set: bool = False
     ids: tuple[int, ...] = ()
-    kinds: str = ""
 
 
 def cuts(steps: list[int]) -> list[tuple[int, int]]:

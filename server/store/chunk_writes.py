@@ -130,17 +130,14 @@ class ChunkWrites(Database):
         epoch, its batches' problems; in id order, before the rollup sets, as every
         writer locks them)."""
         for table, columns in TABLES.items():
-            rows = self._rows_pending.pop(table, None)
-            if rows:
+            if rows := self._rows_pending.pop(table, None):
                 self._insert_rows(cur, table, columns, rows)
         runs = sorted(self._runs_pending.items())
         now = time.time()
         rows = [(now, s, s, e, e, problems, run) for run, (s, e, problems) in runs]
         cur.executemany(self.sql(RUN_UPDATE), rows)
         if self._rollups_pending:
-            groups = joined(self._rollups_pending)
-            self._rollups_pending = []  # `groups` may be the very list
-            self._write_set_rollups(cur, groups)
+            self._write_set_rollups(cur, joined(self._rollups_pending))
 
     def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
         """Hold the sets' rows until the commit (PostgreSQL: other replicas may write)."""
@@ -215,15 +212,13 @@ def joined(groups: list[ColumnGroup]) -> list[ColumnGroup]:
     by_series: dict[tuple[int, ...], list[ColumnGroup]] = {}
     for group in groups:
         by_series.setdefault(group.ids, []).append(group)
-    if len(by_series) == len(groups):
-        return groups
     return [
-        same[0]
-        if len(same) == 1
-        else replace(
+        replace(
             same[0],
             steps=list(chain.from_iterable(g.steps for g in same)),
             matrix=np.concatenate([g.matrix for g in same]),
         )
+        if len(same) > 1
+        else same[0]
         for same in by_series.values()
     ]

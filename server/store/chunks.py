@@ -47,7 +47,6 @@ SCALAR_FIELDS = (
     "overhead",
     "backward_passes",
 )
-INTEGER_FIELDS = tuple(name for name in SCALAR_FIELDS if name in INT_FIELDS)
 # A chunk's steps lie within step_lo .. step_lo + SPAN - 1, so the chunks that may
 # hold a step range are found on the (run, rank, step_lo) key alone.
 SPAN = 4096

@@ -27,8 +27,8 @@ Points = tuple[list[int], list[Any]]
 
 @lru_cache(maxsize=10_000)
 def _positions(text: str) -> dict[str, int]:
-    """name -> place of a JSON list of names (a chunk's fields, a name set), decoded
-    once: they never change (the dict is shared: read it, never change it)."""
+    """name -> place of a chunk's ``fields`` (a JSON list), decoded once: they never
+    change (the dict is shared: read it, never change it)."""
     return {name: i for i, name in enumerate(json.loads(text))}
 
 
@@ -145,8 +145,13 @@ class ChunkReads(Database):
         ``lo..hi``, each chunk read once: ``values[i, k]`` is name k at ``steps[i]`` where
         ``present[i, k]``, of the rows of that step that hold name k the one written last
         (``written``, then uid); names in the order first seen."""
-        query = "SELECT id, names FROM named_sets WHERE run_id = ? AND rank = ?"
-        sets = {set_id: _positions(text) for set_id, text in self.query(query, (run_id, rank))}
+        sets: dict[int, dict[str, int]] = {}  # set id -> name -> place
+        for set_id, name, at in self.query(
+            "SELECT m.set_id, s.name, m.position FROM series s JOIN rollup_members m"
+            " ON m.series = s.id WHERE s.run_id = ? AND s.rank = ?",
+            (run_id, rank),
+        ):
+            sets.setdefault(set_id, {})[name] = at
         picked: dict[int, tuple[Any, list[int]]] = {}  # set id -> (columns, places)
         columns: dict[str, int] = {}
         parts: list[tuple[tuple[int, int], Any, Any, Any]] = []

@@ -1,13 +1,15 @@
 """The writer thread's work for one batch's chunks: their rows, and their rollups.
 
-Each name set gets an id in ``named_sets`` and each series (a plain field, a named
-scalar, the step numbers) one in ``series``; the rollups of every chunk's series are
-kept one row per set of series and block (store/rollups.py), merged with the row of
-that block already stored, once per transaction.
+Each series (a plain field, a named scalar, the step numbers) gets an id in ``series``
+and each set of series one in ``rollup_sets`` (a name set is the set of its names'
+series); the rollups of every chunk's series are kept one row per set and block
+(store/rollups.py), merged with the row of that block stored, once per transaction.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import rollups
-from .chunks import TABLES, ColumnGroup, digest
+from .chunks import TABLES, ColumnGroup
 from .rollups import array_blocks, merge_arrays
 from .split import SplitBatch
 from .tables import Database
@@ -43,7 +45,7 @@ class ChunkWrites(Database):
     # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
     # Only the writer thread touches them; both are forgotten after a rollback.
     _series_ids: dict[tuple[tuple[str, int], str], int]
-    _name_sets: dict[tuple[tuple[str, int], tuple[str, ...]], tuple[int, list[int]]]
+    _name_sets: dict[tuple[tuple[str, int], tuple[str, ...]], tuple[int, tuple[int, ...]]]
     # run_keys rows this writer wrote (run_id, family, key, sub).
     _keys_written: set[tuple[str, str, str, str]]
     # The chunk rows (by table) and rollup groups of the transaction being written.
@@ -60,39 +62,26 @@ class ChunkWrites(Database):
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
         self._series_ids, self._name_sets, self._keys_written, self._set_ids = {}, {}, set(), {}
 
-    def _row_id(self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str]) -> int:
-        """The id of the stored row of ``table`` with ``row``'s ``key`` values, inserted
-        where none is there yet (another replica may insert it first)."""
-        cur.execute(self.sql(self.insert_ignore(table, tuple(row))), tuple(row.values()))
-        where = " AND ".join(f"{k} = ?" for k in key)
-        cur.execute(self.sql(f"SELECT id FROM {table} WHERE {where}"), [row[k] for k in key])  # noqa: S608
-        return int(cur.fetchone()[0])
-
     def _series(self, cur: Any, run_id: str, rank: int, names: Sequence[str]) -> list[int]:
-        """The series id of each name; those not known yet are made in one insert and
-        read in one query per 500 (a new run's first batch names every series)."""
+        """The series id of each name; those not known yet are made in one insert, then
+        the rank's ids read in one query (a new run's first batch names every series)."""
         key = (run_id, rank)
-        new = [name for name in dict.fromkeys(names) if (key, name) not in self._series_ids]
-        for at in range(0, len(new), 500):  # under SQLite's limit of bound parameters
-            part = new[at : at + 500]
-            insert = self.insert_ignore("series", ("run_id", "rank", "name"))
-            cur.executemany(self.sql(insert), [(run_id, rank, name) for name in part])
-            query = "SELECT name, id FROM series WHERE run_id = ? AND rank = ? AND name IN ("
-            cur.execute(self.sql(query + ", ".join("?" * len(part)) + ")"), (run_id, rank, *part))
+        new = [(*key, name) for name in dict.fromkeys(names) if (key, name) not in self._series_ids]
+        if new:
+            cur.executemany(self.sql(self.insert_ignore("series", ("run_id", "rank", "name"))), new)
+            cur.execute(self.sql("SELECT name, id FROM series WHERE run_id = ? AND rank = ?"), key)
             self._series_ids.update({(key, str(n)): int(i) for n, i in cur.fetchall()})
         return [self._series_ids[key, name] for name in names]
 
     def _name_set(
         self, cur: Any, run_id: str, rank: int, names: tuple[str, ...]
-    ) -> tuple[int, list[int]]:
-        """(id in ``named_sets``, series id of each name) of a name set."""
+    ) -> tuple[int, tuple[int, ...]]:
+        """(rollup set id, series id of each name) of a name set: what its named chunks'
+        ``names`` hold (a name set's rollups are that set's)."""
         found = self._name_sets.get(((run_id, rank), names))
         if found is None:
-            sha, text = digest(names)
-            row = {"run_id": run_id, "rank": rank, "digest": sha, "names": text}
-            set_id = self._row_id(cur, "named_sets", row, ("run_id", "rank", "digest"))
-            series = self._series(cur, run_id, rank, names)
-            found = self._name_sets[(run_id, rank), names] = (set_id, series)
+            ids = tuple(self._series(cur, run_id, rank, names))
+            found = self._name_sets[(run_id, rank), names] = (self._set_id(cur, ids, "f"), ids)
         return found
 
     def _insert_rows(
@@ -116,10 +105,10 @@ class ChunkWrites(Database):
             if chunk.name_set:
                 ids = self._name_set(cur, run_id, rank, chunk.names)[1]
             else:
-                ids = self._series(cur, run_id, rank, chunk.names)
+                ids = tuple(self._series(cur, run_id, rank, chunk.names))
             # Written once per transaction (_flush): the batches of one run that commit
             # together share their coarse blocks, one row each.
-            self._rollups_pending.append(replace(chunk, ids=tuple(ids)))
+            self._rollups_pending.append(replace(chunk, ids=ids))
 
     def _discard_pending(self) -> None:
         self._rows_pending, self._rollups_pending, self._runs_pending = {}, [], {}
@@ -145,7 +134,7 @@ class ChunkWrites(Database):
     def _write_set_rollups(self, cur: Any, groups: list[ColumnGroup]) -> None:
         """One row per set and block (store/rollups.py), merged with the row of
         that block already stored (read in one query for every set)."""
-        set_ids = [self._set_id(cur, group) for group in groups]
+        set_ids = [self._set_id(cur, group.ids, group.matrix.dtype.kind) for group in groups]
         self._lock_sets(cur, sorted(set(set_ids)))
         computed = [
             (set_id, *array_blocks(np.array(group.steps, np.int64), group.matrix, self.kind))
@@ -167,13 +156,17 @@ class ChunkWrites(Database):
                 found.append((set_id, level, block, n, lo, hi, values[at].tobytes()))
         self._insert_rows(cur, "set_rollups", SET_COLUMNS, found, UPSERT)
 
-    def _set_id(self, cur: Any, group: ColumnGroup) -> int:
-        # A series' kind never changes: a stored set of these series has this group's.
-        key, kind = group.ids, group.matrix.dtype.kind
+    def _set_id(self, cur: Any, key: tuple[int, ...], kind: str) -> int:
+        """The id of the set of the series ``key`` (all of numpy's ``kind``: a series'
+        kind never changes), stored where it is not yet (another replica may first)."""
         found = self._set_ids.get(key)
         if found is None:
-            sha, text = digest(key)
-            set_id = self._row_id(cur, "rollup_sets", {"digest": sha, "series": text}, ("digest",))
+            text = json.dumps(key, separators=(",", ":"))
+            sha = hashlib.sha256(text.encode()).hexdigest()
+            insert = self.insert_ignore("rollup_sets", ("digest", "series"))
+            cur.execute(self.sql(insert), (sha, text))
+            cur.execute(self.sql("SELECT id FROM rollup_sets WHERE digest = ?"), (sha,))
+            set_id = int(cur.fetchone()[0])
             members = ("series", "set_id", "position", "kind")
             cur.executemany(
                 self.sql(self.insert_ignore("rollup_members", members)),

@@ -9,8 +9,8 @@ int64), its first and last step and the uid of its first record (the next ones f
   little-endian int64 or float64) and ``notes``, each record's other fields as JSON;
 - ``named_chunks``: the named scalars (``param_norms/<p>``, ``update_ratios/<p>``,
   ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``) as n rows of float64 in the order of
-  a name set (``names``: an id into ``named_sets``); a step sent again adds a row, and
-  the one written last (``written``, then the uid) wins on read;
+  a set of series (``names``: the id of their rollup set, store/rollups.py); a step
+  sent again adds a row, and the one written last (``written``, then the uid) wins;
 - ``series_chunks``: one per-step series of a module (``timesteps``, or ``depth`` of a
   stack), n rows of ``len`` float64.
 
@@ -20,8 +20,6 @@ records/s (BENCHMARKS.md, "Ingest").
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,11 +87,3 @@ def cuts(steps: list[int]) -> list[tuple[int, int]]:
     if steps:
         out.append((start, len(steps)))
     return out
-
-
-def digest(members: tuple[str, ...] | tuple[int, ...]) -> tuple[str, str]:
-    """(digest, JSON text) of a name set or of a rollup set's series ids, as
-    ``named_sets`` and ``rollup_sets`` keep them (found by the digest: an index on the
-    text would exceed PostgreSQL's limit on an index entry for a large set)."""
-    text = json.dumps(list(members), separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest(), text

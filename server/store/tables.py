@@ -56,10 +56,6 @@ def statements(number: str, integer: str, blob: str, serial: str, clustered: str
         # An integer id per (run, rank, name) of every scalar series: its rollups' key.
         f"CREATE TABLE series (id {serial}, {head}, name TEXT NOT NULL,"
         " UNIQUE (run_id, rank, name))",
-        # A set of named scalars (store/chunks.py), found by a digest: a set of many long
-        # names would exceed PostgreSQL's limit on an index entry (~2.7 KB).
-        f"CREATE TABLE named_sets (id {serial}, {head}, digest TEXT NOT NULL,"
-        " names TEXT NOT NULL, UNIQUE (run_id, rank, digest))",
         f"CREATE TABLE epochs ({head}, epoch {integer}, step {integer}, t {number},"
         f" duration_s {number}, steps {integer}, data TEXT)",
         "CREATE INDEX epochs_run_rank ON epochs (run_id, rank, epoch)",
@@ -82,8 +78,9 @@ def statements(number: str, integer: str, blob: str, serial: str, clustered: str
         f" steps {blob} NOT NULL, data {blob} NOT NULL)",
         "CREATE INDEX series_chunks_lookup"
         " ON series_chunks (run_id, family, module, series, rank, step_lo)",
-        # Their rollups (store/rollups.py). A set is found by a digest of its series, as
-        # a name set is: the ids of ~1,000 series exceed that limit on an index entry.
+        # Sets of series: their rollups (store/rollups.py) and a named chunk's names. A set
+        # is found by a digest of its series ids: ~1,000 ids exceed PostgreSQL's limit
+        # on an index entry (~2.7 KB).
         f"CREATE TABLE rollup_sets (id {serial}, digest TEXT NOT NULL UNIQUE,"
         " series TEXT NOT NULL)",
         f"CREATE TABLE rollup_members (series {integer} NOT NULL, set_id {integer} NOT NULL,"

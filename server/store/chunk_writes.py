@@ -42,10 +42,10 @@ RUN_UPDATE = (
 class ChunkWrites(Database):
     """Chunk rows and rollups (the Store empties the caches: ``_forget_ids``)."""
 
-    # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
+    # (run_id, rank), name -> series id; (run_id, rank), names -> set id.
     # Only the writer thread touches them; both are forgotten after a rollback.
     _series_ids: dict[tuple[tuple[str, int], str], int]
-    _name_sets: dict[tuple[tuple[str, int], tuple[str, ...]], tuple[int, tuple[int, ...]]]
+    _set_ids: dict[tuple[tuple[str, int], tuple[str, ...]], int]
     # run_keys rows this writer wrote (run_id, family, key, sub).
     _keys_written: set[tuple[str, str, str, str]]
     # The chunk rows (by table) and rollup groups of the transaction being written.
@@ -53,14 +53,12 @@ class ChunkWrites(Database):
     _rollups_pending: list[ColumnGroup]
     # run id -> (largest step, largest epoch, problems) of the transaction's batches.
     _runs_pending: dict[str, tuple[int, int, int]]
-    # The rollup sets this writer knows: series ids -> set id.
-    _set_ids: dict[tuple[int, ...], int]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
     _written: int = 0
 
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
-        self._series_ids, self._name_sets, self._keys_written, self._set_ids = {}, {}, set(), {}
+        self._series_ids, self._set_ids, self._keys_written = {}, {}, set()
 
     def _series(self, cur: Any, run_id: str, rank: int, names: Sequence[str]) -> list[int]:
         """The series id of each name; those not known yet are made in one insert, then
@@ -72,17 +70,6 @@ class ChunkWrites(Database):
             cur.execute(self.sql("SELECT name, id FROM series WHERE run_id = ? AND rank = ?"), key)
             self._series_ids.update({(key, str(n)): int(i) for n, i in cur.fetchall()})
         return [self._series_ids[key, name] for name in names]
-
-    def _name_set(
-        self, cur: Any, run_id: str, rank: int, names: tuple[str, ...]
-    ) -> tuple[int, tuple[int, ...]]:
-        """(rollup set id, series id of each name) of a name set: what its named chunks'
-        ``names`` hold (a name set's rollups are that set's)."""
-        found = self._name_sets.get(((run_id, rank), names))
-        if found is None:
-            ids = tuple(self._series(cur, run_id, rank, names))
-            found = self._name_sets[(run_id, rank), names] = (self._set_id(cur, ids, "f"), ids)
-        return found
 
     def _insert_rows(
         self, cur: Any, table: str, columns: Sequence[str], rows: list[Any], then: str = ""
@@ -96,19 +83,16 @@ class ChunkWrites(Database):
         if chunks.named:
             self._written = written = max(time.time_ns(), self._written + 1)
             named_rows = [
-                (*row[:5], written, self._name_set(cur, run_id, rank, names)[0], *row[5:])
+                (*row[:5], written, self._set_id(cur, run_id, rank, names, "f"), *row[5:])
                 for names, row in chunks.named
             ]
         for table, rows in zip(TABLES, (chunks.steps, named_rows, chunks.series), strict=True):
             self._rows_pending.setdefault(table, []).extend(rows)
         for chunk in chunks.groups:
-            if chunk.name_set:
-                ids = self._name_set(cur, run_id, rank, chunk.names)[1]
-            else:
-                ids = tuple(self._series(cur, run_id, rank, chunk.names))
+            set_id = self._set_id(cur, run_id, rank, chunk.names, chunk.matrix.dtype.kind)
             # Written once per transaction (_flush): the batches of one run that commit
             # together share their coarse blocks, one row each.
-            self._rollups_pending.append(replace(chunk, ids=ids))
+            self._rollups_pending.append(replace(chunk, set_id=set_id))
 
     def _discard_pending(self) -> None:
         self._rows_pending, self._rollups_pending, self._runs_pending = {}, [], {}
@@ -134,11 +118,10 @@ class ChunkWrites(Database):
     def _write_set_rollups(self, cur: Any, groups: list[ColumnGroup]) -> None:
         """One row per set and block (store/rollups.py), merged with the row of
         that block already stored (read in one query for every set)."""
-        set_ids = [self._set_id(cur, group.ids, group.matrix.dtype.kind) for group in groups]
-        self._lock_sets(cur, sorted(set(set_ids)))
+        self._lock_sets(cur, sorted({group.set_id for group in groups}))
         computed = [
-            (set_id, *array_blocks(np.array(group.steps, np.int64), group.matrix, self.kind))
-            for group, set_id in zip(groups, set_ids, strict=True)
+            (g.set_id, *array_blocks(np.array(g.steps, np.int64), g.matrix, self.kind))
+            for g in groups
         ]
         stored = self._stored_set_rows(cur, [(c[0], c[1]) for c in computed])
         found: list[tuple[Any, ...]] = []
@@ -156,11 +139,13 @@ class ChunkWrites(Database):
                 found.append((set_id, level, block, n, lo, hi, values[at].tobytes()))
         self._insert_rows(cur, "set_rollups", SET_COLUMNS, found, UPSERT)
 
-    def _set_id(self, cur: Any, key: tuple[int, ...], kind: str) -> int:
-        """The id of the set of the series ``key`` (all of numpy's ``kind``: a series'
-        kind never changes), stored where it is not yet (another replica may first)."""
-        found = self._set_ids.get(key)
+    def _set_id(self, cur: Any, run_id: str, rank: int, names: tuple[str, ...], kind: str) -> int:
+        """The id of the set of the series ``names`` (all of numpy's ``kind``: a series'
+        kind never changes), the key of their rollups and a named chunk's ``names``;
+        stored where it is not yet (another replica may store it first)."""
+        found = self._set_ids.get(((run_id, rank), names))
         if found is None:
+            key = self._series(cur, run_id, rank, names)
             text = json.dumps(key, separators=(",", ":"))
             sha = hashlib.sha256(text.encode()).hexdigest()
             insert = self.insert_ignore("rollup_sets", ("digest", "series"))
@@ -172,7 +157,7 @@ class ChunkWrites(Database):
                 self.sql(self.insert_ignore("rollup_members", members)),
                 [(series, set_id, at, kind) for at, series in enumerate(key)],
             )
-            found = self._set_ids[key] = set_id
+            found = self._set_ids[(run_id, rank), names] = set_id
         return found
 
     def _stored_set_rows(
@@ -202,9 +187,9 @@ class ChunkWrites(Database):
 def joined(groups: list[ColumnGroup]) -> list[ColumnGroup]:
     """Groups of the same series (one run's batches in one transaction) as one group:
     one array_blocks call instead of one per batch and a merge of their shared blocks."""
-    by_series: dict[tuple[int, ...], list[ColumnGroup]] = {}
+    by_set: dict[int, list[ColumnGroup]] = {}
     for group in groups:
-        by_series.setdefault(group.ids, []).append(group)
+        by_set.setdefault(group.set_id, []).append(group)
     return [
         replace(
             same[0],
@@ -213,5 +198,5 @@ def joined(groups: list[ColumnGroup]) -> list[ColumnGroup]:
         )
         if len(same) > 1
         else same[0]
-        for same in by_series.values()
+        for same in by_set.values()
     ]

@@ -62,14 +62,13 @@ TABLES = {
 @dataclass
 class ColumnGroup:
     """One chunk's series for the rollups: ``matrix[i, k]`` (all int64 or all float64)
-    is the series named ``names[k]`` at ``steps[i]`` (``name_set``: named scalars); the
-    writer adds their ids (store/chunk_writes.py)."""
+    is the series named ``names[k]`` at ``steps[i]``; the writer adds the id of their
+    set (store/chunk_writes.py)."""
 
     steps: list[int]
     names: tuple[str, ...]
     matrix: Any
-    name_set: bool = False
-    ids: tuple[int, ...] = ()
+    set_id: int = 0
 
 
 def cuts(steps: list[int]) -> list[tuple[int, int]]:

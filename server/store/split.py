@@ -181,18 +181,18 @@ def _array_groups(
     n = len(steps)
     ints_ = [("step", step_bytes), *((name, d) for name, d in rolled if name in INT_FIELDS)]
     floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
-    matrices: list[tuple[tuple[str, ...], Any, bool]] = []
+    matrices: list[tuple[tuple[str, ...], Any]] = []
     for columns, dtype in ((ints_, "<i8"), (floats_, "<f8")):
         if columns:
             matrix = np.frombuffer(b"".join(d for _, d in columns), dtype).reshape(-1, n).T
-            matrices.append((tuple(name for name, _ in columns), matrix, False))
+            matrices.append((tuple(name for name, _ in columns), matrix))
     if block.names:
         matrix = np.frombuffer(block.named, "<f8").reshape(n, len(block.names))
-        matrices.append((block.names, matrix, True))
+        matrices.append((block.names, matrix))
     return [
-        ColumnGroup(steps[start:stop], names, matrix[start:stop], name_set)
+        ColumnGroup(steps[start:stop], names, matrix[start:stop])
         for start, stop in chunks
-        for names, matrix, name_set in matrices
+        for names, matrix in matrices
     ]
 
 

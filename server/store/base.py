@@ -181,10 +181,7 @@ class Store(ChunkWrites, HistoryReads):
             self._discard_pending()
             self._begin(conn, group)
             cur = conn.cursor()
-            results = [
-                self._write_batch(cur, *item) if op == "batch" else self._write_hello(cur, item)
-                for op, item, _ in group
-            ]
+            results = [self._apply(cur, op, payload) for op, payload, _ in group]
             self._flush(cur)
             conn.commit()
         except Exception:
@@ -202,6 +199,12 @@ class Store(ChunkWrites, HistoryReads):
         insert = self.insert_ignore("batches", ("run_id", "rank", "session", "seq", "stored_at"))
         cur.execute(self.sql(insert), (batch.run_id, batch.rank, session, batch.seq, time.time()))
         return bool(cur.rowcount)
+
+    def _apply(self, cur: Any, op: str, payload: Any) -> Any:
+        if op == "batch":
+            return self._write_batch(cur, *payload)
+        self._write_hello(cur, payload)
+        return None
 
     def _write_hello(self, cur: Any, hello: Any) -> None:
         now, model = time.time(), hello.model

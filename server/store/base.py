@@ -180,8 +180,9 @@ class Store(ChunkWrites, HistoryReads):
         try:
             self._discard_pending()
             self._begin(conn, group)
-            results = [self._apply(conn, op, payload) for op, payload, _ in group]
-            self._flush(conn.cursor())
+            cur = conn.cursor()
+            results = [self._apply(cur, op, payload) for op, payload, _ in group]
+            self._flush(cur)
             conn.commit()
         except Exception:
             with contextlib.suppress(Exception):  # a lost connection is reported by the caller
@@ -199,12 +200,11 @@ class Store(ChunkWrites, HistoryReads):
         cur.execute(self.sql(insert), (batch.run_id, batch.rank, session, batch.seq, time.time()))
         return bool(cur.rowcount)
 
-    def _apply(self, conn: Any, op: str, payload: Any) -> Any:
-        cur = conn.cursor()
-        if op == "hello":
-            self._write_hello(cur, payload)
-            return None
-        return self._write_batch(cur, *payload)
+    def _apply(self, cur: Any, op: str, payload: Any) -> Any:
+        if op == "batch":
+            return self._write_batch(cur, *payload)
+        self._write_hello(cur, payload)
+        return None
 
     def _write_hello(self, cur: Any, hello: Any) -> None:
         now, model = time.time(), hello.model

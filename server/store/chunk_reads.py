@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
+from functools import lru_cache
 from operator import itemgetter
 from typing import Any
 
@@ -22,6 +23,13 @@ from .tables import Database
 
 # (steps, values): one value per step, in step order.
 Points = tuple[list[int], list[Any]]
+
+
+@lru_cache(maxsize=10_000)
+def _positions(text: str) -> dict[str, int]:
+    """name -> place of a chunk's ``fields`` (a JSON list), decoded once: they never
+    change (the dict is shared: read it, never change it)."""
+    return {name: i for i, name in enumerate(json.loads(text))}
 
 
 class ChunkReads(Database):
@@ -37,17 +45,6 @@ class ChunkReads(Database):
             " AND step_lo >= ? AND step_lo <= ? AND step_hi >= ? ORDER BY step_lo, uid",
             (*key, lo - SPAN + 1, hi, lo),
         )
-
-    def _positions(self, text: str) -> dict[str, int]:
-        """name -> place of a JSON list of names (a chunk's fields, a name set), decoded
-        once: they never change."""
-        cache: dict[str, dict[str, int]] = self.__dict__.setdefault("_positions_of", {})
-        found = cache.get(text)
-        if found is None:
-            if len(cache) > 10_000:
-                cache.clear()
-            found = cache[text] = {name: i for i, name in enumerate(json.loads(text))}
-        return found
 
     def field_points(
         self, run_id: str, rank: int, names: Sequence[str], lo: int, hi: int
@@ -74,7 +71,7 @@ class ChunkReads(Database):
             "step_lo, step_hi, uid, n, fields, steps, data", "step_chunks", (run_id, rank), lo, hi
         ):
             numbers = ints(bytes(steps))
-            for name, at in self._positions(fields).items():
+            for name, at in _positions(fields).items():
                 if name not in found:
                     continue
                 raw = bytes(data[8 * n * at : 8 * n * (at + 1)])
@@ -148,8 +145,13 @@ class ChunkReads(Database):
         ``lo..hi``, each chunk read once: ``values[i, k]`` is name k at ``steps[i]`` where
         ``present[i, k]``, of the rows of that step that hold name k the one written last
         (``written``, then uid); names in the order first seen."""
-        query = "SELECT id, names FROM named_sets WHERE run_id = ? AND rank = ?"
-        sets = {set_id: self._positions(text) for set_id, text in self.query(query, (run_id, rank))}
+        sets: dict[int, dict[str, int]] = {}  # set id -> name -> place
+        for set_id, name, at in self.query(
+            "SELECT m.set_id, s.name, m.position FROM series s JOIN rollup_members m"
+            " ON m.series = s.id WHERE s.run_id = ? AND s.rank = ?",
+            (run_id, rank),
+        ):
+            sets.setdefault(set_id, {})[name] = at
         picked: dict[int, tuple[Any, list[int]]] = {}  # set id -> (columns, places)
         columns: dict[str, int] = {}
         parts: list[tuple[tuple[int, int], Any, Any, Any]] = []

@@ -1,13 +1,15 @@
 """The writer thread's work for one batch's chunks: their rows, and their rollups.
 
-Each name set gets an id in ``named_sets`` and each series (a plain field, a named
-scalar, the step numbers) one in ``series``; the rollups of every chunk's series are
-kept one row per set of series and block (store/rollups.py), merged with the row of
-that block already stored, once per transaction.
+Each series (a plain field, a named scalar, the step numbers) gets an id in ``series``
+and each set of series one in ``rollup_sets`` (a name set is the set of its names'
+series); the rollups of every chunk's series are kept one row per set and block
+(store/rollups.py), merged with the row of that block stored, once per transaction.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import rollups
-from .chunks import TABLES, ColumnGroup, digest
+from .chunks import TABLES, ColumnGroup
 from .rollups import array_blocks, merge_arrays
 from .split import SplitBatch
 from .tables import Database
@@ -40,10 +42,10 @@ RUN_UPDATE = (
 class ChunkWrites(Database):
     """Chunk rows and rollups (the Store empties the caches: ``_forget_ids``)."""
 
-    # (run_id, rank), name -> series id; (run_id, rank), names -> (set id, series ids).
+    # (run_id, rank), name -> series id; (run_id, rank), names -> set id.
     # Only the writer thread touches them; both are forgotten after a rollback.
     _series_ids: dict[tuple[tuple[str, int], str], int]
-    _name_sets: dict[tuple[tuple[str, int], tuple[str, ...]], tuple[int, list[int]]]
+    _set_ids: dict[tuple[tuple[str, int], tuple[str, ...]], int]
     # run_keys rows this writer wrote (run_id, family, key, sub).
     _keys_written: set[tuple[str, str, str, str]]
     # The chunk rows (by table) and rollup groups of the transaction being written.
@@ -51,49 +53,23 @@ class ChunkWrites(Database):
     _rollups_pending: list[ColumnGroup]
     # run id -> (largest step, largest epoch, problems) of the transaction's batches.
     _runs_pending: dict[str, tuple[int, int, int]]
-    # The rollup sets this writer knows: series ids -> set id.
-    _set_ids: dict[tuple[int, ...], int]
     # The clock of the last batch written: a re-sent step's newest row wins on read.
     _written: int = 0
 
     def _forget_ids(self) -> None:
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
-        self._series_ids, self._name_sets, self._keys_written, self._set_ids = {}, {}, set(), {}
-
-    def _row_id(self, cur: Any, table: str, row: dict[str, Any], key: Sequence[str]) -> int:
-        """The id of the stored row of ``table`` with ``row``'s ``key`` values, inserted
-        where none is there yet (another replica may insert it first)."""
-        cur.execute(self.sql(self.insert_ignore(table, tuple(row))), tuple(row.values()))
-        where = " AND ".join(f"{k} = ?" for k in key)
-        cur.execute(self.sql(f"SELECT id FROM {table} WHERE {where}"), [row[k] for k in key])  # noqa: S608
-        return int(cur.fetchone()[0])
+        self._series_ids, self._set_ids, self._keys_written = {}, {}, set()
 
     def _series(self, cur: Any, run_id: str, rank: int, names: Sequence[str]) -> list[int]:
-        """The series id of each name; those not known yet are made in one insert and
-        read in one query per 500 (a new run's first batch names every series)."""
+        """The series id of each name; those not known yet are made in one insert, then
+        the rank's ids read in one query (a new run's first batch names every series)."""
         key = (run_id, rank)
-        new = [name for name in dict.fromkeys(names) if (key, name) not in self._series_ids]
-        for at in range(0, len(new), 500):  # under SQLite's limit of bound parameters
-            part = new[at : at + 500]
-            insert = self.insert_ignore("series", ("run_id", "rank", "name"))
-            cur.executemany(self.sql(insert), [(run_id, rank, name) for name in part])
-            query = "SELECT name, id FROM series WHERE run_id = ? AND rank = ? AND name IN ("
-            cur.execute(self.sql(query + ", ".join("?" * len(part)) + ")"), (run_id, rank, *part))
+        new = [(*key, name) for name in dict.fromkeys(names) if (key, name) not in self._series_ids]
+        if new:
+            cur.executemany(self.sql(self.insert_ignore("series", ("run_id", "rank", "name"))), new)
+            cur.execute(self.sql("SELECT name, id FROM series WHERE run_id = ? AND rank = ?"), key)
             self._series_ids.update({(key, str(n)): int(i) for n, i in cur.fetchall()})
         return [self._series_ids[key, name] for name in names]
-
-    def _name_set(
-        self, cur: Any, run_id: str, rank: int, names: tuple[str, ...]
-    ) -> tuple[int, list[int]]:
-        """(id in ``named_sets``, series id of each name) of a name set."""
-        found = self._name_sets.get(((run_id, rank), names))
-        if found is None:
-            sha, text = digest(names)
-            row = {"run_id": run_id, "rank": rank, "digest": sha, "names": text}
-            set_id = self._row_id(cur, "named_sets", row, ("run_id", "rank", "digest"))
-            series = self._series(cur, run_id, rank, names)
-            found = self._name_sets[(run_id, rank), names] = (set_id, series)
-        return found
 
     def _insert_rows(
         self, cur: Any, table: str, columns: Sequence[str], rows: list[Any], then: str = ""
@@ -107,21 +83,16 @@ class ChunkWrites(Database):
         if chunks.named:
             self._written = written = max(time.time_ns(), self._written + 1)
             named_rows = [
-                (*row[:5], written, self._name_set(cur, run_id, rank, names)[0], *row[5:])
+                (*row[:5], written, self._set_id(cur, run_id, rank, names, "f"), *row[5:])
                 for names, row in chunks.named
             ]
         for table, rows in zip(TABLES, (chunks.steps, named_rows, chunks.series), strict=True):
             self._rows_pending.setdefault(table, []).extend(rows)
         for chunk in chunks.groups:
-            if chunk.name_set:
-                ids = self._name_set(cur, run_id, rank, chunk.names)[1]
-            else:
-                ids = self._series(cur, run_id, rank, chunk.names)
-            # A group's series are of one kind: "q" int64 (the step numbers' group), "d" float64.
-            kinds = ("q" if chunk.matrix.dtype.kind == "i" else "d") * len(ids)
+            set_id = self._set_id(cur, run_id, rank, chunk.names, chunk.matrix.dtype.kind)
             # Written once per transaction (_flush): the batches of one run that commit
             # together share their coarse blocks, one row each.
-            self._rollups_pending.append(replace(chunk, ids=tuple(ids), kinds=kinds))
+            self._rollups_pending.append(replace(chunk, set_id=set_id))
 
     def _discard_pending(self) -> None:
         self._rows_pending, self._rollups_pending, self._runs_pending = {}, [], {}
@@ -132,17 +103,14 @@ class ChunkWrites(Database):
         epoch, its batches' problems; in id order, before the rollup sets, as every
         writer locks them)."""
         for table, columns in TABLES.items():
-            rows = self._rows_pending.pop(table, None)
-            if rows:
+            if rows := self._rows_pending.pop(table, None):
                 self._insert_rows(cur, table, columns, rows)
         runs = sorted(self._runs_pending.items())
         now = time.time()
         rows = [(now, s, s, e, e, problems, run) for run, (s, e, problems) in runs]
         cur.executemany(self.sql(RUN_UPDATE), rows)
         if self._rollups_pending:
-            groups = joined(self._rollups_pending)
-            self._rollups_pending = []  # `groups` may be the very list
-            self._write_set_rollups(cur, groups)
+            self._write_set_rollups(cur, joined(self._rollups_pending))
 
     def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
         """Hold the sets' rows until the commit (PostgreSQL: other replicas may write)."""
@@ -150,11 +118,10 @@ class ChunkWrites(Database):
     def _write_set_rollups(self, cur: Any, groups: list[ColumnGroup]) -> None:
         """One row per set and block (store/rollups.py), merged with the row of
         that block already stored (read in one query for every set)."""
-        set_ids = [self._set_id(cur, group) for group in groups]
-        self._lock_sets(cur, sorted(set(set_ids)))
+        self._lock_sets(cur, sorted({group.set_id for group in groups}))
         computed = [
-            (set_id, *array_blocks(np.array(group.steps, np.int64), group.matrix, self.kind))
-            for group, set_id in zip(groups, set_ids, strict=True)
+            (g.set_id, *array_blocks(np.array(g.steps, np.int64), g.matrix, self.kind))
+            for g in groups
         ]
         stored = self._stored_set_rows(cur, [(c[0], c[1]) for c in computed])
         found: list[tuple[Any, ...]] = []
@@ -172,20 +139,25 @@ class ChunkWrites(Database):
                 found.append((set_id, level, block, n, lo, hi, values[at].tobytes()))
         self._insert_rows(cur, "set_rollups", SET_COLUMNS, found, UPSERT)
 
-    def _set_id(self, cur: Any, group: ColumnGroup) -> int:
-        # A series' kind never changes: a stored set of these series has these kinds.
-        key, kinds = group.ids, group.kinds
-        found = self._set_ids.get(key)
+    def _set_id(self, cur: Any, run_id: str, rank: int, names: tuple[str, ...], kind: str) -> int:
+        """The id of the set of the series ``names`` (all of numpy's ``kind``: a series'
+        kind never changes), the key of their rollups and a named chunk's ``names``;
+        stored where it is not yet (another replica may store it first)."""
+        found = self._set_ids.get(((run_id, rank), names))
         if found is None:
-            sha, text = digest(key)
-            row = {"digest": sha, "series": text, "kinds": kinds}
-            set_id = self._row_id(cur, "rollup_sets", row, ("digest",))
+            key = self._series(cur, run_id, rank, names)
+            text = json.dumps(key, separators=(",", ":"))
+            sha = hashlib.sha256(text.encode()).hexdigest()
+            insert = self.insert_ignore("rollup_sets", ("digest", "series"))
+            cur.execute(self.sql(insert), (sha, text))
+            cur.execute(self.sql("SELECT id FROM rollup_sets WHERE digest = ?"), (sha,))
+            set_id = int(cur.fetchone()[0])
             members = ("series", "set_id", "position", "kind")
             cur.executemany(
                 self.sql(self.insert_ignore("rollup_members", members)),
-                [(series, set_id, at, kinds[at]) for at, series in enumerate(key)],
+                [(series, set_id, at, kind) for at, series in enumerate(key)],
             )
-            found = self._set_ids[key] = set_id
+            found = self._set_ids[(run_id, rank), names] = set_id
         return found
 
     def _stored_set_rows(
@@ -215,18 +187,16 @@ class ChunkWrites(Database):
 def joined(groups: list[ColumnGroup]) -> list[ColumnGroup]:
     """Groups of the same series (one run's batches in one transaction) as one group:
     one array_blocks call instead of one per batch and a merge of their shared blocks."""
-    by_series: dict[tuple[tuple[int, ...], str], list[ColumnGroup]] = {}
+    by_set: dict[int, list[ColumnGroup]] = {}
     for group in groups:
-        by_series.setdefault((group.ids, group.kinds), []).append(group)
-    if len(by_series) == len(groups):
-        return groups
+        by_set.setdefault(group.set_id, []).append(group)
     return [
-        same[0]
-        if len(same) == 1
-        else replace(
+        replace(
             same[0],
             steps=list(chain.from_iterable(g.steps for g in same)),
             matrix=np.concatenate([g.matrix for g in same]),
         )
-        for same in by_series.values()
+        if len(same) > 1
+        else same[0]
+        for same in by_set.values()
     ]

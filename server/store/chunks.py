@@ -9,8 +9,8 @@ int64), its first and last step and the uid of its first record (the next ones f
   little-endian int64 or float64) and ``notes``, each record's other fields as JSON;
 - ``named_chunks``: the named scalars (``param_norms/<p>``, ``update_ratios/<p>``,
   ``gate_norms/<p>/<g>``, ``profile/<m>/<key>``) as n rows of float64 in the order of
-  a name set (``names``: an id into ``named_sets``); a step sent again adds a row, and
-  the one written last (``written``, then the uid) wins on read;
+  a set of series (``names``: the id of their rollup set, store/rollups.py); a step
+  sent again adds a row, and the one written last (``written``, then the uid) wins;
 - ``series_chunks``: one per-step series of a module (``timesteps``, or ``depth`` of a
   stack), n rows of ``len`` float64.
 
@@ -20,8 +20,6 @@ records/s (BENCHMARKS.md, "Ingest").
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +45,6 @@ SCALAR_FIELDS = (
     "overhead",
     "backward_passes",
 )
-INTEGER_FIELDS = tuple(name for name in SCALAR_FIELDS if name in INT_FIELDS)
 # A chunk's steps lie within step_lo .. step_lo + SPAN - 1, so the chunks that may
 # hold a step range are found on the (run, rank, step_lo) key alone.
 SPAN = 4096
@@ -62,37 +59,16 @@ TABLES = {
 }
 
 
-def schema(integer: str, blob: str, clustered: str) -> list[str]:
-    """CREATE statements of the chunk tables."""
-    head = f"run_id TEXT NOT NULL, rank {integer} NOT NULL"
-    span = f"step_lo {integer} NOT NULL, step_hi {integer} NOT NULL, uid {integer} NOT NULL"
-    return [
-        f"CREATE TABLE step_chunks ({head}, {span}, n {integer} NOT NULL,"
-        f" fields TEXT NOT NULL, steps {blob} NOT NULL, data {blob} NOT NULL, notes TEXT,"
-        f" PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
-        f"CREATE TABLE named_chunks ({head}, {span}, written {integer} NOT NULL,"
-        f" names {integer} NOT NULL, n {integer} NOT NULL, steps {blob} NOT NULL,"
-        f" data {blob} NOT NULL, PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
-        f"CREATE TABLE series_chunks ({head}, family TEXT NOT NULL, module TEXT NOT NULL,"
-        f" series TEXT NOT NULL, {span}, n {integer} NOT NULL, len {integer} NOT NULL,"
-        f" steps {blob} NOT NULL, data {blob} NOT NULL)",
-        "CREATE INDEX series_chunks_lookup"
-        " ON series_chunks (run_id, family, module, series, rank, step_lo)",
-    ]
-
-
 @dataclass
 class ColumnGroup:
     """One chunk's series for the rollups: ``matrix[i, k]`` (all int64 or all float64)
-    is the series named ``names[k]`` at ``steps[i]`` (``name_set``: named scalars); the
-    writer adds their ids and kinds (store/chunk_writes.py)."""
+    is the series named ``names[k]`` at ``steps[i]``; the writer adds the id of their
+    set (store/chunk_writes.py)."""
 
     steps: list[int]
     names: tuple[str, ...]
     matrix: Any
-    name_set: bool = False
-    ids: tuple[int, ...] = ()
-    kinds: str = ""
+    set_id: int = 0
 
 
 def cuts(steps: list[int]) -> list[tuple[int, int]]:
@@ -110,11 +86,3 @@ def cuts(steps: list[int]) -> list[tuple[int, int]]:
     if steps:
         out.append((start, len(steps)))
     return out
-
-
-def digest(members: tuple[str, ...] | tuple[int, ...]) -> tuple[str, str]:
-    """(digest, JSON text) of a name set or of a rollup set's series ids, as
-    ``named_sets`` and ``rollup_sets`` keep them (found by the digest: an index on the
-    text would exceed PostgreSQL's limit on an index entry for a large set)."""
-    text = json.dumps(list(members), separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest(), text

@@ -56,13 +56,6 @@ class HistoryReads(Reads):
         ):
             raise ValueError(f"{_FIELDS_EXPECTED}, got {name!r}")
 
-    def _series_id(self, run_id: str, rank: int, name: str) -> int | None:
-        found = self.query(
-            "SELECT id FROM series WHERE run_id = ? AND rank = ? AND name = ?",
-            (run_id, rank, name),
-        )
-        return int(found[0][0]) if found else None
-
     def steps(
         self,
         run_id: str,
@@ -83,9 +76,10 @@ class HistoryReads(Reads):
             self._check_field(name)
         lo = 0 if start is None else start
         hi = 2**62 if stop is None else stop
-        total, first, last = self._count(run_id, rank, lo, hi)
-        series = {name: self._series_id(run_id, rank, name) for name in names}
-        stored = {name: found for name, found in series.items() if found is not None}
+        query = "SELECT name, id FROM series WHERE run_id = ? AND rank = ?"
+        ids = {str(name): int(ident) for name, ident in self.query(query, (run_id, rank))}
+        total, first, last = self._count(run_id, rank, ids.get(rollups.STEP_SERIES), lo, hi)
+        stored = {name: ids[name] for name in names if name in ids}
         downsampled = total > max_points
         if downsampled:
             width = bucket_width(int(first), int(last), max_points // 2)
@@ -111,10 +105,11 @@ class HistoryReads(Reads):
             "fields": out,
         }
 
-    def _count(self, run_id: str, rank: int, lo: int, hi: int) -> tuple[int, Any, Any]:
-        """(count, first, last) of the steps in ``lo..hi`` from the step numbers' rollups
-        (whole blocks) and the chunks at the ends."""
-        series = self._series_id(run_id, rank, rollups.STEP_SERIES)
+    def _count(
+        self, run_id: str, rank: int, series: int | None, lo: int, hi: int
+    ) -> tuple[int, Any, Any]:
+        """(count, first, last) of the steps in ``lo..hi`` from the rollups of the step
+        numbers (``series``: their id; None: no step stored) and the chunks at the ends."""
         if series is None:
             return 0, None, None
         blocks, rest = rollups.cover(lo, hi)

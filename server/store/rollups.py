@@ -3,8 +3,8 @@
 Each series (a plain field, a named scalar or the step numbers: :data:`STEP_SERIES`)
 has an id in ``series``. A chunk (store/chunks.py) brings ~35 series that share their
 steps, and keeps ONE row per (set of series, level, block) for them all: a set
-(``rollup_sets``, its members in ``rollup_members``) lists its series and their kinds
-(``q`` int64, ``d`` float64); a ``set_rollups`` row, per block of ``2**L`` steps
+(``rollup_sets``, its members in ``rollup_members``) lists its series, all of one
+kind (``i`` int64, ``f`` float64); a ``set_rollups`` row, per block of ``2**L`` steps
 (``block = step >> L``, ``L`` in :data:`LEVELS`), holds the number of records, their
 first and last step, and per series a record of :data:`ROW_DTYPES` (min step, min,
 max step, max).
@@ -89,23 +89,6 @@ ROW_DTYPES = {
     kind: np.dtype([("ls", "<i8"), ("lv", f"<{kind}8"), ("hs", "<i8"), ("hv", f"<{kind}8")])
     for kind in ("i", "f")
 }
-
-
-def schema(integer: str, blob: str, serial: str, clustered: str) -> list[str]:
-    """CREATE statements of the tables above."""
-    return [
-        # Found by a digest of its series, as a name set is (store/chunks.py): the ids of a
-        # set of ~1,000 series exceed PostgreSQL's limit on an index entry (~2.7 KB).
-        f"CREATE TABLE IF NOT EXISTS rollup_sets (id {serial}, digest TEXT NOT NULL UNIQUE,"
-        " series TEXT NOT NULL, kinds TEXT NOT NULL)",
-        f"CREATE TABLE IF NOT EXISTS rollup_members (series {integer} NOT NULL,"
-        f" set_id {integer} NOT NULL, position {integer} NOT NULL, kind TEXT NOT NULL,"
-        f" PRIMARY KEY (series, set_id)){clustered}",
-        f"CREATE TABLE IF NOT EXISTS set_rollups (set_id {integer} NOT NULL,"
-        f" level {integer} NOT NULL, block {integer} NOT NULL, n {integer} NOT NULL,"
-        f" step_lo {integer} NOT NULL, step_hi {integer} NOT NULL, data {blob} NOT NULL,"
-        f" PRIMARY KEY (set_id, level, block)){clustered}",
-    ]
 
 
 # int64 keys of float64 bits: x >= 0 as they are, x < 0 with the other bits flipped.
@@ -209,10 +192,10 @@ def bucket_extremes(rows: list[tuple[Any, ...]], shift: int, order: str) -> list
     if not parts:
         return []
     blocks = np.concatenate([np.array(b, np.int64) for b, _ in parts.values()])
-    records = []
-    for (at, kind, _), (_, data) in parts.items():
-        dtype = ROW_DTYPES["i" if kind == "q" else "f"]
-        records.append(np.frombuffer(b"".join(data), dtype).reshape(len(data), -1)[:, at])
+    records = [
+        np.frombuffer(b"".join(data), ROW_DTYPES[kind]).reshape(len(data), -1)[:, at]
+        for (at, kind, _), (_, data) in parts.items()
+    ]
     return extremes(blocks >> shift, np.concatenate(records), order)
 
 

@@ -72,14 +72,6 @@ class SplitBatch:
     last_epoch: int = -1
 
 
-def opens_problem(record: Any) -> int:
-    """1 when an alert record opens a problem: as its sender says, else when it is
-    ``raised`` without a ``problem`` (the runs list counts problems, not records)."""
-    if record.opens_problem is not None:
-        return int(record.opens_problem)
-    return int(record.problem is None and record.state == "raised")
-
-
 def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> SplitBatch:
     """Rows of every table for one validated batch (``scalar``: the backend's way of
     storing a protocol number)."""
@@ -99,7 +91,12 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             dump = record.model_dump_json(exclude_none=True)
             out.epochs.append((run_id, rank, record.epoch, record.step, *times, record.steps, dump))
         elif kind == "alert":
-            out.problems += opens_problem(record)
+            # The runs list counts problems, not alerts: as the sender says, else each
+            # one raised without a ``problem``.
+            opens = record.opens_problem
+            if opens is None:
+                opens = record.problem is None and record.state == "raised"
+            out.problems += int(opens)
             said = (record.code, record.severity, record.state, record.subject)
             out.alerts.append((run_id, rank, record.step, *said, record.model_dump_json()))
         elif kind == "end":
@@ -130,15 +127,13 @@ def wire_block(block: StepColumns) -> Block:
         column = getattr(block, name, None)  # backward_passes comes only from records
         if column is not None:
             columns[name] = column.i64 if name in INT_FIELDS else column.f64
-    named = block.named
     series = [
         ("timesteps", module, name, column.length, column.f64)
         for module, by_name in (block.timesteps or {}).items()
         for name, column in by_name.items()
     ]
-    if named is None:
-        return Block(block.n, columns, (), b"", series)
-    return Block(block.n, columns, tuple(named.names), named.f64, series)
+    names, named = (tuple(block.named.names), block.named.f64) if block.named else ((), b"")
+    return Block(block.n, columns, names, named, series)
 
 
 def add_block(out: SplitBatch, block: Block, run_id: str, rank: int, uid: int) -> tuple[int, int]:
@@ -186,18 +181,18 @@ def _array_groups(
     n = len(steps)
     ints_ = [("step", step_bytes), *((name, d) for name, d in rolled if name in INT_FIELDS)]
     floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
-    matrices: list[tuple[tuple[str, ...], Any, bool]] = []
+    matrices: list[tuple[tuple[str, ...], Any]] = []
     for columns, dtype in ((ints_, "<i8"), (floats_, "<f8")):
         if columns:
             matrix = np.frombuffer(b"".join(d for _, d in columns), dtype).reshape(-1, n).T
-            matrices.append((tuple(name for name, _ in columns), matrix, False))
+            matrices.append((tuple(name for name, _ in columns), matrix))
     if block.names:
         matrix = np.frombuffer(block.named, "<f8").reshape(n, len(block.names))
-        matrices.append((block.names, matrix, True))
+        matrices.append((block.names, matrix))
     return [
-        ColumnGroup(steps[start:stop], names, matrix[start:stop], name_set)
+        ColumnGroup(steps[start:stop], names, matrix[start:stop])
         for start, stop in chunks
-        for names, matrix, name_set in matrices
+        for names, matrix in matrices
     ]
 
 

@@ -24,11 +24,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
-from .chunks import schema as chunk_schema
-from .rollups import schema as rollup_schema
-
 # The layout this code reads and writes; any change to a table is a new number.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class SchemaMismatch(RuntimeError):
@@ -44,40 +41,55 @@ class SchemaMismatch(RuntimeError):
 
 def statements(number: str, integer: str, blob: str, serial: str, clustered: str) -> list[str]:
     """CREATE statements for one dialect's column types (a new, empty database)."""
+    head = f"run_id TEXT NOT NULL, rank {integer} NOT NULL"
+    span = f"step_lo {integer} NOT NULL, step_hi {integer} NOT NULL, uid {integer} NOT NULL"
     return [
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         "CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL,"
         f" world_size {integer} NOT NULL, started {number}, updated {number},"
         f" last_step {integer}, last_epoch {integer}, alerts {integer} NOT NULL DEFAULT 0,"
         " host TEXT, recurrent TEXT, modules TEXT)",
-        f"CREATE TABLE ranks (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
-        f" hello TEXT NOT NULL, connected_at {number}, end_status TEXT, end_step {integer},"
-        f" end_t {number}, PRIMARY KEY (run_id, rank))",
-        f"CREATE TABLE batches (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
-        f" session TEXT NOT NULL, seq {integer} NOT NULL, stored_at {number},"
-        " PRIMARY KEY (run_id, rank, session, seq))",
+        f"CREATE TABLE ranks ({head}, hello TEXT NOT NULL, connected_at {number},"
+        f" end_status TEXT, end_step {integer}, end_t {number}, PRIMARY KEY (run_id, rank))",
+        f"CREATE TABLE batches ({head}, session TEXT NOT NULL, seq {integer} NOT NULL,"
+        f" stored_at {number}, PRIMARY KEY (run_id, rank, session, seq))",
         # An integer id per (run, rank, name) of every scalar series: its rollups' key.
-        f"CREATE TABLE series (id {serial}, run_id TEXT NOT NULL,"
-        f" rank {integer} NOT NULL, name TEXT NOT NULL, UNIQUE (run_id, rank, name))",
-        # A set of named scalars (store/chunks.py), found by a digest: a set of many long
-        # names would exceed PostgreSQL's limit on an index entry (~2.7 KB).
-        f"CREATE TABLE named_sets (id {serial}, run_id TEXT NOT NULL,"
-        f" rank {integer} NOT NULL, digest TEXT NOT NULL, names TEXT NOT NULL,"
-        " UNIQUE (run_id, rank, digest))",
-        f"CREATE TABLE epochs (run_id TEXT NOT NULL, rank {integer} NOT NULL,"
-        f" epoch {integer}, step {integer}, t {number}, duration_s {number}, steps {integer},"
-        " data TEXT)",
+        f"CREATE TABLE series (id {serial}, {head}, name TEXT NOT NULL,"
+        " UNIQUE (run_id, rank, name))",
+        f"CREATE TABLE epochs ({head}, epoch {integer}, step {integer}, t {number},"
+        f" duration_s {number}, steps {integer}, data TEXT)",
         "CREATE INDEX epochs_run_rank ON epochs (run_id, rank, epoch)",
-        f"CREATE TABLE alerts (id {serial}, run_id TEXT NOT NULL,"
-        f" rank {integer} NOT NULL, step {integer}, code TEXT, severity TEXT, state TEXT,"
-        " subject TEXT, data TEXT)",
+        f"CREATE TABLE alerts (id {serial}, {head}, step {integer}, code TEXT,"
+        " severity TEXT, state TEXT, subject TEXT, data TEXT)",
         "CREATE INDEX alerts_run ON alerts (run_id, id)",
         "CREATE TABLE run_keys (run_id TEXT NOT NULL, family TEXT NOT NULL,"
         " key TEXT NOT NULL, sub TEXT NOT NULL, PRIMARY KEY (run_id, family, key, sub))",
         # Archived runs: hidden from the runs list, their data kept (store/reads.py).
         f"CREATE TABLE run_archive (run_id TEXT PRIMARY KEY, archived_at {number})",
-        *chunk_schema(integer, blob, clustered),
-        *rollup_schema(integer, blob, serial, clustered),
+        # The chunks of step records (store/chunks.py; the columns in order: TABLES).
+        f"CREATE TABLE step_chunks ({head}, {span}, n {integer} NOT NULL,"
+        f" fields TEXT NOT NULL, steps {blob} NOT NULL, data {blob} NOT NULL, notes TEXT,"
+        f" PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
+        f"CREATE TABLE named_chunks ({head}, {span}, written {integer} NOT NULL,"
+        f" names {integer} NOT NULL, n {integer} NOT NULL, steps {blob} NOT NULL,"
+        f" data {blob} NOT NULL, PRIMARY KEY (run_id, rank, step_lo, uid)){clustered}",
+        f"CREATE TABLE series_chunks ({head}, family TEXT NOT NULL, module TEXT NOT NULL,"
+        f" series TEXT NOT NULL, {span}, n {integer} NOT NULL, len {integer} NOT NULL,"
+        f" steps {blob} NOT NULL, data {blob} NOT NULL)",
+        "CREATE INDEX series_chunks_lookup"
+        " ON series_chunks (run_id, family, module, series, rank, step_lo)",
+        # Sets of series: their rollups (store/rollups.py) and a named chunk's names. A set
+        # is found by a digest of its series ids: ~1,000 ids exceed PostgreSQL's limit
+        # on an index entry (~2.7 KB).
+        f"CREATE TABLE rollup_sets (id {serial}, digest TEXT NOT NULL UNIQUE,"
+        " series TEXT NOT NULL)",
+        f"CREATE TABLE rollup_members (series {integer} NOT NULL, set_id {integer} NOT NULL,"
+        f" position {integer} NOT NULL, kind TEXT NOT NULL,"
+        f" PRIMARY KEY (series, set_id)){clustered}",
+        f"CREATE TABLE set_rollups (set_id {integer} NOT NULL, level {integer} NOT NULL,"
+        f" block {integer} NOT NULL, n {integer} NOT NULL, step_lo {integer} NOT NULL,"
+        f" step_hi {integer} NOT NULL, data {blob} NOT NULL,"
+        f" PRIMARY KEY (set_id, level, block)){clustered}",
         "INSERT INTO meta (key, value) VALUES ('schema_version',"  # noqa: S608 (an int)
         f" '{SCHEMA_VERSION}')",
     ]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gradwatch.protocol.codec import protocol_number
 from gradwatch.protocol.messages import NONFINITE_STRINGS
 from gradwatch.server.schema import parse_message
-from gradwatch.server.store.chunks import INTEGER_FIELDS, SCALAR_FIELDS
+from gradwatch.server.store.chunks import INT_FIELDS, SCALAR_FIELDS
 from gradwatch.server.store.rollups import LEVELS, STEP_SERIES, array_blocks
 from gradwatch.server.store.split import split_batch
 
@@ -96,7 +96,7 @@ def _reference_values(batch: Any, scalar: Any) -> list[tuple[str, int, Any]]:
         for name in (STEP_SERIES, *SCALAR_FIELDS):
             value = r.step if name == STEP_SERIES else getattr(r, name)
             if value is not None:
-                integral = name == STEP_SERIES or name in INTEGER_FIELDS
+                integral = name == STEP_SERIES or name in INT_FIELDS
                 out.append((name, r.step, value if integral else stored(value)))
     return out
 

@@ -101,13 +101,13 @@ def test_history_reads_the_rollups_not_the_chunks(gradwatch_db, store_sql):
             gradwatch_db,
             [
                 (
-                    "SELECT r.set_id, r.level, r.block, r.data, s.kinds FROM set_rollups r"
-                    " JOIN rollup_sets s ON s.id = r.set_id",
+                    "SELECT r.set_id, r.level, r.block, r.data, m.kind FROM set_rollups r"
+                    " JOIN rollup_members m ON m.set_id = r.set_id AND m.position = 0",
                     (),
                 )
             ],
         )
-        found = [row[:4] for row in found if "q" not in row[4]]  # the sets of floats
+        found = [row[:4] for row in found if row[4] == "f"]  # the sets of floats
         assert found
         changed = []
         for set_id, level, block, data in found:

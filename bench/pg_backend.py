@@ -3,12 +3,13 @@ charges for writing new file pages.
 
 The store runs in this process (no server, no trainers): batches of 100 step records
 in bench/ingest.py's shape (2 x 128 timesteps, 20 parameter norms, in columns), all
-submitted at once and committed in groups as the server does. Per record: the store's
-writer thread CPU, its PostgreSQL backend's user and kernel CPU and minor page faults
-(Linux /proc, so the database must run on this machine). Beside it, the cost of an
-8 KB ``pwrite`` that extends a file (a new page) and of one that overwrites a page:
-storing step records writes new pages (table, TOAST, WAL), and where the first costs
-far more than the second, the kernel, not gradwatch or PostgreSQL, sets the pace.
+submitted at once (or ``--group`` at a time) and committed in groups as the server
+does. Per record: the store's writer thread CPU, its PostgreSQL backend's user and
+kernel CPU and minor page faults (Linux /proc, so the database must run on this
+machine). Beside it, the cost of an 8 KB ``pwrite`` that extends a file (a new page)
+and of one that overwrites a page: storing step records writes new pages (table,
+TOAST, WAL), and where the first costs far more than the second, the kernel, not
+gradwatch or PostgreSQL, sets the pace.
 
     .venv/bin/python bench/pg_backend.py --postgres postgresql://postgres@127.0.0.1:54330/gw_bench
 """
@@ -58,7 +59,7 @@ def proc_stat(pid: int) -> tuple[int, float, float]:
     return int(fields[7]), int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def one_round(url: str, batches: int) -> dict[str, float]:
+def one_round(url: str, batches: int, group: int) -> dict[str, float]:
     from gradwatch.server.schema import parse_message
     from gradwatch.server.settings import Settings
     from gradwatch.server.store import open_store
@@ -75,8 +76,11 @@ def one_round(url: str, batches: int) -> dict[str, float]:
         clock = time.pthread_getcpuclockid(store.writer_thread.ident or 0)
         faults0, user0, kernel0 = proc_stat(backend)
         writer0, began = time.clock_gettime(clock), time.perf_counter()
-        for future in [store.submit_batch(b) for b in parsed]:
-            future.result()
+        # ``group`` batches at a time, each time waited for: the writer commits at most
+        # that many together (the server's groups are as large as what waits)
+        for at in range(0, len(parsed), group):
+            for future in [store.submit_batch(b) for b in parsed[at : at + group]]:
+                future.result()
         wall = time.perf_counter() - began
         faults1, user1, kernel1 = proc_stat(backend)
         writer1 = time.clock_gettime(clock)
@@ -97,6 +101,8 @@ def main() -> None:
     parser.add_argument("--postgres", required=True, help="a database on this machine")
     parser.add_argument("--batches", type=int, default=300, help="batches of 100 a round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--group", type=int, default=1 << 30,
+                        help="batches submitted at once (default: all of a round)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to time pwrite")
     args = parser.parse_args()
     new, again = page_write_us(args.dir)
@@ -104,10 +110,11 @@ def main() -> None:
     rows = []
     try:
         for _ in range(args.rounds):
-            rows.append(one_round(ingest_ab._fresh_schema(args.postgres), args.batches))
+            rows.append(one_round(ingest_ab._fresh_schema(args.postgres), args.batches, args.group))
     finally:
         ingest_ab._drop_schemas()
-    print(f"{args.rounds} rounds of {args.batches * 100:,} records; load average"
+    print(f"{args.rounds} rounds of {args.batches * 100:,} records, {min(args.group, args.batches)}"
+          f" batches at a time; load average"
           f" {os.getloadavg()[0]:.1f}; µs per record (faults: per record)")
     print("| round | " + " | ".join(rows[0]) + " |")
     print("| --- " * (len(rows[0]) + 1) + "|")

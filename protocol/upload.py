@@ -221,29 +221,38 @@ def _send_in_order(
             message = loads(raw)
             if message.get("type") == "error":
                 return _error(message)
-            if message.get("type") == "ack":
-                seq = message.get("seq")
-                # Acks come in order on one connection; a repeat of an acked seq is fine.
-                for index, (pending, _) in enumerate(todo):
-                    if pending == seq:
-                        del todo[index]
-                        sent -= 1
-                        result.acked += 1
-                        break
+            if message.get("type") == "ack" and _take_ack(message, todo, result):
+                sent -= 1
     except TimeoutError:
         return None
     except ConnectionClosed as e:
-        # The server may have explained itself before closing: read what it sent.
+        # The server may have explained itself before closing: read what it sent. A send
+        # can fail on the close before an ack sent ahead of the error was read: it counts
+        # (the blame for an error naming no seq depends on it).
         try:
             while True:
                 message = loads(ws.recv(timeout=2.0))
                 if isinstance(message, dict) and message.get("type") == "error":
                     return _error(message)
+                if isinstance(message, dict) and message.get("type") == "ack":
+                    _take_ack(message, todo, result)
         except (ConnectionClosed, TimeoutError, ValueError):
             pass
         if e.rcvd is not None and e.rcvd.code in (1007, 1008, 1009):
             return e.rcvd.code, e.rcvd.reason, None
     return None
+
+
+def _take_ack(message: dict[str, Any], todo: deque[tuple[int, str]], result: UploadResult) -> bool:
+    """Drop the acknowledged batch from ``todo``; False for a repeat of an acked seq (acks
+    come in order on one connection, and a repeat is fine)."""
+    seq = message.get("seq")
+    for index, (pending, _) in enumerate(todo):
+        if pending == seq:
+            del todo[index]
+            result.acked += 1
+            return True
+    return False
 
 
 def _error(message: dict[str, Any]) -> tuple[int, str, int | None]:

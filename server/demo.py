@@ -37,9 +37,11 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 #: (script, demo steps, what the bug variant shows); every scenario also runs --fixed.
 #: The steps keep each pair to about a minute on a 2-core CPU: the bug variants slow
@@ -137,10 +139,13 @@ def archive_earlier(url: str, names: set[str]) -> int:
     return archived
 
 
-def wait_until_serving(url: str, server: subprocess.Popen[bytes], timeout: float) -> None:
-    """Poll /api/health until the server answers; fail if it exits first."""
+def wait_until_serving(
+    url: str, server: subprocess.Popen[bytes], timeout: float,
+    stopping: Callable[[], bool] = lambda: False,
+) -> None:
+    """Poll /api/health until the server answers or ``stopping()``; fail if it exits first."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopping():
         if server.poll() is not None:
             raise RuntimeError(f"the server exited with code {server.returncode} before serving")
         try:
@@ -151,19 +156,46 @@ def wait_until_serving(url: str, server: subprocess.Popen[bytes], timeout: float
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.1)  # polling a child process's readiness; nothing to wait on instead
+    if stopping():
+        return
     raise RuntimeError(f"the server did not answer {url}/api/health within {timeout:.0f} s")
 
 
-class Stopped(Exception):
-    """A signal that means "stop the demo" (SIGTERM, SIGHUP) arrived."""
+class StopSignals:
+    """The signals that stop the demo, recorded by a handler that never raises.
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+    The supervisor acts on them at its next tick. Raising from the handler (as Ctrl-C's
+    KeyboardInterrupt does) can land inside ``Popen.wait`` or ``Popen.poll`` after they
+    took the child's waitpid lock and before the ``try`` that releases it; stopping the
+    server then blocks forever on that lock (a SIGHUP hung the demo so in CI).
+    """
 
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
 
-def _raise_stopped(signum: int, frame: FrameType | None) -> None:
-    raise Stopped(signum)
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            current = signal.getsignal(sig)
+            if sig == signal.SIGINT and current is not signal.default_int_handler:
+                continue  # ignored (a background job) or the user's own: left as it is
+            self._previous[sig] = signal.signal(sig, self._record)
+        # a signal while stopping is recorded too and cuts nothing short
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+
+    def asked(self) -> bool:
+        return bool(self.received)
+
+    def describe(self) -> str:
+        first = self.received[0]
+        return "Ctrl-C" if first == signal.SIGINT else signal.Signals(first).name
 
 
 def port_problem(port: int) -> str | None:
@@ -237,9 +269,8 @@ def run_demo(args: argparse.Namespace) -> int:
             "or use --replay to serve what a demo recorded). Serving the dashboard only.",
             file=sys.stderr,
         )
-    previous = {
-        sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)
-    }
+    stops = StopSignals()
+    stops.install()
     server: subprocess.Popen[bytes] | None = None
     running: list[subprocess.Popen[bytes]] = []
     try:
@@ -248,35 +279,35 @@ def run_demo(args: argparse.Namespace) -> int:
              "--port", str(args.port), "--db", str(demo.db), "--log-level", "warning"],
             quiet=True,  # the demo prints where to look itself; errors still show
         )
-        return _supervise(demo, server, running)
-    except KeyboardInterrupt:
-        print("\ngradwatch demo: Ctrl-C: stopping trainers and server...", flush=True)
-        return 0
-    except Stopped as e:
-        print(f"gradwatch demo: {e}: stopping trainers and server...", flush=True)
-        return 0
+        code = _supervise(demo, server, running, stops)
+        if stops.asked():
+            lead = "\n" if stops.received[0] == signal.SIGINT else ""  # after the ^C echo
+            print(f"{lead}gradwatch demo: {stops.describe()}: stopping trainers and server...",
+                  flush=True)
+            return 0
+        return code
     except RuntimeError as e:
         print(f"gradwatch demo: {e}", file=sys.stderr)
         return 1
     finally:
-        # a second signal while stopping must not cut the stopping short
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
-        with contextlib.suppress(KeyboardInterrupt):
-            for trainer in running:
-                stop(trainer)
-            if server is not None:
-                stop(server)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(server.pid, signal.SIGKILL)  # anything left in the group
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for trainer in running:
+            stop(trainer)
+        if server is not None:
+            stop(server)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(server.pid, signal.SIGKILL)  # anything left in the group
+        stops.restore()
 
 
 def _supervise(
-    demo: DemoPlan, server: subprocess.Popen[bytes], running: list[subprocess.Popen[bytes]]
+    demo: DemoPlan, server: subprocess.Popen[bytes], running: list[subprocess.Popen[bytes]],
+    stops: StopSignals,
 ) -> int:
-    wait_until_serving(demo.url, server, timeout=60)
+    """Start the trainers pair by pair until a stop signal arrives (0) or the server
+    exits (its code); stopping them is the caller's."""
+    wait_until_serving(demo.url, server, timeout=60, stopping=stops.asked)
+    if stops.asked():
+        return 0
     print()
     print(f"  gradwatch dashboard: {demo.url}")
     print(f"  database:            {demo.db}")
@@ -298,7 +329,7 @@ def _supervise(
     pending = list(pairs)
     # the trainers' own "streaming run ... to" lines would repeat the dashboard's link
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GRADWATCH_QUIET="1")
-    while True:
+    while not stops.asked():
         running[:] = [p for p in running if p.poll() is None]
         if not running and pairs:
             if not pending:
@@ -311,8 +342,9 @@ def _supervise(
             ]
             continue
         try:
-            code = server.wait(timeout=1.0)  # the tick of this supervisor
+            code = server.wait(timeout=0.25)  # the tick: how soon a signal is acted on
         except subprocess.TimeoutExpired:
             continue
         print(f"gradwatch demo: the server exited with code {code}", file=sys.stderr)
         return code or 1
+    return 0

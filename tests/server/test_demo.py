@@ -87,9 +87,14 @@ def demo(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     kills whatever is still running with tmp_path in its command line."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(port: int, *extra: str) -> subprocess.Popen[bytes]:
+    def start(port: int, *extra: str, ctrl_c: bool = False) -> subprocess.Popen[bytes]:
+        command = ["-m", "gradwatch.server.cli"]
+        if ctrl_c:  # as in a terminal, even when this test runs as a background job
+            command = ["-c", "import runpy, signal, sys; sys.argv[0] = 'gradwatch';"
+                       " signal.signal(signal.SIGINT, signal.default_int_handler);"
+                       " runpy.run_module('gradwatch.server.cli', run_name='__main__')"]
         process = subprocess.Popen(
-            [sys.executable, "-m", "gradwatch.server.cli", "demo", "--port", str(port),
+            [sys.executable, *command, "demo", "--port", str(port),
              "--db", str(tmp_path / "demo.db"), *extra],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,
@@ -172,18 +177,23 @@ def test_the_demo_goes_round_until_sigterm_stops_it_all_and_a_restart_does_not_p
 
 @pytest.mark.timeout(240)
 @pytest.mark.slow
-def test_sighup_from_a_closed_terminal_stops_the_server_and_the_trainers(
-    demo: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+@pytest.mark.parametrize(
+    ("sig", "said"), [(signal.SIGHUP, "SIGHUP"), (signal.SIGINT, "Ctrl-C")], ids=["hup", "int"]
+)
+def test_sighup_or_ctrl_c_stops_the_server_and_the_trainers_at_once(
+    demo: Callable[..., subprocess.Popen[bytes]], tmp_path: Path, sig: int, said: str
 ) -> None:
     port = free_port()
-    process = demo(port, "--only", "long_lstm", "--steps", "400")
+    process = demo(port, "--only", "long_lstm", "--steps", "400", ctrl_c=sig == signal.SIGINT)
     wait_for(lambda: any(r["status"] == "live" for r in runs(port)), 120, process)
     trainers = processes_with(str(ROOT / "examples" / "long_lstm.py"))
     assert trainers, "no trainer process was found"
-    process.send_signal(signal.SIGHUP)
+    process.send_signal(sig)
+    process.send_signal(sig)  # a second one while stopping cuts nothing short
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 0, output.decode()
-    assert "SIGHUP: stopping trainers and server" in output.decode()
+    assert f"{said}: stopping trainers and server" in output.decode()
+    assert "Traceback" not in output.decode()
     assert gone(str(tmp_path))
     assert not [p for p in trainers if Path(f"/proc/{p}").exists()]
     assert runs(port) == []

@@ -241,8 +241,8 @@ class Store(ChunkWrites, HistoryReads):
         # A run's keys rarely change: only those this writer has not written yet.
         new_keys = [k for k in ((run_id, *k) for k in split.keys) if k not in self._keys_written]
         if new_keys:
-            insert = self.insert_ignore("run_keys", ("run_id", "family", "key", "sub"))
-            cur.executemany(self.sql(insert), sorted(new_keys))
+            columns = ("run_id", "family", "key", "sub")
+            self._insert_rows(cur, "run_keys", columns, sorted(new_keys), " ON CONFLICT DO NOTHING")
             if len(self._keys_written) > 1_000_000:
                 self._keys_written.clear()
             self._keys_written.update(new_keys)

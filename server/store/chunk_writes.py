@@ -24,6 +24,8 @@ from .rollups import array_blocks, merge_arrays
 from .split import SplitBatch
 from .tables import Database
 
+IGNORE = " ON CONFLICT DO NOTHING"
+MEMBER_COLUMNS = ("series", "set_id", "position", "kind")
 SET_COLUMNS = ("set_id", "level", "block", "n", "step_lo", "step_hi", "data")
 # A block's row is computed from the stored one (merged), so the new row replaces it.
 UPSERT = (
@@ -66,7 +68,7 @@ class ChunkWrites(Database):
         key = (run_id, rank)
         new = [(*key, name) for name in dict.fromkeys(names) if (key, name) not in self._series_ids]
         if new:
-            cur.executemany(self.sql(self.insert_ignore("series", ("run_id", "rank", "name"))), new)
+            self._insert_rows(cur, "series", ("run_id", "rank", "name"), sorted(new), IGNORE)
             cur.execute(self.sql("SELECT name, id FROM series WHERE run_id = ? AND rank = ?"), key)
             self._series_ids.update({(key, str(n)): int(i) for n, i in cur.fetchall()})
         return [self._series_ids[key, name] for name in names]
@@ -79,20 +81,19 @@ class ChunkWrites(Database):
 
     def _write_chunks(self, cur: Any, run_id: str, rank: int, chunks: SplitBatch) -> None:
         """A batch's chunk rows and rollup groups, written by :meth:`_flush`."""
+        wanted = [(names, "f") for names, _ in chunks.named]
+        wanted += [(chunk.names, chunk.matrix.dtype.kind) for chunk in chunks.groups]
+        set_ids = iter(self._set_ids_of(cur, run_id, rank, wanted))
         named_rows = []
         if chunks.named:
             self._written = written = max(time.time_ns(), self._written + 1)
-            named_rows = [
-                (*row[:5], written, self._set_id(cur, run_id, rank, names, "f"), *row[5:])
-                for names, row in chunks.named
-            ]
+            named_rows = [(*row[:5], written, next(set_ids), *row[5:]) for _, row in chunks.named]
         for table, rows in zip(TABLES, (chunks.steps, named_rows, chunks.series), strict=True):
             self._rows_pending.setdefault(table, []).extend(rows)
         for chunk in chunks.groups:
-            set_id = self._set_id(cur, run_id, rank, chunk.names, chunk.matrix.dtype.kind)
             # Written once per transaction (_flush): the batches of one run that commit
             # together share their coarse blocks, one row each.
-            self._rollups_pending.append(replace(chunk, set_id=set_id))
+            self._rollups_pending.append(replace(chunk, set_id=next(set_ids)))
 
     def _discard_pending(self) -> None:
         self._rows_pending, self._rollups_pending, self._runs_pending = {}, [], {}
@@ -139,26 +140,37 @@ class ChunkWrites(Database):
                 found.append((set_id, level, block, n, lo, hi, values[at].tobytes()))
         self._insert_rows(cur, "set_rollups", SET_COLUMNS, found, UPSERT)
 
-    def _set_id(self, cur: Any, run_id: str, rank: int, names: tuple[str, ...], kind: str) -> int:
-        """The id of the set of the series ``names`` (all of numpy's ``kind``: a series'
-        kind never changes), the key of their rollups and a named chunk's ``names``;
-        stored where it is not yet (another replica may store it first)."""
-        found = self._set_ids.get(((run_id, rank), names))
-        if found is None:
-            key = self._series(cur, run_id, rank, names)
-            text = json.dumps(key, separators=(",", ":"))
-            sha = hashlib.sha256(text.encode()).hexdigest()
-            insert = self.insert_ignore("rollup_sets", ("digest", "series"))
-            cur.execute(self.sql(insert), (sha, text))
-            cur.execute(self.sql("SELECT id FROM rollup_sets WHERE digest = ?"), (sha,))
-            set_id = int(cur.fetchone()[0])
-            members = ("series", "set_id", "position", "kind")
-            cur.executemany(
-                self.sql(self.insert_ignore("rollup_members", members)),
-                [(series, set_id, at, kind) for at, series in enumerate(key)],
+    def _set_ids_of(
+        self, cur: Any, run_id: str, rank: int, wanted: list[tuple[tuple[str, ...], str]]
+    ) -> list[int]:
+        """The id of each set of the series ``names`` (all of numpy's ``kind``: a series'
+        kind never changes), the key of their rollups and a named chunk's ``names``.
+        Those not known yet are stored together (another replica may store one first):
+        a new run's first batch costs a few statements, not a few per set."""
+        key = (run_id, rank)
+        missing = {names: kind for names, kind in wanted if (key, names) not in self._set_ids}
+        if missing:
+            self._series(cur, run_id, rank, list(chain.from_iterable(missing)))
+            made = []  # (names, kind, series ids, digest, series ids as text)
+            for names, kind in missing.items():
+                ids = [self._series_ids[key, name] for name in names]
+                text = json.dumps(ids, separators=(",", ":"))
+                made.append((names, kind, ids, hashlib.sha256(text.encode()).hexdigest(), text))
+            made.sort(key=lambda m: m[3])  # one order of row locks for every writer
+            sets = [(m[3], m[4]) for m in made]
+            self._insert_rows(cur, "rollup_sets", ("digest", "series"), sets, IGNORE)
+            clause, params = self.any_of("digest", [m[3] for m in made])
+            cur.execute(self.sql(f"SELECT digest, id FROM rollup_sets WHERE {clause}"), params)  # noqa: S608
+            by_digest = {str(d): int(i) for d, i in cur.fetchall()}
+            members = sorted(
+                (series, by_digest[digest], at, kind)
+                for _, kind, ids, digest, _ in made
+                for at, series in enumerate(ids)
             )
-            found = self._set_ids[(run_id, rank), names] = set_id
-        return found
+            self._insert_rows(cur, "rollup_members", MEMBER_COLUMNS, members, IGNORE)
+            for names, _, _, digest, _ in made:
+                self._set_ids[key, names] = by_digest[digest]
+        return [self._set_ids[key, names] for names, _ in wanted]
 
     def _stored_set_rows(
         self, cur: Any, sets: list[tuple[int, list[tuple[Any, ...]]]]
@@ -166,22 +178,24 @@ class ChunkWrites(Database):
         """set id -> (level, block) -> (n, step_lo, step_hi, data) of the stored rows
         of these blocks (``sets``: each set's blocks, ``(level, block, ...)``), read
         in one query: one block range per set and level."""
-        clauses: list[str] = []
-        params: list[Any] = []
+        ranges: list[tuple[int, int, int, int]] = []
         for set_id, blocks in sets:
             for level in rollups.LEVELS:
                 at = [b[1] for b in blocks if b[0] == level]
                 if at:
-                    clauses.append("(set_id = ? AND level = ? AND block >= ? AND block <= ?)")
-                    params += (set_id, level, min(at), max(at))
+                    ranges.append((set_id, level, min(at), max(at)))
         found: dict[int, dict[tuple[int, int], tuple[Any, ...]]] = {}
-        if not clauses:
-            return found
-        query = "SELECT set_id, level, block, n, step_lo, step_hi, data FROM set_rollups WHERE "
-        cur.execute(self.sql(query + " OR ".join(clauses)), params)
-        for set_id, level, block, *row in cur.fetchall():
-            found.setdefault(set_id, {})[level, block] = tuple(row)
+        if ranges:
+            for set_id, level, block, *row in self._set_rows_in(cur, ranges):
+                found.setdefault(set_id, {})[level, block] = tuple(row)
         return found
+
+    def _set_rows_in(self, cur: Any, ranges: list[tuple[int, int, int, int]]) -> list[Any]:
+        """The ``set_rollups`` rows of each ``(set id, level, first block, last block)``."""
+        clause = "(set_id = ? AND level = ? AND block >= ? AND block <= ?)"
+        query = f"SELECT {', '.join(SET_COLUMNS)} FROM set_rollups WHERE "  # noqa: S608
+        cur.execute(self.sql(query + " OR ".join([clause] * len(ranges))), list(chain(*ranges)))
+        return list(cur.fetchall())
 
 
 def joined(groups: list[ColumnGroup]) -> list[ColumnGroup]:

@@ -172,6 +172,10 @@ class Database(ABC):
     def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
         return self.insert(table, columns, " ON CONFLICT DO NOTHING")
 
+    def any_of(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """A condition that ``column`` is one of ``values``, and its parameters."""
+        return f"{column} IN ({', '.join('?' for _ in values)})", list(values)
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[Any]:
         """This thread's read connection, for one transaction of the caller's. On an

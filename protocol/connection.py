@@ -180,8 +180,8 @@ class ConnectionThread:
             )
             return "lost"
         code, message = error
-        acked_since = self._box.acked_batches > acked_before
-        if blames_a_batch(code, message, self._error_seq, acked_since):  # protocol/blame.py
+        hello_accepted = self._box.acked_batches > 0  # this hello, on any connection
+        if blames_a_batch(code, message, self._error_seq, hello_accepted):  # protocol/blame.py
             if self._error_seq is not None:
                 batch = self._box.reject_sent(self._error_seq)
             else:

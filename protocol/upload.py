@@ -156,6 +156,7 @@ def _upload_part(
     result: UploadResult, deadline: float, window: int, path: Path,
 ) -> None:
     todo = deque((b["seq"], dumps(b)) for b in batches)
+    acked_at_start = result.acked  # acks after this part's hello: it was accepted
     backoff = Backoff(0.05, 2.0)
     last_trouble = ""
     while todo:
@@ -171,7 +172,6 @@ def _upload_part(
             last_trouble = f"cannot reach the server: {e}"
             time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
             continue
-        acked_before = result.acked
         try:
             error = _send_in_order(ws, hello, todo, result, deadline, window)
         finally:
@@ -183,7 +183,7 @@ def _upload_part(
         code, message, named = error
         # As in the sender: the batch the error names, else the oldest in flight, but only
         # when the error cannot be about the hello (protocol/blame.py).
-        blame_batch = blames_a_batch(code, message, named, result.acked > acked_before)
+        blame_batch = blames_a_batch(code, message, named, result.acked > acked_at_start)
         index = 0 if named is None else next(
             (i for i, (s, _) in enumerate(todo) if s == named), None
         )

@@ -33,6 +33,7 @@ class AckServer:
         self.headers: list[str | None] = []
         self.reject_seqs: set[int] = set()
         self.drop_after: int | None = None  # drop the connection after this many batches
+        self.drop_at_seq: int | None = None  # drop, unanswered, the first time it comes
         self.token: str | None = None
         self.hello_error: str | None = None  # refuse every hello with this 1007 message
         self.name_seq_in_errors = False  # errors carry the refused batch's "seq"
@@ -127,6 +128,10 @@ class AckServer:
                 with self.cond:
                     self.received.append(seq)
                     self.cond.notify_all()
+                if seq == self.drop_at_seq:
+                    self.drop_at_seq = None
+                    ws.socket.shutdown(socket.SHUT_RDWR)  # as if the server died
+                    return
                 if seq in self.reject_seqs:
                     error: dict[str, Any] = {"type": "error", "code": 1007}
                     if self.name_seq_in_errors:

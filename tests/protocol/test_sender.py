@@ -142,6 +142,32 @@ def test_rejected_batch_is_set_aside_and_the_rest_delivered(
     assert sink.stats()["rejected_batches"] == 1
 
 
+def test_a_batch_refused_first_on_a_new_connection_is_set_aside_once_the_hello_was_accepted(
+    ack_server: Any, hello: Any, steps: Any, tmp_path: Path
+) -> None:
+    """The connection dies as batch 3 arrives; on the next one batch 3 goes first and an
+    error naming nothing refuses it. The same hello was accepted before (0-2 were
+    acknowledged), so the error is batch 3's, not the hello's: it is set aside instead
+    of the sender reconnecting and being refused forever."""
+    ack_server.batch_error = "the store refused this data"
+    ack_server.reject_seqs = {3}
+    ack_server.drop_at_seq = 3
+    spool = tmp_path / "run.jsonl"
+    with pytest.warns(GradwatchWarning) as caught:  # the lost connection, the refusal
+        sink = WebSocketSink(
+            ack_server.url, hello, spool=spool, window_batches=1, backoff_base=0.01
+        )
+        for i in range(6):
+            sink.send(steps(i, 1))
+        assert sink.flush(timeout=20)
+    sink.close(timeout=5)
+    assert any("refused batch seq 3" in str(w.message) for w in caught)
+    assert not any("refused the connection" in str(w.message) for w in caught)
+    assert ack_server.seqs() == [0, 1, 2, 4, 5]
+    assert ack_server.received[:5] == [0, 1, 2, 3, 3]  # 3 dropped, then 3 refused
+    assert [m["seq"] for m in read_spool(tmp_path / "run.rejected.jsonl")] == [3]
+
+
 def test_an_error_naming_its_seq_sets_exactly_that_batch_aside(
     ack_server: Any, hello: Any, steps: Any, tmp_path: Path
 ) -> None:

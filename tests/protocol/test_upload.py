@@ -189,3 +189,21 @@ def test_upload_blames_the_oldest_batch_in_flight_once_one_was_acknowledged(
     result = upload(spool, ack_server.url)
     assert [(seq, code) for seq, code, _ in result.rejected] == [(1, 1007)]
     assert ack_server.seqs() == [0, 2, 3]
+
+
+def test_upload_blames_the_first_batch_of_a_new_connection_once_the_hello_was_accepted(
+    ack_server: Any, hello: Any, steps: Any, tmp_path: Path
+) -> None:
+    # Batch 0 acknowledged, then the connection dies as batch 1 arrives; on the next one,
+    # batch 1 comes first and is refused by an error naming nothing. The same hello was
+    # accepted before, so the error is batch 1's: it is set aside, the rest go.
+    ack_server.batch_error = "the store refused this data"
+    ack_server.reject_seqs = {1}
+    ack_server.drop_at_seq = 1
+    spool = tmp_path / "run.jsonl"
+    write_spool(spool, [(hello, [steps(i, 1) for i in range(4)])])
+    result = upload(spool, ack_server.url, window=1)  # ack 0 is read before 1 goes
+    assert [(seq, code) for seq, code, _ in result.rejected] == [(1, 1007)]
+    assert ack_server.seqs() == [0, 2, 3]
+    assert ack_server.received[:3] == [0, 1, 1]  # 1 dropped, then 1 refused
+    assert len(ack_server.hellos) >= 2

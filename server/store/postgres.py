@@ -25,13 +25,14 @@ import psycopg
 
 from gradwatch.protocol.messages import ALERT, END, NONFINITE_STRINGS
 
+from .. import pg_arrays
 from ..columns import records_json
+from ..pg_arrays import binary_array
 from ..settings import Settings
-from . import pg_arrays, tables
+from . import tables
 from .base import Store
 from .chunk_writes import SET_COLUMNS
 from .chunks import TABLES
-from .pg_arrays import binary_array
 from .writer_process import batch_of, frame_bytes
 
 # Rows of live_batches older than this are deleted: a replica whose LISTEN connection
@@ -259,7 +260,7 @@ class PostgresStore(Store):
         return True
 
     # One statement of binary arrays per table and transaction, pipelined (executemany:
-    # ~20 us of CPU a row), each array built a column at a time (store/pg_arrays.py).
+    # ~20 us of CPU a row), each array built a column at a time (server/pg_arrays.py).
     # The chunks' primary key is a guard never expected to fire (a uid is unique per
     # run, rank and session).
     def _insert_rows(

@@ -1,6 +1,6 @@
-"""server/store/pg_arrays.py against a real PostgreSQL: each array built a column at a
-time reads back as the values it was built from, and as psycopg's own dumping of the
-same list would send them."""
+"""server/pg_arrays.py against a real PostgreSQL: each array built a column at a time
+reads back as the values it was built from, and as psycopg's own dumping of the same
+list would send them; one of another element type is refused, not misread."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradwatch.server.store import pg_arrays
-from gradwatch.server.store.pg_arrays import binary_array
+from gradwatch.server import pg_arrays
+from gradwatch.server.pg_arrays import binary_array
 
 pytestmark = pytest.mark.postgres
 
@@ -72,6 +72,13 @@ def test_columns_unnest_into_rows_in_order(conn: Any) -> None:
         "SELECT * FROM unnest(%b::text[], %b::int8[], %b::bytea[], %b::bool[])", arrays
     ).fetchall()
     assert got == rows
+
+
+def test_an_array_cast_to_another_element_type_is_refused_by_the_server(conn: Any) -> None:
+    import psycopg
+
+    with pytest.raises(psycopg.errors.DatatypeMismatch, match="element type 20"):
+        conn.execute("SELECT %b::text[]", [binary_array("int8", [1, 2])])
 
 
 def test_a_value_of_the_wrong_type_is_refused_before_it_is_sent() -> None:

@@ -26,6 +26,7 @@ from ..settings import Settings
 from .chunk_writes import ChunkWrites
 from .history import HistoryReads
 from .split import ALERT_INSERT, EPOCH_INSERT, split_batch
+from .tables import IGNORE
 
 _STOP = object()
 
@@ -242,7 +243,7 @@ class Store(ChunkWrites, HistoryReads):
         new_keys = [k for k in ((run_id, *k) for k in split.keys) if k not in self._keys_written]
         if new_keys:
             columns = ("run_id", "family", "key", "sub")
-            self._insert_rows(cur, "run_keys", columns, sorted(new_keys), " ON CONFLICT DO NOTHING")
+            self._insert_rows(cur, "run_keys", columns, sorted(new_keys), IGNORE)
             if len(self._keys_written) > 1_000_000:
                 self._keys_written.clear()
             self._keys_written.update(new_keys)

@@ -22,9 +22,8 @@ from . import rollups
 from .chunks import TABLES, ColumnGroup
 from .rollups import array_blocks, merge_arrays
 from .split import SplitBatch
-from .tables import Database
+from .tables import IGNORE, Database
 
-IGNORE = " ON CONFLICT DO NOTHING"
 MEMBER_COLUMNS = ("series", "set_id", "position", "kind")
 SET_COLUMNS = ("set_id", "level", "block", "n", "step_lo", "step_hi", "data")
 # A block's row is computed from the stored one (merged), so the new row replaces it.
@@ -62,16 +61,16 @@ class ChunkWrites(Database):
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
         self._series_ids, self._set_ids, self._keys_written = {}, {}, set()
 
-    def _series(self, cur: Any, run_id: str, rank: int, names: Sequence[str]) -> list[int]:
-        """The series id of each name; those not known yet are made in one insert, then
-        the rank's ids read in one query (a new run's first batch names every series)."""
+    def _store_series(self, cur: Any, run_id: str, rank: int, names: Sequence[str]) -> None:
+        """Know the series id of each name (``_series_ids``): those not known yet are made
+        in one insert, then the rank's ids read in one query (a new run's first batch
+        names every series)."""
         key = (run_id, rank)
         new = [(*key, name) for name in dict.fromkeys(names) if (key, name) not in self._series_ids]
         if new:
             self._insert_rows(cur, "series", ("run_id", "rank", "name"), sorted(new), IGNORE)
             cur.execute(self.sql("SELECT name, id FROM series WHERE run_id = ? AND rank = ?"), key)
             self._series_ids.update({(key, str(n)): int(i) for n, i in cur.fetchall()})
-        return [self._series_ids[key, name] for name in names]
 
     def _insert_rows(
         self, cur: Any, table: str, columns: Sequence[str], rows: list[Any], then: str = ""
@@ -150,7 +149,7 @@ class ChunkWrites(Database):
         key = (run_id, rank)
         missing = {names: kind for names, kind in wanted if (key, names) not in self._set_ids}
         if missing:
-            self._series(cur, run_id, rank, list(chain.from_iterable(missing)))
+            self._store_series(cur, run_id, rank, list(chain.from_iterable(missing)))
             made = []  # (names, kind, series ids, digest, series ids as text)
             for names, kind in missing.items():
                 ids = [self._series_ids[key, name] for name in names]

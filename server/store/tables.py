@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 
 # The layout this code reads and writes; any change to a table is a new number.
 SCHEMA_VERSION = 4
+# What an insert does with a row already there (both dialects).
+IGNORE = " ON CONFLICT DO NOTHING"
 
 
 class SchemaMismatch(RuntimeError):
@@ -170,7 +172,7 @@ class Database(ABC):
         return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){then}"  # noqa: S608
 
     def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
-        return self.insert(table, columns, " ON CONFLICT DO NOTHING")
+        return self.insert(table, columns, IGNORE)
 
     def any_of(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """A condition that ``column`` is one of ``values``, and its parameters."""

@@ -197,7 +197,7 @@ class Store(ChunkWrites, HistoryReads):
 
     def _claim(self, cur: Any, batch: Any, session: str) -> bool:
         """Add the batch to ``batches``; False if it is there already (a repeat)."""
-        insert = self.insert_ignore("batches", ("run_id", "rank", "session", "seq", "stored_at"))
+        insert = self.insert("batches", ("run_id", "rank", "session", "seq", "stored_at"), IGNORE)
         cur.execute(self.sql(insert), (batch.run_id, batch.rank, session, batch.seq, time.time()))
         return bool(cur.rowcount)
 

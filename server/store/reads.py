@@ -26,6 +26,7 @@ from gradwatch.protocol.codec import protocol_number
 from ..column_checks import floats
 from ..downsample import pick_rows
 from .chunk_reads import ChunkReads
+from .tables import IGNORE
 
 _RUNS = (
     "SELECT id, name, world_size, started, updated, last_step, last_epoch, alerts, host,"
@@ -196,7 +197,7 @@ class Reads(ChunkReads):
         transaction of its own: rare and tiny, it must not queue behind a flood of
         batches in the writer."""
         if archived:
-            insert = self.insert_ignore("run_archive", ("run_id", "archived_at"))
+            insert = self.insert("run_archive", ("run_id", "archived_at"), IGNORE)
             self._own([(insert, (run_id, time.time()))])
         else:
             self._own([("DELETE FROM run_archive WHERE run_id = ?", (run_id,))])

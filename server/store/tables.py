@@ -171,9 +171,6 @@ class Database(ABC):
         marks = ", ".join("?" for _ in columns)
         return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){then}"  # noqa: S608
 
-    def insert_ignore(self, table: str, columns: Sequence[str]) -> str:
-        return self.insert(table, columns, IGNORE)
-
     def any_of(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """A condition that ``column`` is one of ``values``, and its parameters."""
         return f"{column} IN ({', '.join('?' for _ in values)})", list(values)

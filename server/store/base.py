@@ -25,7 +25,7 @@ from gradwatch.protocol.codec import dumps
 from ..settings import Settings
 from .chunk_writes import ChunkWrites
 from .history import HistoryReads
-from .split import ALERT_INSERT, EPOCH_INSERT, split_batch
+from .split import ALERT_INSERT, END_UPDATE, EPOCH_INSERT, split_batch
 from .tables import IGNORE
 
 _STOP = object()
@@ -247,14 +247,8 @@ class Store(ChunkWrites, HistoryReads):
             if len(self._keys_written) > 1_000_000:
                 self._keys_written.clear()
             self._keys_written.update(new_keys)
-        for status, step, t in split.ends:
-            cur.execute(
-                self.sql(
-                    "UPDATE ranks SET end_status = ?, end_step = ?, end_t = ?"
-                    " WHERE run_id = ? AND rank = ?"
-                ),
-                (status, step, self.scalar_in(t), run_id, rank),
-            )
+        if split.ends:
+            cur.executemany(self.sql(END_UPDATE), split.ends)
         # The run's row is updated once per transaction (ChunkWrites._flush).
         step, epoch, problems = self._runs_pending.get(run_id, (-1, -1, 0))
         last = (max(step, split.last_step), max(epoch, split.last_epoch))

@@ -51,6 +51,9 @@ ALERT_INSERT = (
     "INSERT INTO alerts (run_id, rank, step, code, severity, state, subject, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
+END_UPDATE = (
+    "UPDATE ranks SET end_status = ?, end_step = ?, end_t = ? WHERE run_id = ? AND rank = ?"
+)
 
 
 @dataclass
@@ -65,7 +68,7 @@ class SplitBatch:
     alerts: list[tuple[Any, ...]] = field(default_factory=list)
     # Problems the batch's alerts open: what the runs list counts (docs/API.md).
     problems: int = 0
-    ends: list[tuple[str, int | None, Any]] = field(default_factory=list)
+    ends: list[tuple[Any, ...]] = field(default_factory=list)
     keys: set[tuple[str, str, str]] = field(default_factory=set)
     # The batch's largest step and epoch; -1: it has none.
     last_step: int = -1
@@ -100,10 +103,9 @@ def split_batch(batch: Any, scalar: Callable[[Any], Any], session: str = "") -> 
             said = (record.code, record.severity, record.state, record.subject)
             out.alerts.append((run_id, rank, record.step, *said, record.model_dump_json()))
         elif kind == "end":
-            out.ends.append((record.status, record.step, record.t))
+            out.ends.append((record.status, record.step, scalar(record.t), run_id, rank))
     for block in (*step_blocks(batch.records), *map(wire_block, batch.columns)):
-        step, epoch = add_block(out, block, run_id, rank, uid)
-        out.last_step, out.last_epoch = max(out.last_step, step), max(out.last_epoch, epoch)
+        add_block(out, block, run_id, rank, uid)
         uid += block.n
     return out
 
@@ -136,12 +138,13 @@ def wire_block(block: StepColumns) -> Block:
     return Block(block.n, columns, names, named, series)
 
 
-def add_block(out: SplitBatch, block: Block, run_id: str, rank: int, uid: int) -> tuple[int, int]:
-    """Add one block's chunk rows, rollup groups and run_keys; its records' uids are
-    ``uid + 1 ...`` in block order. Returns the block's last step and last epoch."""
+def add_block(out: SplitBatch, block: Block, run_id: str, rank: int, uid: int) -> None:
+    """Add one block's chunk rows, rollup groups and run_keys, and its last step and
+    epoch; its records' uids are ``uid + 1 ...`` in block order."""
     step_column = block.columns["step"]
     steps = ints(step_column)
     last_epoch = max(ints(block.columns["epoch"])) if "epoch" in block.columns else 0
+    out.last_step, out.last_epoch = max(out.last_step, max(steps)), max(out.last_epoch, last_epoch)
     present = [(name, block.columns[name]) for name in CHUNK_FIELDS if name in block.columns]
     fields = json.dumps([name for name, _ in present])
     rolled = [(name, data) for name, data in present if name in SCALAR_FIELDS]
@@ -151,7 +154,7 @@ def add_block(out: SplitBatch, block: Block, run_id: str, rank: int, uid: int) -
         out.keys.add((family, owner, "" if family == "profile" else key))
     out.keys.update((family, module, series) for family, module, series, _, _ in block.series)
     chunks = cuts(steps)
-    out.groups.extend(_array_groups(steps, step_column, chunks, rolled, block))
+    out.groups.extend(_array_groups(steps, chunks, rolled, block))
     for start, stop in chunks:
         n, first, lo, hi = stop - start, uid + 1 + start, steps[start], steps[stop - 1]
         data = b"".join(d[8 * start : 8 * stop] for _, d in present)
@@ -166,21 +169,16 @@ def add_block(out: SplitBatch, block: Block, run_id: str, rank: int, uid: int) -
             cut = values[8 * length * start : 8 * length * stop]
             row = (run_id, rank, family, module, series, lo, hi, first, n, length, step_bytes, cut)
             out.series.append(row)
-    return max(steps), last_epoch
 
 
 def _array_groups(
-    steps: list[int],
-    step_bytes: bytes,
-    chunks: list[tuple[int, int]],
-    rolled: list[tuple[str, bytes]],
-    block: Block,
+    steps: list[int], chunks: list[tuple[int, int]], rolled: list[tuple[str, bytes]], block: Block
 ) -> list[ColumnGroup]:
     """Each chunk's rollup groups as numpy matrices of one dtype (store/rollups.py):
     the int columns with the steps, the float columns, the named scalars."""
     n = len(steps)
-    ints_ = [("step", step_bytes), *((name, d) for name, d in rolled if name in INT_FIELDS)]
-    floats_ = [(name, data) for name, data in rolled if name not in INT_FIELDS]
+    ints_ = [("step", block.columns["step"]), *(c for c in rolled if c[0] in INT_FIELDS)]
+    floats_ = [c for c in rolled if c[0] not in INT_FIELDS]
     matrices: list[tuple[tuple[str, ...], Any]] = []
     for columns, dtype in ((ints_, "<i8"), (floats_, "<f8")):
         if columns:
@@ -212,10 +210,9 @@ def _named(record: Any) -> tuple[tuple[str, ...], list[Any]]:
     names: list[str] = []
     values: list[Any] = []
     for family in ("param_norms", "update_ratios"):
-        found = getattr(record, family)
-        if found:
-            names.extend(f"{family}/{p}" for p in found)
-            values.extend(found.values())
+        found = getattr(record, family) or {}
+        names.extend(f"{family}/{p}" for p in found)
+        values.extend(found.values())
     for param, by_gate in (record.gate_norms or {}).items():
         names.extend(f"gate_norms/{param}/{g}" for g in by_gate)
         values.extend(by_gate.values())

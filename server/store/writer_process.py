@@ -145,11 +145,10 @@ class ProcessWriter:
         self._pending: dict[int, tuple[Future[Any], Any]] = {}
         self._next = 0
         self._closing = False
-        self._child: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
-        self._start()
+        with self._lock:  # before its reader may restart it
+            self._child, self._reader = self._start()
 
-    def _start(self) -> None:
+    def _start(self) -> tuple[subprocess.Popen[bytes], threading.Thread]:
         # What the child needs of the settings, and nothing secret.
         keys = ("db", "sqlite_synchronous", "group_commit")
         settings = {key: getattr(self.settings, key) for key in keys}
@@ -166,11 +165,11 @@ class ProcessWriter:
 
             if child.stdin is not None:
                 fcntl.fcntl(child.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
-        self._child = child
-        self._reader = threading.Thread(
+        reader = threading.Thread(
             target=self._read_answers, args=(child,), name="gradwatch-writer-answers", daemon=True
         )
-        self._reader.start()
+        reader.start()
+        return child, reader
 
     def send(self, group: list[tuple[str, Any, Future[Any]]]) -> None:
         """Write the frames of ``(op, payload, future)`` items to the child, in order."""
@@ -186,7 +185,7 @@ class ProcessWriter:
             for ident, (_, _, future) in enumerate(group, first):
                 self._pending[ident] = (future, child)
         try:
-            if child is None or child.stdin is None or child.poll() is not None:
+            if child.stdin is None or child.poll() is not None:
                 raise WriterGone("the writer process is not running")
             for ident, (head, parts) in enumerate(frames, first):
                 head["id"] = ident
@@ -223,16 +222,16 @@ class ProcessWriter:
         for future in futures:
             future.set_exception(WriterGone(f"the writer process exited ({child.returncode})"))
 
-    def _restart_locked(self, child: subprocess.Popen[bytes] | None) -> None:
+    def _restart_locked(self, child: subprocess.Popen[bytes]) -> None:
         if self._closing or self._child is not child:
             return
-        if child is not None and child.stdin is not None:
+        if child.stdin is not None:
             with contextlib.suppress(OSError):
                 child.stdin.close()
         with contextlib.suppress(OSError):
-            self._start()
+            self._child, self._reader = self._start()
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self) -> None:
         """Let the child finish what it holds (every frame is sent: the store's writer
         thread has ended), then wait for it to end. Idempotent."""
         with self._lock:
@@ -240,15 +239,12 @@ class ProcessWriter:
                 return
             self._closing = True
             child, reader = self._child, self._reader
-        if child is None:
-            return
         with contextlib.suppress(OSError, ValueError):
             if child.stdin is not None:
                 child.stdin.close()  # the child finishes its queue, then ends
         try:
-            child.wait(timeout=timeout)
+            child.wait(timeout=30)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-        if reader is not None:
-            reader.join(timeout=timeout)  # every answer read, the pipe closed
+        reader.join(timeout=30)  # every answer read, the pipe closed

@@ -83,21 +83,17 @@ class Store(ChunkWrites, HistoryReads):
         self._remote = self.remote_writer()
         if self._remote is not None:
             writer.close()
-        self._thread = threading.Thread(
+        # The thread that writes (and resolves the futures of) every submission.
+        self.writer_thread = threading.Thread(
             target=self._write_loop, name="gradwatch-store-writer", daemon=True
         )
-        self._thread.start()
+        self.writer_thread.start()
 
     # ----- what a backend provides (and connect, scalar_in: store/tables.py) -------
     @abstractmethod
     def create_schema(self, conn: Any) -> None:
         """Create the tables in a new database, or check its layout's version
         (store/tables.py: SchemaMismatch for another one)."""
-
-    @property
-    def writer_thread(self) -> threading.Thread:
-        """The thread that writes (and resolves the futures of) every submission."""
-        return self._thread
 
     def remote_writer(self) -> Any:
         """An object whose ``send(group)`` writes each group instead of this thread
@@ -261,7 +257,7 @@ class Store(ChunkWrites, HistoryReads):
             return
         self._closed = True
         self._queue.put(_STOP)
-        self._thread.join(timeout=30)
+        self.writer_thread.join(timeout=30)
         if self._remote is not None:
             self._remote.close()
         with self._readers_lock:

@@ -36,15 +36,15 @@ LEVELS = (6, 10, 14, 18)
 STEP_SERIES = "step"
 
 
-def coarser(fine: list[int]) -> list[tuple[int, int, int, int]]:
-    """The blocks of every level above the finest, as runs of the finest blocks
-    ``fine`` (ascending block numbers): ``(level, block, first index, last + 1)``.
+def level_blocks(fine: list[int]) -> list[tuple[int, int, int, int]]:
+    """The blocks of every level, finest first, as runs of the finest blocks ``fine``
+    (ascending block numbers): ``(level, block, first index, last + 1)``.
 
-    >>> coarser([0, 1, 16])
-    [(10, 0, 0, 2), (10, 1, 2, 3), (14, 0, 0, 3), (18, 0, 0, 3)]
+    >>> level_blocks([0, 16])
+    [(6, 0, 0, 1), (6, 16, 1, 2), (10, 0, 0, 1), (10, 1, 1, 2), (14, 0, 0, 2), (18, 0, 0, 2)]
     """
     out: list[tuple[int, int, int, int]] = []
-    for level in LEVELS[1:]:
+    for level in LEVELS:
         shift, k = level - LEVELS[0], 0
         while k < len(fine):
             block, m = fine[k] >> shift, k + 1
@@ -130,8 +130,7 @@ def array_blocks(
         perm = np.argsort(steps, kind="stable")
         steps, matrix = steps[perm], matrix[perm]
     keys = order_keys(matrix, order)
-    finest = LEVELS[0]
-    blocks = steps >> finest
+    blocks = steps >> LEVELS[0]
     cuts = (np.flatnonzero(blocks[1:] != blocks[:-1]) + 1).tolist()
     starts, ends = [0, *cuts], [*cuts, int(steps.size)]
     fine = blocks[starts].tolist()
@@ -145,13 +144,10 @@ def array_blocks(
         part = keys[i:j]
         lows[f] = part.argmin(0) + i
         highs[f] = part.argmax(0) + i
-    found = [
-        (finest, fine[f], ends[f] - starts[f], step_list[starts[f]], step_list[ends[f] - 1])
-        for f in range(len(fine))
-    ]
-    for level, block, k, m in coarser(fine):
+    found: list[tuple[int, int, int, int, int]] = []
+    for level, block, k, m in level_blocks(fine):
         at = len(found)
-        if m - k == 1:
+        if m - k == 1:  # the finest level's (at == k), or a coarser block of one
             lows[at], highs[at] = lows[k], highs[k]
         else:
             # A coarser block's extremes are among its finest blocks'; the first of

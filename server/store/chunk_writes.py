@@ -112,13 +112,9 @@ class ChunkWrites(Database):
         if self._rollups_pending:
             self._write_set_rollups(cur, joined(self._rollups_pending))
 
-    def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
-        """Hold the sets' rows until the commit (PostgreSQL: other replicas may write)."""
-
     def _write_set_rollups(self, cur: Any, groups: list[ColumnGroup]) -> None:
         """One row per set and block (store/rollups.py), merged with the row of
         that block already stored (read in one query for every set)."""
-        self._lock_sets(cur, sorted({group.set_id for group in groups}))
         computed = [
             (g.set_id, *array_blocks(np.array(g.steps, np.int64), g.matrix, self.kind))
             for g in groups

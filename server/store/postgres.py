@@ -32,7 +32,7 @@ from ..settings import Settings
 from . import tables
 from .base import Store
 from .chunk_writes import SET_COLUMNS
-from .chunks import TABLES
+from .chunks import TABLES, ColumnGroup
 from .writer_process import batch_of, frame_bytes
 
 # Rows of live_batches older than this are deleted: a replica whose LISTEN connection
@@ -149,8 +149,6 @@ class PostgresStore(Store):
         self._pruned = 0.0
         # (run_id, rank, seq, urgent, frame or None) of the open transaction's batches.
         self._live_pending: list[tuple[Any, ...]] = []
-        # Whether the open transaction stores frames (None: not decided yet).
-        self._frames: bool | None = None
         super().__init__(settings)
 
     # ----- live viewers here: other replicas' writers store frames ---------------------
@@ -239,7 +237,7 @@ class PostgresStore(Store):
             watched.execute(WATCHED, (self.replica,))
             if keys:
                 claim.execute(CLAIM, (time.time(), *map(list, zip(*keys, strict=True))))
-        self._frames = bool(watched.fetchone()[0])
+        self._frames = bool(watched.fetchone()[0])  # whether this transaction stores frames
         new = claim.fetchall() if keys else []  # (run_id, rank, session, seq) of new batches
         self._claimed: dict[Any, bool] = dict.fromkeys(map(tuple, new), True)
 
@@ -292,7 +290,6 @@ class PostgresStore(Store):
     def _discard_pending(self) -> None:
         super()._discard_pending()
         self._live_pending.clear()
-        self._frames = None
 
     def _flush(self, cur: Any) -> None:
         if series := self._rows_pending.pop("series_chunks", None):
@@ -311,8 +308,10 @@ class PostgresStore(Store):
             if pending:
                 cur.execute(*notes)
 
-    def _lock_sets(self, cur: Any, set_ids: list[int]) -> None:
-        cur.execute(_LOCK_SETS, (set_ids,))
+    def _write_set_rollups(self, cur: Any, groups: list[ColumnGroup]) -> None:
+        # Hold the sets' rows until the commit, before reading them (other replicas write).
+        cur.execute(_LOCK_SETS, (sorted({group.set_id for group in groups}),))
+        super()._write_set_rollups(cur, groups)
 
     def alive(self, conn: Any) -> bool:
         return not conn.closed and not conn.broken

@@ -7,8 +7,9 @@ own sender keeps (`--window` batches and `--window-bytes`, its defaults: 64 and 
 ~27 batches of 100 such records in columns), and wait for every ack. An ack means
 "committed", so records/s is stored AND acknowledged. 1, 4 and 16 trainers run side
 by side in one run, against SQLite (and PostgreSQL with --postgres URL); medians of
---repeat rounds. The server is a real `gradwatch serve` process on 127.0.0.1; clients
-share the machine with it.
+--repeat rounds. Records go in columns, as gradwatch's sender sends them (--encoding
+adds the JSON encodings a raw client may send). The server is a real `gradwatch serve`
+process on 127.0.0.1; clients share the machine with it.
 
 Also printed: where the server's time goes for one such record (in-process: JSON
 validation, row building, SQLite insert) and how long the history API takes to
@@ -321,9 +322,10 @@ def main() -> None:
         "--encoding",
         nargs="+",
         choices=["lists", "packed", "columns"],
-        default=["lists", "packed", "columns"],
-        help="step records with timestep series as JSON lists of numbers, or packed"
-        " {'f64': base64}, or records as packed columns (batch.columns); rounds interleaved",
+        default=["columns"],
+        help="step records as packed columns (batch.columns: what trainers send), or with"
+        " timestep series as JSON lists of numbers, or packed {'f64': base64}; several are"
+        " interleaved (on PostgreSQL the slower ones leave dirty buffers to the next)",
     )
     parser.add_argument("--history-steps", type=int, default=1_000_000)
     parser.add_argument("--postgres", default=None, help="also run against this PostgreSQL URL")

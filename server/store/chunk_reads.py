@@ -112,9 +112,8 @@ class ChunkReads(Database):
         every = sorted(places)
         picked = [every[k] for k in pick_rows(len(every), most)]
         query = (
-            "SELECT substr(data, CAST(? * 8 * len + 1 AS INTEGER), CAST(8 * len AS INTEGER))"
-            " FROM series_chunks WHERE run_id = ? AND rank = ? AND family = ? AND module = ?"
-            " AND series = ? AND step_lo = ? AND uid = ?"
+            "SELECT substr(data, CAST(? * 8 * len + 1 AS INTEGER), CAST(8 * len AS INTEGER))"  # noqa: S608
+            f" FROM series_chunks WHERE run_id = ? AND rank = ?{where} AND step_lo = ? AND uid = ?"
         )
 
         def rows() -> Iterator[bytes]:

@@ -170,10 +170,9 @@ class HistoryReads(Reads):
         buckets = range(first // width, hi // width + 1)
         # The coarsest level whose blocks tile a bucket; None: buckets finer than every one.
         level = max((lv for lv in rollups.LEVELS if 1 << lv <= width), default=None)
-        raw, inner = list(buckets), []
-        if level is not None:
-            inner = [b for b in buckets if b * width >= lo and b * width + width - 1 <= hi]
-            raw = [b for b in buckets if not inner or b < inner[0] or b > inner[-1]]
+        whole = [b for b in buckets if b * width >= lo and b * width + width - 1 <= hi]
+        inner = whole if level is not None else []
+        raw = [b for b in buckets if not inner or b < inner[0] or b > inner[-1]]
         bounds = [(max(b * width, lo), min(b * width + width - 1, hi)) for b in raw]
         found = self.extremes(run_id, rank, list(series), width, bounds) if raw else {}
         out: dict[str, list[tuple[int, Any]]] = {}

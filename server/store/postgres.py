@@ -157,20 +157,18 @@ class PostgresStore(Store):
         """Register this replica's live viewers; returns once every write transaction
         that might not have seen the registration has committed (module docstring)."""
         self._own(
-            [
-                ("SET LOCAL lock_timeout = '10s'", ()),
-                (f"SELECT pg_advisory_xact_lock({LIVE_LOCK})", ()),
-                (WATCH, (self.replica, WATCH_EXPIRE_S)),
-            ]
+            ("SET LOCAL lock_timeout = '10s'", ()),
+            (f"SELECT pg_advisory_xact_lock({LIVE_LOCK})", ()),
+            (WATCH, (self.replica, WATCH_EXPIRE_S)),
         )
 
     def refresh_watch(self) -> bool:
         """Extend the registration; False when it had lapsed (or was never made)."""
-        return self._own([(REFRESH, (WATCH_EXPIRE_S, self.replica))]) == 1
+        return self._own((REFRESH, (WATCH_EXPIRE_S, self.replica))) == 1
 
     def unwatch(self) -> None:
         """No live viewers here any more: other replicas' writers may skip frames."""
-        self._own([("DELETE FROM live_replicas WHERE replica = %s", (self.replica,))])
+        self._own(("DELETE FROM live_replicas WHERE replica = %s", (self.replica,)))
 
     def live_rows(self, ids: Sequence[int]) -> list[tuple[Any, ...]]:
         """``(id, run_id, rank, seq, records, urgent)`` of stored live batches, by row

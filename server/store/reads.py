@@ -198,9 +198,9 @@ class Reads(ChunkReads):
         batches in the writer."""
         if archived:
             insert = self.insert("run_archive", ("run_id", "archived_at"), IGNORE)
-            self._own([(insert, (run_id, time.time()))])
+            self._own((insert, (run_id, time.time())))
         else:
-            self._own([("DELETE FROM run_archive WHERE run_id = ?", (run_id,))])
+            self._own(("DELETE FROM run_archive WHERE run_id = ?", (run_id,)))
 
     def archived_ids(self) -> set[str]:
         """The ids of every archived run."""

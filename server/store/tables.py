@@ -203,7 +203,7 @@ class Database(ABC):
             conn.rollback()
         return result
 
-    def _own(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
+    def _own(self, *statements: tuple[str, tuple[Any, ...]]) -> int:
         """Run ``statements`` in one transaction of their own on this thread's connection,
         not queued behind the writer's batches; the last one's row count."""
         with self.reading() as conn:

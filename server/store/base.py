@@ -119,21 +119,18 @@ class Store(ChunkWrites, HistoryReads):
         return future
 
     def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                break
-            group = [item]
-            stop = False
-            while len(group) < self.settings.group_commit:
+        stop = False
+        while not stop:
+            group = [self._queue.get()]
+            while group[-1] is not _STOP and len(group) < self.settings.group_commit:
                 try:
-                    more = self._queue.get_nowait()
+                    group.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                if more is _STOP:
-                    stop = True
-                    break
-                group.append(more)
+            if stop := group[-1] is _STOP:
+                group.pop()
+            if not group:
+                break
             try:
                 if self._remote is not None:
                     self._remote.send(group)
@@ -149,8 +146,6 @@ class Store(ChunkWrites, HistoryReads):
                 # The batches that failed were not acknowledged; their trainers resend.
                 with contextlib.suppress(Exception):
                     self._writer_conn = self.connect()
-            if stop:
-                break
         with contextlib.suppress(Exception):
             self._writer_conn.close()
 

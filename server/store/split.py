@@ -207,22 +207,15 @@ def _ints(values: Sequence[int]) -> bytes:
 
 def _named(record: Any) -> tuple[tuple[str, ...], list[Any]]:
     """A record's named scalars: their names in the order of a wire block, and values."""
-    names: list[str] = []
-    values: list[Any] = []
+    pairs: list[tuple[str, Any]] = []
     for family in ("param_norms", "update_ratios"):
-        found = getattr(record, family) or {}
-        names.extend(f"{family}/{p}" for p in found)
-        values.extend(found.values())
+        pairs += [(f"{family}/{p}", v) for p, v in (getattr(record, family) or {}).items()]
     for param, by_gate in (record.gate_norms or {}).items():
-        names.extend(f"gate_norms/{param}/{g}" for g in by_gate)
-        values.extend(by_gate.values())
+        pairs += [(f"gate_norms/{param}/{g}", v) for g, v in by_gate.items()]
     for module, entry in (record.profile or {}).items():
-        for key in PROFILE_KEYS:
-            value = getattr(entry, key)
-            if value is not None:
-                names.append(f"profile/{module}/{key}")
-                values.append(value)
-    return tuple(names), values
+        found = [(key, getattr(entry, key)) for key in PROFILE_KEYS]
+        pairs += [(f"profile/{module}/{key}", v) for key, v in found if v is not None]
+    return tuple(name for name, _ in pairs), [value for _, value in pairs]
 
 
 def _series(record: Any, family: str, module: str, name: str) -> bytes:

@@ -142,10 +142,9 @@ class PostgresStore(Store):
     types = ("DOUBLE PRECISION", "BIGINT", "BYTEA", "BIGSERIAL PRIMARY KEY", "")
 
     def __init__(self, settings: Settings) -> None:
-        # Set before the writer thread starts (in Store.__init__); the channel is set
+        # Set before the writer thread starts (in Store.__init__); self.channel is set
         # by create_schema, which knows the connection's schema.
         self.replica = uuid.uuid4().hex[:16]
-        self.channel = channel_for("public")
         self._pruned = 0.0
         # (run_id, rank, seq, urgent, frame or None) of the open transaction's batches.
         self._live_pending: list[tuple[Any, ...]] = []

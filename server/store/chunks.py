@@ -27,12 +27,11 @@ from gradwatch.protocol.column_shapes import FLOAT_COLUMNS
 
 from ..column_checks import INT_COLUMNS
 
-# The plain fields of a step record; ``backward_passes`` comes only from records
-# (store/split.py), never on the wire. ints decode as int64.
+# The int plain fields of a step record, as int64 (the float ones: FLOAT_COLUMNS);
+# ``backward_passes`` comes only from records (store/split.py), never on the wire.
 INT_FIELDS = (*INT_COLUMNS, "graph_truncated", "backward_passes")
-FLOAT_FIELDS = FLOAT_COLUMNS
 # The plain fields a chunk may hold, in the order of its ``fields``.
-CHUNK_FIELDS = ("epoch", *FLOAT_FIELDS, *INT_FIELDS[1:])
+CHUNK_FIELDS = ("epoch", *FLOAT_COLUMNS, *INT_FIELDS[1:])
 # The plain fields the history API serves (docs/API.md, ``/steps``), each rolled up.
 SCALAR_FIELDS = (
     "loss",

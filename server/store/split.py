@@ -32,13 +32,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gradwatch.protocol.column_shapes import PROFILE_KEYS, pack_floats
+from gradwatch.protocol.column_shapes import FLOAT_COLUMNS, PROFILE_KEYS, pack_floats
 from gradwatch.protocol.columns import split_name
 from gradwatch.protocol.messages import MAX_RECORDS_PER_BATCH
 
 from ..column_checks import ints
 from ..schema import StepColumns
-from .chunks import CHUNK_FIELDS, FLOAT_FIELDS, INT_FIELDS, SCALAR_FIELDS, ColumnGroup, cuts
+from .chunks import CHUNK_FIELDS, INT_FIELDS, SCALAR_FIELDS, ColumnGroup, cuts
 
 # Kept per record in ``notes`` (besides fields the server does not know).
 NOTE_FIELDS = ("nonfinite", "timestep_layout")
@@ -232,15 +232,14 @@ def _notes(record: Any) -> dict[str, Any] | None:
 
 def _shape(record: Any) -> tuple[Any, ...]:
     d = record.__dict__
-    plain = tuple(f for f in (*FLOAT_FIELDS, *INT_FIELDS) if d.get(f) is not None)
+    plain = tuple(f for f in (*FLOAT_COLUMNS, *INT_FIELDS) if d.get(f) is not None)
     names, values = _named(record)
     series = tuple(
         ("timesteps", module, name, len(values))
         for module, by_name in (record.timesteps or {}).items()
         for name, values in by_name.items()
     )
-    if record.depth:
-        series += tuple(("depth", stack, "input", len(v)) for stack, v in record.depth.items())
+    series += tuple(("depth", stack, "input", len(v)) for stack, v in (record.depth or {}).items())
     return plain, names, series, values
 
 
@@ -253,7 +252,7 @@ def step_blocks(records: Sequence[Any]) -> Iterator[Block]:
         columns = {"step": _ints([r.step for r in records])}
         for name in plain:
             values = [getattr(r, name) for r in records]
-            floating = name in FLOAT_FIELDS
+            floating = name in FLOAT_COLUMNS
             columns[name] = floats(values) if floating else _ints([int(v) for v in values])
         named = floats([v for shape, _ in run for v in shape[3]]) if names else b""
         packed = [(*shape, b"".join(_series(r, *shape[:3]) for r in records)) for shape in series]

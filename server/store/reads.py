@@ -184,12 +184,9 @@ class Reads(ChunkReads):
 
     def alerts(self, run_id: str, rank: int | None = None) -> list[dict[str, Any]]:
         self.run_summary(run_id)
-        sql = "SELECT rank, data FROM alerts WHERE run_id = ?"
-        params: tuple[Any, ...] = (run_id,)
-        if rank is not None:
-            sql, params = sql + " AND rank = ?", (run_id, rank)
-        rows = self.query(sql + " ORDER BY id", params)
-        return [{**json.loads(data), "rank": r} for r, data in rows]
+        where, params = ("", (run_id,)) if rank is None else (" AND rank = ?", (run_id, rank))
+        query = f"SELECT rank, data FROM alerts WHERE run_id = ?{where} ORDER BY id"  # noqa: S608
+        return [{**json.loads(data), "rank": r} for r, data in self.query(query, params)]
 
     # ----- archived runs -------------------------------------------------------------
     def set_archived(self, run_id: str, archived: bool) -> None:

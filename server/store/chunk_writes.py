@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from itertools import chain
 from typing import Any
@@ -61,11 +61,10 @@ class ChunkWrites(Database):
         """Ids (and run_keys) written in a rolled-back transaction are gone."""
         self._series_ids, self._set_ids, self._keys_written = {}, {}, set()
 
-    def _store_series(self, cur: Any, run_id: str, rank: int, names: Sequence[str]) -> None:
-        """Know the series id of each name (``_series_ids``): those not known yet are made
-        in one insert, then the rank's ids read in one query (a new run's first batch
-        names every series)."""
-        key = (run_id, rank)
+    def _store_series(self, cur: Any, key: tuple[str, int], names: Iterable[str]) -> None:
+        """Know the series id of each name of a rank (``key``: run_id, rank) in
+        ``_series_ids``: those not known yet are made in one insert, then the rank's ids
+        read in one query (a new run's first batch names every series)."""
         new = [(*key, name) for name in dict.fromkeys(names) if (key, name) not in self._series_ids]
         if new:
             self._insert_rows(cur, "series", ("run_id", "rank", "name"), sorted(new), IGNORE)
@@ -82,7 +81,7 @@ class ChunkWrites(Database):
         """A batch's chunk rows and rollup groups, written by :meth:`_flush`."""
         wanted = [(names, "f") for names, _ in chunks.named]
         wanted += [(chunk.names, chunk.matrix.dtype.kind) for chunk in chunks.groups]
-        set_ids = iter(self._set_ids_of(cur, run_id, rank, wanted))
+        set_ids = iter(self._set_ids_of(cur, (run_id, rank), wanted))
         named_rows = []
         if chunks.named:
             self._written = written = max(time.time_ns(), self._written + 1)
@@ -136,16 +135,15 @@ class ChunkWrites(Database):
         self._insert_rows(cur, "set_rollups", SET_COLUMNS, found, UPSERT)
 
     def _set_ids_of(
-        self, cur: Any, run_id: str, rank: int, wanted: list[tuple[tuple[str, ...], str]]
+        self, cur: Any, key: tuple[str, int], wanted: list[tuple[tuple[str, ...], str]]
     ) -> list[int]:
-        """The id of each set of the series ``names`` (all of numpy's ``kind``: a series'
-        kind never changes), the key of their rollups and a named chunk's ``names``.
+        """The id of each set of a rank's series ``names`` (all of numpy's ``kind``: a
+        series' kind never changes), the key of their rollups and a named chunk's ``names``.
         Those not known yet are stored together (another replica may store one first):
         a new run's first batch costs a few statements, not a few per set."""
-        key = (run_id, rank)
         missing = {names: kind for names, kind in wanted if (key, names) not in self._set_ids}
         if missing:
-            self._store_series(cur, run_id, rank, list(chain.from_iterable(missing)))
+            self._store_series(cur, key, chain.from_iterable(missing))
             made = []  # (names, kind, series ids, digest, series ids as text)
             for names, kind in missing.items():
                 ids = [self._series_ids[key, name] for name in names]

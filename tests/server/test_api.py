@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 
@@ -144,6 +145,37 @@ def test_epochs_and_alerts_come_back_in_order_with_rank(gradwatch_server, gradwa
     ]
     assert alerts[0]["evidence"] == {"n": [1, 2]}
     assert alerts[0]["hint"] == "detach"
+
+
+def test_alerts_of_one_rank_are_that_ranks_only(gradwatch_server, gradwatch_db, wire):
+    server = gradwatch_server(db=gradwatch_db)
+    run_id = wire.run_id()
+    # Each rank's alerts name their own step and subject, sent rank 1 first, then
+    # rank 0, then rank 1 again: arrival order differs from rank order.
+    sent = {0: [(3, "lstm0")], 1: [(7, "cell1"), (11, "cell1b")]}
+    for rank, seq, which in ((1, 0, slice(0, 1)), (0, 0, slice(0, 1)), (1, 1, slice(1, 2))):
+        records = [
+            {"kind": "alert", "step": step, "code": "vanishing", "severity": "warning",
+             "subject": subject, "message": f"rank {rank}"}
+            for step, subject in sent[rank][which]
+        ]  # fmt: skip
+        with wire.connect(server) as ws:
+            ws.send(json.dumps(wire.hello(run_id, rank=rank, world_size=2)))
+            ws.send(json.dumps(wire.batch(run_id, seq, records, rank=rank)))
+            assert wire.recv(ws) == {"type": "ack", "seq": seq}
+    every = wire.get_ok(server, f"/api/runs/{run_id}/alerts")
+    assert [(a["rank"], a["step"], a["subject"]) for a in every] == [
+        (1, 7, "cell1"),
+        (0, 3, "lstm0"),
+        (1, 11, "cell1b"),
+    ]
+    for rank, expected in sent.items():
+        got = wire.get_ok(server, f"/api/runs/{run_id}/alerts?rank={rank}")
+        assert [(a["rank"], a["step"], a["subject"]) for a in got] == [
+            (rank, step, subject) for step, subject in expected
+        ]
+        assert {a["message"] for a in got} == {f"rank {rank}"}
+    assert wire.get_ok(server, f"/api/runs/{run_id}/alerts?rank=2") == []
 
 
 def test_unknown_run_is_404_and_bad_field_is_422(shared_gradwatch_server, wire):

@@ -140,6 +140,8 @@ class DiagnosisEngine:
                 )
                 continue
             for subject, finding in verdicts.items():
+                if finding is None and not (self._active or self._pending):
+                    continue  # nothing held or pending: _advance would change nothing
                 alert = self._advance(detector.code, subject, finding, step, t)
                 if alert is not None:
                     alerts.append(alert)

@@ -11,10 +11,14 @@ thread's own CPU, the monitor's background thread, and the overhead gradwatch re
 for the timed steps (``overhead x duration_s`` summed over their duration). ``--self``
 adds a plain arm against itself: the noise floor of this method on this machine.
 
-Arms: ``every=1``, ``every=N``, ``light`` (every step light after the first) and
-``default`` (``watch(model)`` with no options: the budget). The budget learns its
-interval over its first steps, so ``default`` warms up ``--default-warm`` steps, and
-its timed blocks should hold several heavy steps (``--steps 200``).
+Arms: ``every=1``, ``every=N``, ``light`` (every step light after the first),
+``parked`` (the same light steps with the monitor's background thread held until the
+block has been timed: what the training thread's side of a light step costs alone,
+as if the background work ran in another process; its records are finished after
+the block, so it reports no overhead) and ``default`` (``watch(model)`` with no
+options: the budget). The budget learns its interval over its first steps, so
+``default`` warms up ``--default-warm`` steps, and its timed blocks should hold
+several heavy steps (``--steps 200``).
 
     .venv/bin/python bench/same_model.py --only cells --every 1 --rounds 20 --self
     .venv/bin/python bench/same_model.py --only long_lstm --every default --steps 200 --self
@@ -28,6 +32,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -44,16 +49,36 @@ from gradwatch.trainer_hooks import watch
 LIGHT = 10**9  # every step light after step 0
 
 
-def block(step: Any, steps: int, monitor: Any = None) -> tuple[float, float, float]:
+def block(
+    step: Any, steps: int, monitor: Any = None, flush: bool = True
+) -> tuple[float, float, float]:
     """Process CPU, training-thread CPU and background-thread CPU per step."""
     thread = monitor._pipeline._thread if monitor is not None else None
     clock = time.pthread_getcpuclockid(thread.ident) if thread is not None else None
     background = time.clock_gettime(clock) if clock is not None else 0.0
     process, own = time.process_time(), time.thread_time()
-    workloads.train(step, monitor, steps)
+    workloads.train(step, monitor, steps, flush=flush)
     process, own = time.process_time() - process, time.thread_time() - own
     background = time.clock_gettime(clock) - background if clock is not None else 0.0
     return process / steps, own / steps, background / steps
+
+
+def park(monitor: Any) -> threading.Event:
+    """Hold ``monitor``'s background thread at its next wait until the returned event
+    is set (the ``parked`` arm). Its queue is empty when this returns."""
+    monitor.flush()
+    pipeline, gate, holding = monitor._pipeline, threading.Event(), threading.Event()
+    wait = pipeline._wait
+
+    def held() -> None:
+        holding.set()
+        gate.wait()
+        wait()
+
+    pipeline._wait = held
+    pipeline._wake.set()  # out of the wait it is in, into held()
+    holding.wait()
+    return gate
 
 
 def reported(spool: str, first: int, steps: int) -> float:
@@ -68,7 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="cells", choices=workloads.WORKLOADS)
     parser.add_argument("--every", nargs="*", default=["1", "light"],
-                        help="schedules to measure: an interval, 'light' or 'default'")
+                        help="schedules to measure: an interval, 'light', 'parked' or 'default'")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=32, help="timed steps a block")
     parser.add_argument("--warm", type=int, default=70, help="untimed steps after watch()")
@@ -92,12 +117,18 @@ def main() -> None:
                     found[arm].append(block(step, args.steps))
                     continue
                 schedule = {} if arm == "default" else {
-                    "every": LIGHT if arm == "light" else int(arm)}
+                    "every": LIGHT if arm in ("light", "parked") else int(arm)}
                 warm = args.default_warm if arm == "default" else args.warm
                 spool = os.path.join(tmp, f"{arm}-{r}.jsonl")
                 monitor = watch(model, run=arm, spool=spool, quiet=True, **schedule,
                                 **work.options)
                 block(step, warm, monitor)
+                if arm == "parked":
+                    gate = park(monitor)
+                    found[arm].append(block(step, args.steps, monitor, flush=False))
+                    gate.set()
+                    monitor.close()
+                    continue
                 found[arm].append(block(step, args.steps, monitor))
                 monitor.close()
                 said[arm].append(reported(spool, warm, args.steps))

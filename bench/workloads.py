@@ -95,13 +95,14 @@ def _regression(
     return step
 
 
-def train(step: Step, monitor: Any, steps: int) -> None:
-    """``steps`` steps, each closed by ``monitor`` if any, then its records handed over."""
+def train(step: Step, monitor: Any, steps: int, flush: bool = True) -> None:
+    """``steps`` steps, each closed by ``monitor`` if any, then (``flush``) its records
+    handed over."""
     for _ in range(steps):
         loss = step()
         if monitor is not None:
             monitor.step(loss)
-    if monitor is not None:
+    if monitor is not None and flush:
         monitor.flush()
 
 

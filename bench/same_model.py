@@ -21,6 +21,8 @@ options: the budget). The budget learns its interval over its first steps, so
 several heavy steps (``--steps 200``).
 
     .venv/bin/python bench/same_model.py --only cells --every 1 --rounds 20 --self
+    .venv/bin/python bench/same_model.py --only long_lstm --every light parked --self \
+        --rounds 30 --processes 5   # medians and ranges over five fresh processes
     .venv/bin/python bench/same_model.py --only long_lstm --every default --steps 200 --self
 """
 
@@ -28,8 +30,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -89,18 +94,9 @@ def reported(spool: str, first: int, steps: int) -> float:
     return spent / sum(r["duration_s"] for r in records)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="cells", choices=workloads.WORKLOADS)
-    parser.add_argument("--every", nargs="*", default=["1", "light"],
-                        help="schedules to measure: an interval, 'light', 'parked' or 'default'")
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=32, help="timed steps a block")
-    parser.add_argument("--warm", type=int, default=70, help="untimed steps after watch()")
-    parser.add_argument("--default-warm", type=int, default=300,
-                        help="untimed steps after watch() for the default budget")
-    parser.add_argument("--self", action="store_true", help="add plain against itself")
-    args = parser.parse_args()
+def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """One process's medians per arm: process, training-thread and background CPU per
+    step (seconds) and the overhead reported (a fraction, NaN where none)."""
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     work = workloads.workload(args.only)
@@ -132,19 +128,68 @@ def main() -> None:
                 found[arm].append(block(step, args.steps, monitor))
                 monitor.close()
                 said[arm].append(reported(spool, warm, args.steps))
-    plain = [statistics.median(x[i] for x in found["plain"]) for i in range(3)]
-    print(f"{args.only}, {args.rounds} rounds x {args.steps} steps after {args.warm} warm-up"
-          f" steps ({args.default_warm} for the default), 1 torch thread; load average"
-          f" {os.getloadavg()[0]:.1f}")
-    print("| arm | process CPU per step | vs plain | measured share | reported overhead |"
-          " training thread, beyond plain | background thread |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    medians = {}
     for arm, rows in found.items():
         process, own, background = (statistics.median(x[i] for x in rows) for i in range(3))
-        told = f"{statistics.median(said[arm]):.1%}" if said[arm] else ""
-        print(f"| {arm} | {process * 1e3:.3f} ms | {process / plain[0]:.3f}x |"
-              f" {1 - plain[0] / process:+.1%} | {told} |"
-              f" {(own - plain[1]) * 1e6:+.0f} µs | {background * 1e6:.0f} µs |")
+        told = statistics.median(said[arm]) if said[arm] else math.nan
+        medians[arm] = {"process": process, "own": own, "background": background,
+                        "reported": told}
+    return medians
+
+
+def in_processes(args: argparse.Namespace) -> list[dict[str, dict[str, float]]]:
+    """``measure`` in ``args.processes`` fresh processes, one after another: two
+    copies of one process differ by a few percent however many rounds run (where
+    their memory landed), so the spread between processes is the honest error bar."""
+    command = [sys.executable, __file__, "--only", args.only, "--every", *args.every,
+               "--rounds", str(args.rounds), "--steps", str(args.steps), "--warm",
+               str(args.warm), "--default-warm", str(args.default_warm), "--json",
+               *(["--self"] if args.self else [])]
+    runs = []
+    for _ in range(args.processes):
+        done = subprocess.run(command, capture_output=True, text=True, check=True,
+                              timeout=3600)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="cells", choices=workloads.WORKLOADS)
+    parser.add_argument("--every", nargs="*", default=["1", "light"],
+                        help="schedules to measure: an interval, 'light', 'parked' or 'default'")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=32, help="timed steps a block")
+    parser.add_argument("--warm", type=int, default=70, help="untimed steps after watch()")
+    parser.add_argument("--default-warm", type=int, default=300,
+                        help="untimed steps after watch() for the default budget")
+    parser.add_argument("--self", action="store_true", help="add plain against itself")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="run it in this many fresh processes: medians and ranges")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.json:
+        print(json.dumps(measure(args)))
+        return
+    runs = [measure(args)] if args.processes <= 1 else in_processes(args)
+    print(f"{args.only}, {len(runs)} process(es) x {args.rounds} rounds x {args.steps} steps"
+          f" after {args.warm} warm-up steps ({args.default_warm} for the default), 1 torch"
+          f" thread; load average {os.getloadavg()[0]:.1f}")
+    print("| arm | process CPU per step | vs plain (range) | measured share | reported overhead |"
+          " training thread, beyond plain | background thread |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for arm in runs[0]:
+        ratios = [run[arm]["process"] / run["plain"]["process"] for run in runs]
+        ratio = statistics.median(ratios)
+        spread = f" ({min(ratios):.3f}-{max(ratios):.3f})" if len(runs) > 1 else ""
+        process = statistics.median(run[arm]["process"] for run in runs)
+        own = statistics.median(run[arm]["own"] - run["plain"]["own"] for run in runs)
+        background = statistics.median(run[arm]["background"] for run in runs)
+        told = [run[arm]["reported"] for run in runs if not math.isnan(run[arm]["reported"])]
+        said = f"{statistics.median(told):.1%}" if told else ""
+        print(f"| {arm} | {process * 1e3:.3f} ms | {ratio:.3f}x{spread} |"
+              f" {1 - 1 / ratio:+.1%} | {said} | {own * 1e6:+.0f} µs |"
+              f" {background * 1e6:.0f} µs |")
 
 
 if __name__ == "__main__":

@@ -141,10 +141,14 @@ def in_processes(args: argparse.Namespace) -> list[dict[str, dict[str, float]]]:
     """``measure`` in ``args.processes`` fresh processes, one after another: two
     copies of one process differ by a few percent however many rounds run (where
     their memory landed), so the spread between processes is the honest error bar."""
-    command = [sys.executable, __file__, "--only", args.only, "--every", *args.every,
-               "--rounds", str(args.rounds), "--steps", str(args.steps), "--warm",
-               str(args.warm), "--default-warm", str(args.default_warm), "--json",
-               *(["--self"] if args.self else [])]
+    given, kept = sys.argv[1:], []
+    while given:  # this command line less --processes N
+        word = given.pop(0)
+        if word == "--processes":
+            given.pop(0)
+        elif not word.startswith("--processes="):
+            kept.append(word)
+    command = [sys.executable, __file__, *kept, "--json"]
     runs = []
     for _ in range(args.processes):
         done = subprocess.run(command, capture_output=True, text=True, check=True,

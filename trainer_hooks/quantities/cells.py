@@ -41,7 +41,6 @@ from torch import nn
 
 from .calls import accumulate, eager, hook_tensor, in_backward
 from .norms import norms_in_order
-from .stacked import StackedNorms
 
 if TYPE_CHECKING:
     from .owner import CaptureOwner
@@ -68,7 +67,6 @@ class CellCapture:
         self.module = module
         self.name = name
         self._handle: Any = None
-        self._stacked = StackedNorms()  # the step's gradients stacked in one buffer
         self.reset()
 
     def reset(self) -> None:
@@ -207,8 +205,7 @@ class CellCapture:
         (the calls of the backward passes the step reports; device ops, no sync).
 
         Both series are reduced together (h and c of an LSTM cell have one shape):
-        one stack and one norm for the step on CPU (``norms.py``), in a buffer the
-        capture keeps (``stacked.py``).
+        one stack and one norm for the step on CPU (``norms.py``).
         """
         outputs = self.outputs[start:end]
         if not outputs or self.device is None:
@@ -235,7 +232,7 @@ class CellCapture:
                 for series, values in grads.items()
             }
         everything = [g for values in grads.values() for g in values]
-        norms = norms_in_order(everything, self.device, self._stacked.grad_norms)
+        norms = norms_in_order(everything, self.device)
         result, at = {}, 0
         for series, values in grads.items():
             result[series] = norms[at : at + len(values)]

@@ -187,13 +187,8 @@ def _scaled(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.where(usable.view(-1), scaled, plain)
 
 
-def norms_in_order(
-    grads: list[torch.Tensor | None],
-    device: torch.device,
-    reduce: Callable[[list[torch.Tensor]], torch.Tensor] = grad_norms,
-) -> torch.Tensor:
-    """‖g‖₂ in float64 for each entry (0 for None), one ``reduce`` (``grad_norms``, or
-    the same through a buffer of the caller's) per shape."""
+def norms_in_order(grads: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
+    """‖g‖₂ in float64 for each entry (0 for None), one reduction per shape."""
     first = grads[0] if grads else None
     if first is not None:  # the usual case, one shape and no gaps: no bookkeeping
         dtype = first.dtype
@@ -201,7 +196,7 @@ def norms_in_order(
         # differ): reading them in Python cost ~1 µs a gradient, 50 µs a step
         if all(g is not None and g.dtype == dtype for g in grads):
             try:
-                return reduce(grads)  # type: ignore[arg-type]
+                return grad_norms(grads)  # type: ignore[arg-type]
             except RuntimeError:
                 pass  # several shapes or devices: one reduction each, below
     groups: dict[tuple[Any, ...], list[int]] = {}
@@ -211,7 +206,7 @@ def norms_in_order(
     results: list[torch.Tensor] = []
     position: dict[int, tuple[int, int]] = {}  # call -> (group, row in its norms)
     for members in groups.values():
-        results.append(reduce([grads[k] for k in members]))  # type: ignore[misc]
+        results.append(grad_norms([grads[k] for k in members]))  # type: ignore[misc]
         for row, k in enumerate(members):
             position[k] = (len(results) - 1, row)
     # stitch runs of consecutive calls from one group as slices (views, no copies)

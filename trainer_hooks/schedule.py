@@ -50,8 +50,9 @@ import math
 import statistics
 from collections import deque
 
-#: the budget ``watch()`` uses when given neither ``every=`` nor ``overhead=``: the
-#: measured cost stays within 3 % with room for the estimate's error
+#: the budget ``watch()`` uses when given neither ``every=`` nor ``overhead=``: 2 %
+#: leaves room for the estimate's error under 3 % where the light step is cheap; on
+#: steps of a few ms the light step alone exceeds it (HEAVY_FLOOR, BENCHMARKS.md)
 DEFAULT_BUDGET = 0.02
 
 

@@ -17,7 +17,7 @@ from .conftest import Torchrun
 
 WORKER = textwrap.dedent(
     """
-    import sys
+    import gc, sys
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -38,6 +38,10 @@ WORKER = textwrap.dedent(
             loss.backward()
             monitor.step(loss)
         monitor.epoch()
+    # DDP holds the process group: release it before destroying the group, not at
+    # interpreter exit, where gloo now and then aborts the rank (conftest.py, _torchrun)
+    del model, monitor, out, loss
+    gc.collect()
     dist.destroy_process_group()
     """
 )
@@ -76,7 +80,7 @@ def test_torchrun_ranks_join_one_run_and_report_side_by_side(
 
 ONE_RANK_WATCHES = textwrap.dedent(
     """
-    import sys, warnings
+    import gc, sys, warnings
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -114,6 +118,8 @@ ONE_RANK_WATCHES = textwrap.dedent(
         words = [str(w.message) for w in caught]
         print(f"RANK {rank} STEPS {len(records)} RUN {monitor.run_id} SUM {total.item()}"
               f" WARNED {any('run id' in w for w in words)}", flush=True)
+    del model, monitor, out, loss  # DDP holds the process group (see WORKER)
+    gc.collect()
     dist.destroy_process_group()
     """
 )

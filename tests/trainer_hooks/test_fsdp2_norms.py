@@ -22,7 +22,7 @@ from .conftest import Torchrun
 
 WORKER = textwrap.dedent(
     """
-    import copy, json, os, sys, warnings
+    import copy, gc, json, os, sys, warnings
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -96,6 +96,11 @@ WORKER = textwrap.dedent(
         json.dump({"expected": expected, "reduced": [r for r in reduced if r is not None],
                    "warnings": [str(w.message) for w in caught]}, f)
     if mode != "leaves":
+        # the sharded model holds the process group: release it before destroying the
+        # group, not at interpreter exit, where gloo now and then aborts the rank
+        # (conftest.py, _torchrun)
+        del model, optimizer, monitor, loss
+        gc.collect()
         dist.destroy_process_group()
     """
 )

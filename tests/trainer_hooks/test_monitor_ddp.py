@@ -17,7 +17,7 @@ from .conftest import Torchrun
 
 WORKER = textwrap.dedent(
     """
-    import json, os, sys
+    import gc, json, os, sys
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -54,6 +54,10 @@ WORKER = textwrap.dedent(
         monitor.close()
     with open(os.path.join(out_dir, f"expected{rank}.json"), "w") as f:
         json.dump({"local": local, "final": final}, f)
+    # DDP holds the process group: release it before destroying the group, not at
+    # interpreter exit, where gloo now and then aborts the rank (conftest.py, _torchrun)
+    del model, monitor, loss
+    gc.collect()
     dist.destroy_process_group()
     """
 )

@@ -38,9 +38,7 @@ WORKER = textwrap.dedent(
             loss.backward()
             monitor.step(loss)
         monitor.epoch()
-    # DDP holds the process group: release it before destroying the group, not at
-    # interpreter exit, where gloo now and then aborts the rank (conftest.py, _torchrun)
-    del model, monitor, out, loss
+    del model, monitor, out, loss  # they hold the process group (conftest._torchrun)
     gc.collect()
     dist.destroy_process_group()
     """
@@ -118,7 +116,7 @@ ONE_RANK_WATCHES = textwrap.dedent(
         words = [str(w.message) for w in caught]
         print(f"RANK {rank} STEPS {len(records)} RUN {monitor.run_id} SUM {total.item()}"
               f" WARNED {any('run id' in w for w in words)}", flush=True)
-    del model, monitor, out, loss  # DDP holds the process group (see WORKER)
+    del model, monitor, out, loss  # they hold the process group (conftest._torchrun)
     gc.collect()
     dist.destroy_process_group()
     """

@@ -96,10 +96,7 @@ WORKER = textwrap.dedent(
         json.dump({"expected": expected, "reduced": [r for r in reduced if r is not None],
                    "warnings": [str(w.message) for w in caught]}, f)
     if mode != "leaves":
-        # the sharded model holds the process group: release it before destroying the
-        # group, not at interpreter exit, where gloo now and then aborts the rank
-        # (conftest.py, _torchrun)
-        del model, optimizer, monitor, loss
+        del model, optimizer, monitor, loss  # they hold the process group (conftest._torchrun)
         gc.collect()
         dist.destroy_process_group()
     """

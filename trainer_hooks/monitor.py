@@ -71,7 +71,9 @@ class Monitor:
         once: WarnOnce,
         spool_path: str | None,
     ) -> None:
-        self.model = model
+        #: the watched module; None once closed, so that a monitor kept after training
+        #: (a notebook's) does not keep the model, its memory or its process group alive
+        self.model: nn.Module | None = model
         self.quantities = quantities
         self.schedule = schedule
         self.hello = hello
@@ -157,7 +159,8 @@ class Monitor:
                 self._once.warn("detach", f"gradwatch: removing {q.name}'s hooks failed: {e}")
 
     def close(self, timeout: float | None = 10.0, status: str = "finished") -> bool:
-        """Remove the hooks, send the ``end`` record, flush and close the sink.
+        """Remove the hooks, send the ``end`` record, flush and close the sink, and let
+        go of the model (``monitor.model`` is None after it).
 
         Waits at most ``timeout`` seconds; True when everything was handed over and
         the server refused nothing (no batch set aside, no field left out: see
@@ -168,6 +171,7 @@ class Monitor:
             return True
         self.remove()
         self.closed = True
+        self.model = None
         self.schedule.close()
         atexit.unregister(self._at_exit)
         end = {

@@ -173,6 +173,56 @@ def test_close_and_remove_twice_are_harmless_and_later_steps_are_ignored(tmp_pat
         monitor.step(model(torch.ones(1, 2)).sum())
 
 
+class CellLoop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.GRUCell(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(x.shape[0], 4)
+        for t in range(x.shape[1]):
+            h = self.cell(x[:, t], h)
+        return h
+
+
+def _encoder() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(3, 1, 8, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+
+@pytest.mark.parametrize(
+    ("make", "options"),
+    [(Tagger, {}), (Tagger, {"profile": True}), (CellLoop, {"exact_hidden": True}),
+     (_encoder, {})],
+)
+def test_a_closed_monitor_kept_around_does_not_keep_the_model_alive(
+    tmp_path: Path, make: Any, options: dict[str, Any]
+) -> None:
+    import gc
+    import weakref
+
+    model = make()
+    opt = torch.optim.Adam(model.parameters())
+    monitor = watch(model, run="kept", spool=tmp_path / "k.jsonl", every=2, quiet=True,
+                    **options)
+    for step in range(5):  # heavy and light steps: every quantity has held something
+        loss = model(torch.randn(2, 6, 3) * (step + 1)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        monitor.step(loss)
+    assert monitor.model is model
+    assert monitor.close() is True
+    assert monitor.model is None
+    parts = [weakref.ref(m) for m in model.modules()] + [weakref.ref(p) for p in model.parameters()]
+    del model, opt, loss
+    gc.collect()
+    # a notebook keeps `monitor` after training; the model's memory must still go
+    assert [ref() for ref in parts if ref() is not None] == []
+    assert monitor.step_index == 5
+    assert [r["kind"] for r in spool_records(tmp_path / "k.jsonl")][-1] == "end"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -208,7 +208,8 @@ class DepthSeries(Quantity):
 
     def detach(self) -> None:
         super().detach()
-        self._seen, self._called = [], {}
+        # the blocks go too: a monitor kept after close() must not keep the model alive
+        self._seen, self._called, self.stacks, self._labels = [], {}, {}, []
 
     # -- hooks ------------------------------------------------------------------------
 

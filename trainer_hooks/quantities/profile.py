@@ -220,6 +220,11 @@ class ModuleProfile(Quantity):
     def detach(self) -> None:
         super().detach()
         self.capturing = False
+        # a monitor kept after close() (a notebook's) must not keep the model alive
+        self._modules.clear()
+        self._params.clear()
+        self._first.clear()
+        self._refs.clear()
 
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)

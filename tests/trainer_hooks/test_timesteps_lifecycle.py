@@ -5,6 +5,7 @@ create_graph and activation checkpointing."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -191,6 +192,58 @@ def test_activation_checkpointing_gives_the_same_series(reentrant: bool) -> None
     q.detach()
     assert checked.keys() == plain.keys()
     for module, series in plain.items():
+        for name, values in series.items():
+            torch.testing.assert_close(checked[module][name], values, rtol=1e-12, atol=0.0)
+
+
+class StackedLast(nn.Module):
+    """A checkpointed region that ends with a stacked LSTM: in backward, non-reentrant
+    checkpointing stops its recomputation inside the LSTM's forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(2, 4, num_layers=2, batch_first=True)
+        self.head = nn.Linear(4, 1)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return out
+
+
+@pytest.mark.parametrize("exact_hidden", [False, True])
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_region_ending_in_the_lstm_trains_as_without_gradwatch(
+    reentrant: bool, exact_hidden: bool
+) -> None:
+    torch.manual_seed(5)
+    model, x = StackedLast().double(), torch.randn(3, 6, 2, dtype=F64)
+    q = RecurrentTimesteps(exact_hidden=exact_hidden)
+    q.attach(model)
+    q.start_step(True)
+    model.head(model.body(x)).square().sum().backward()
+    plain = host(q.finish_step(None))
+    plain_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    q.start_step(True)
+    x_in = x.clone().requires_grad_(reentrant)
+    # the per-layer split (or the exact-hidden unroll) runs again in backward, where
+    # checkpointing raises its stop signal from inside it: it must reach checkpointing
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        out = checkpoint(model.body, x_in, use_reentrant=reentrant)
+        model.head(out).square().sum().backward()
+    checked = host(q.finish_step(None))
+    q.detach()
+    assert [str(w.message) for w in said] == []  # no capture "failed": nothing did
+    assert torch._C._len_torch_function_stack() == 0  # the split's mode was popped
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(grads) == len(plain_grads) == 10
+    for got, want in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0.0)
+    assert set(plain["lstm"]) == {"input", "layer1", *(["hidden", "cell"] if exact_hidden else [])}
+    assert checked.keys() == plain.keys()
+    for module, series in plain.items():
+        assert checked[module].keys() == series.keys()
         for name, values in series.items():
             torch.testing.assert_close(checked[module][name], values, rtol=1e-12, atol=0.0)
 

@@ -42,6 +42,21 @@ def in_backward() -> bool:
     return bool(torch._C._current_graph_task_id() != -1)
 
 
+def checkpoint_signal(error: BaseException) -> bool:
+    """Whether ``error`` is non-reentrant checkpointing's own signal, not a failure.
+
+    While it recomputes a region in backward, ``torch.utils.checkpoint`` raises
+    ``_StopRecomputationError`` from its saved-tensor hook once it has every tensor it
+    needs, and catches it around the region. A capture that computes inside the region
+    (the per-layer split, the exact-hidden unroll) must let it through: caught and
+    retried, the region runs on past the stop and checkpointing fails backward with
+    ``AssertionError: Unexpected state: target_frame.early_stop is set``.
+    """
+    return type(error).__name__ == "_StopRecomputationError" and type(error).__module__ == (
+        "torch.utils.checkpoint"
+    )
+
+
 Fn = TypeVar("Fn", bound=Callable[..., Any])
 
 

@@ -41,7 +41,7 @@ from torch import _VF, nn
 from torch.nn.utils.rnn import PackedSequence
 from torch.overrides import TorchFunctionMode
 
-from .calls import F64, Call, accumulate, eager, hook_tensor, in_backward
+from .calls import F64, Call, accumulate, checkpoint_signal, eager, hook_tensor, in_backward
 from .unrolled import unrolled_forward
 
 if TYPE_CHECKING:
@@ -98,7 +98,9 @@ class FusedCapture:
         if on and not self._handles:
             self._handles = [
                 self.module.register_forward_pre_hook(self._pre, with_kwargs=True),
-                self.module.register_forward_hook(self._post, with_kwargs=True),
+                # always_call: a forward that raises (checkpointing's stop signal among
+                # others) still pops the per-layer mode the pre-hook pushed
+                self.module.register_forward_hook(self._post, with_kwargs=True, always_call=True),
             ]
         elif not on and self._handles:
             handles, self._handles = self._handles, []
@@ -208,8 +210,8 @@ class FusedCapture:
     ) -> Any:
         pending, self._pending = self._pending, None
         self._end_split()
-        if not self.owner.capturing or not torch.is_grad_enabled():
-            return None
+        if output is None or not self.owner.capturing or not torch.is_grad_enabled():
+            return None  # None: the forward raised (always_call), nothing to replace
         started = time.perf_counter()
         try:
             replaced = None
@@ -222,6 +224,8 @@ class FusedCapture:
             self._last_state = state.untyped_storage() if state is not None else None
             return replaced
         except Exception as e:
+            if checkpoint_signal(e):
+                raise  # checkpointing has what it needs: its recomputation stops here
             self.owner.warn_failure("exact hidden capture", e)
             return None
         finally:
@@ -316,6 +320,8 @@ class _LayerSplit(TorchFunctionMode):
                 result, inputs = layer_by_layer(self.kernel, args, packed)
             self.on_layers(inputs)
         except Exception as e:  # the fused call as it was: an error of the user's is raised there
+            if checkpoint_signal(e):
+                raise  # checkpointing has what it needs: its recomputation stops here
             self.on_failure(e)
             return func(*args, **kwargs)
         return result

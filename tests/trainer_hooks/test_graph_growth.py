@@ -285,7 +285,7 @@ def test_the_stale_check_is_paced_and_still_catches_state_kept_later(tmp_path: P
     with watch(rnn, run="late", spool=path, diagnose=False) as monitor:
         stale = next(q for q in monitor.quantities if q.name == "stale_state")
         for step in range(120):
-            hooked.append(any(getattr(hook, "__self__", None) is stale
+            hooked.append(any(getattr(getattr(hook, "func", None), "__self__", None) is stale
                               for hook in rnn._forward_pre_hooks.values()))
             out, h_new = rnn(torch.randn(4, 1, 2), h)
             loss = out.sum()

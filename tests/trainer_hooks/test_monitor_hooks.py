@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from gradwatch.protocol import read_spool
 from gradwatch.protocol.sink import SpoolSink
 from gradwatch.trainer_hooks import GradwatchWarning, watch
 from gradwatch.trainer_hooks.pipeline import Item, Pipeline
+from gradwatch.trainer_hooks.quantities.module_hooks import OwnHook, inert
 
 
 def records_of(path: Path) -> list[dict[str, Any]]:
@@ -86,6 +88,93 @@ def test_hooks_never_change_outputs_or_gradients_and_remove_leaves_no_trace(tmp_
     assert hook_state(model) == before_state
     records = records_of(tmp_path / "rm.jsonl")
     assert "profile" in records[0] and "param_norms" in records[0]
+
+
+class Stacked(nn.Module):
+    """A 2-layer fused LSTM (the per-layer split) under a transformer block (depth)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, num_layers=2, batch_first=True)
+        self.blocks = nn.ModuleList(
+            [nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, batch_first=True) for _ in range(2)]
+        )
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h)
+
+
+def gradwatch_hooks(model: nn.Module) -> list[tuple[str, str, Any]]:
+    """(module, hook dict, hook) for every hook gradwatch put on ``model``."""
+    found = []
+    for name, module in model.named_modules():
+        for kind in ("_forward_pre_hooks", "_forward_hooks"):
+            found += [(name, kind, h) for h in getattr(module, kind).values()
+                      if isinstance(h, OwnHook)]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("make", "options"),
+    [(Seq2Seq, {}), (Seq2Seq, {"exact_hidden": True}), (Stacked, {"profile": True})],
+)
+def test_a_watched_model_can_be_copied_saved_and_averaged_mid_training(
+    tmp_path: Path, make: Any, options: dict[str, Any]
+) -> None:
+    import copy
+    import io
+
+    torch.manual_seed(2)
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(4, 5, 3)
+    monitor = watch(model, run="copies", spool=tmp_path / "c.jsonl", every=1, quiet=True,
+                    **options)
+    for step in range(3):
+        loss = model(x * (1 + step)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        monitor.step(loss)
+    ours = gradwatch_hooks(model)
+    assert len(ours) >= 2  # every=1: the hooks are on the model between steps
+    # what training code does with a model: keep the best one, average it, save it
+    twin = copy.deepcopy(model)
+    averaged = torch.optim.swa_utils.AveragedModel(model)
+    averaged.update_parameters(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    with torch.no_grad():
+        want = model(x)
+        for other in (twin, averaged.module, loaded):
+            torch.testing.assert_close(other(x), want, rtol=0.0, atol=0.0)
+    # the copies carry a hook that does nothing in each place gradwatch had one
+    for other in (twin, averaged.module, loaded):
+        mirrored = [(name, kind) for name, kind, _ in ours]
+        kept = [(name, kind, getattr(dict(other.named_modules())[name], kind)) for name, kind in
+                dict.fromkeys(mirrored)]
+        assert gradwatch_hooks(other) == []
+        assert sum(
+            1 for _, _, hooks in kept for h in hooks.values()
+            if h is inert or (isinstance(h, functools.partial) and h.func is inert)
+        ) == len(ours)
+    # a copy that trains reports nothing; the watched model records on as before
+    twin(x).pow(2).mean().backward()
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    monitor.step(loss)
+    assert monitor.close() is True
+    steps = [r for r in records_of(tmp_path / "c.jsonl") if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [0, 1, 2, 3]
+    assert all("timesteps" in r for r in steps)
+    assert sorted(steps[3]["timesteps"]) == sorted(steps[2]["timesteps"])
+    assert gradwatch_hooks(model) == []  # close() took gradwatch's own hooks off
 
 
 def test_light_steps_run_with_no_gradwatch_hook_on_the_model_or_the_optimizers(

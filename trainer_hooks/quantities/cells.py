@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .calls import accumulate, eager, hook_tensor, in_backward
+from .module_hooks import OwnHook
 from .norms import norms_in_order
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class CellCapture:
         as one call, and happens only when a heavy step follows a light one or back.
         """
         if on and self._handle is None:
-            self._handle = self.module.register_forward_hook(self._post)
+            self._handle = self.module.register_forward_hook(OwnHook(self._post))
         elif not on and self._handle is not None:
             handle, self._handle = self._handle, None
             handle.remove()

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -49,6 +48,7 @@ from gradwatch.trainer_hooks.warn import WarnOnce
 
 from .base import Quantity
 from .calls import F64, hook_tensor
+from .module_hooks import OwnHook
 
 if TYPE_CHECKING:
     from .params import ParamNorms
@@ -188,7 +188,7 @@ class DepthSeries(Quantity):
     def hooks(self) -> list[Any]:
         """A forward pre-hook per block, on capturing steps only (:meth:`arm`)."""
         return [
-            block.register_forward_pre_hook(partial(self._pre, s, b), with_kwargs=True)
+            block.register_forward_pre_hook(OwnHook(self._pre, s, b), with_kwargs=True)
             for s, label in enumerate(self._labels)
             for b, block in enumerate(self.stacks[label])
         ]

@@ -42,6 +42,7 @@ from torch.nn.utils.rnn import PackedSequence
 from torch.overrides import TorchFunctionMode
 
 from .calls import F64, Call, accumulate, checkpoint_signal, eager, hook_tensor, in_backward
+from .module_hooks import OwnHook
 from .unrolled import unrolled_forward
 
 if TYPE_CHECKING:
@@ -97,10 +98,12 @@ class FusedCapture:
         hooked path on every call of a light step (~20 µs a step on a busy loop)."""
         if on and not self._handles:
             self._handles = [
-                self.module.register_forward_pre_hook(self._pre, with_kwargs=True),
+                self.module.register_forward_pre_hook(OwnHook(self._pre), with_kwargs=True),
                 # always_call: a forward that raises (checkpointing's stop signal among
                 # others) still pops the per-layer mode the pre-hook pushed
-                self.module.register_forward_hook(self._post, with_kwargs=True, always_call=True),
+                self.module.register_forward_hook(
+                    OwnHook(self._post), with_kwargs=True, always_call=True
+                ),
             ]
         elif not on and self._handles:
             handles, self._handles = self._handles, []

@@ -61,6 +61,7 @@ from torch import nn
 from torch.autograd import Variable
 
 from .base import Quantity
+from .module_hooks import OwnHook
 
 
 def _in_backward() -> bool:
@@ -213,8 +214,8 @@ class ModuleProfile(Quantity):
                 if ".".join(parts[:cut]) in keys
             ]
             self._handles += [
-                module.register_forward_pre_hook(self._pre_forward),
-                module.register_forward_hook(self._post_forward),
+                module.register_forward_pre_hook(OwnHook(self._pre_forward)),
+                module.register_forward_hook(OwnHook(self._post_forward)),
             ]
 
     def detach(self) -> None:

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from .base import Quantity
+from .module_hooks import OwnHook
 
 #: nodes walked upstream of an incoming tensor on a module's first call in a step
 WALK_LIMIT = 32
@@ -201,7 +202,7 @@ class StaleState(Quantity):
         if on and not self._armed:
             for module in self._watched:
                 self._handles.append(
-                    module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+                    module.register_forward_pre_hook(OwnHook(self._pre_forward), with_kwargs=True)
                 )
         elif not on and self._armed:
             self._unhook()

@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 import warnings
+import weakref
 from pathlib import Path
 from types import FrameType
 
@@ -40,11 +41,12 @@ _OURS = tuple(
     str(Path(__file__).resolve().parents[1] / part) + os.sep
     for part in ("protocol", "trainer_hooks", "server", "integrations", "notebook")
 )
-_NOT_USER = (*_OURS, str(Path(threading.__file__).resolve()))
+# threading: a background thread's frames; weakref: a finalizer's (a dropped monitor)
+_NOT_USER = (*_OURS, *(str(Path(m.__file__).resolve()) for m in (threading, weakref) if m.__file__))
 
 
 def user_location() -> tuple[str, int, str] | None:
-    """(file, line, module) of the innermost frame outside gradwatch and threading."""
+    """(file, line, module) of the innermost frame outside gradwatch, threading and weakref."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename

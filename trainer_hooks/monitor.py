@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import sys
 import time
@@ -46,6 +47,31 @@ def _close_at_exit(ref: weakref.ref[Monitor]) -> None:
         # the interpreter keeps the uncaught exception that is ending the program here
         crashed = getattr(sys, "last_value", None) is not None
         monitor.close(timeout=5.0, status="crashed" if crashed else "finished")
+
+
+def _abandoned(state: dict[str, Any]) -> None:
+    """A monitor dropped without close(): a notebook cell that called ``watch()`` run
+    again, a ``watch()`` whose handle was not kept. Nothing can close its steps any
+    more, yet its hooks stayed on the model (on a captured step, keeping every call's
+    gradients for good) and its run never ended. So its hooks come off and its run
+    ends, with one warning. ``state`` is the monitor's ``__dict__``: it outlives the
+    instance, and holding it costs the step nothing."""
+    run = state["hello"].get("run", "?")
+    state["_once"].warn(
+        "abandoned",
+        f"gradwatch: the monitor of run {run!r} was dropped without close() (a notebook "
+        "cell run again?): its hooks are off and its run has ended; keep the handle and "
+        "call close(), or use `with watch(...) as monitor:`",
+    )
+    # at collection time there is no one left to tell of a failure: each part on its own
+    for q in state["quantities"]:
+        with contextlib.suppress(Exception):
+            q.detach()
+    with contextlib.suppress(Exception):
+        state["schedule"].close()
+        end = {"kind": "end", "status": "finished", "step": max(state["step_index"] - 1, 0),
+               "t": time.time()}
+        state["_pipeline"].close(timeout=5.0, last=end)
 
 
 class Monitor:
@@ -97,6 +123,9 @@ class Monitor:
         ref = weakref.ref(self)
         self._at_exit = lambda: _close_at_exit(ref)
         atexit.register(self._at_exit)
+        # collected unclosed: hooks off, run ended (at exit, _close_at_exit does that)
+        self._finalizer = weakref.finalize(self, _abandoned, self.__dict__)
+        self._finalizer.atexit = False
 
     # -- the training loop's calls ------------------------------------------------
 
@@ -169,6 +198,7 @@ class Monitor:
         """
         if self.closed:
             return True
+        self._finalizer.detach()
         self.remove()
         self.closed = True
         self.model = None

@@ -15,7 +15,7 @@ from torch import nn
 
 from gradwatch.protocol import dumps, loads, messages, read_spool
 from gradwatch.protocol.codec import pack_timesteps
-from gradwatch.trainer_hooks import Monitor, watch
+from gradwatch.trainer_hooks import GradwatchWarning, Monitor, watch
 
 STEP_FIELDS = set(messages.StepRecord.__annotations__)
 CHEAP_FIELDS = {"kind", "step", "epoch", "t", "duration_s", "loss", "overhead", "rss_bytes"}
@@ -221,6 +221,40 @@ def test_a_closed_monitor_kept_around_does_not_keep_the_model_alive(
     assert [ref() for ref in parts if ref() is not None] == []
     assert monitor.step_index == 5
     assert [r["kind"] for r in spool_records(tmp_path / "k.jsonl")][-1] == "end"
+
+
+def test_a_monitor_dropped_without_close_takes_its_hooks_off_and_ends_its_run(
+    tmp_path: Path,
+) -> None:
+    import gc
+    import threading
+
+    model = nn.LSTM(3, 4, num_layers=2)
+
+    def train(monitor: Monitor, steps: int) -> None:
+        for step in range(steps):
+            loss = model(torch.randn(5, 2, 3) * (step + 1))[0].pow(2).mean()
+            model.zero_grad()
+            loss.backward()
+            monitor.step(loss)
+
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    monitor = watch(model, run="cell", spool=first, every=1, quiet=True)
+    train(monitor, 2)
+    # the notebook cell run again: the first monitor's last reference goes
+    with pytest.warns(GradwatchWarning, match=r"run 'cell' was dropped without close\(\)"):
+        monitor = watch(model, run="cell", spool=second, every=1, quiet=True)
+        gc.collect()
+    train(monitor, 3)
+    assert monitor.close() is True
+    ended = spool_records(first)
+    assert [r["kind"] for r in ended].count("step") == 2
+    assert ended[-1] | {"t": 0} == {"kind": "end", "status": "finished", "step": 1, "t": 0}
+    steps = [r for r in spool_records(second) if r["kind"] == "step"]
+    # alone on the model again: every step keeps the per-layer series
+    assert [sorted(r["timesteps"]["LSTM"]) for r in steps] == [["input", "layer1"]] * 3
+    assert (model._forward_pre_hooks, model._forward_hooks) == ({}, {})
+    assert [t for t in threading.enumerate() if t.name == "gradwatch-pipeline"] == []
 
 
 @pytest.mark.parametrize(

@@ -114,3 +114,48 @@ def test_watch_records_the_first_non_finite_timestep(tmp_path: Path) -> None:
     _, records = step_records(spool)
     assert records[0]["nonfinite"]["timesteps"] == {"RNNCell": {"hidden": 0}}
     assert records[0]["timesteps"]["RNNCell"]["hidden"][3] == 0.0
+
+
+class FrozenEncoder(nn.Module):
+    """A pretrained 2-layer LSTM encoder kept frozen under a trainable head (transfer
+    learning); ``embed`` puts a trainable layer in front of it."""
+
+    def __init__(self, embed: bool) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 4) if embed else nn.Identity()
+        self.encoder = nn.LSTM(4, 16, num_layers=2, batch_first=True)
+        self.encoder.requires_grad_(False)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.encoder(self.embed(x))
+        return self.head(out[:, -1])
+
+
+@pytest.mark.parametrize("embed", [False, True])
+def test_a_frozen_encoder_is_judged_only_where_its_gradient_trains_something(
+    tmp_path: Path, embed: bool
+) -> None:
+    torch.manual_seed(4)
+    model = FrozenEncoder(embed)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    path = tmp_path / "frozen.jsonl"
+    with watch(model, run="frozen", spool=path, every=4, quiet=True) as monitor:
+        for _ in range(120):
+            x = torch.randn(8, 60, 4)
+            # the target needs the first timesteps: a gradient that reaches them matters
+            loss = (model(x) - x[:, :5, 0].sum(1, keepdim=True)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            monitor.step(loss)
+    records = [r for m in read_spool(path) if m["type"] == "batch" for r in m["records"]]
+    heavy = [r for r in records if r["kind"] == "step" and "param_norms" in r]
+    assert len(heavy) == 30
+    vanishing = [r for r in records if r["kind"] == "alert" and r["code"] == "vanishing"]
+    if embed:  # the gradient through the frozen encoder trains the embedding: judged
+        assert all(sorted(r["timesteps"]["encoder"]) == ["input", "layer1"] for r in heavy)
+        assert {a["subject"] for a in vanishing} == {"encoder"}
+    else:  # nothing upstream learns from it: no series to judge, no alarm about it
+        assert all("encoder" not in (r.get("timesteps") or {}) for r in heavy)
+        assert vanishing == []

@@ -137,7 +137,9 @@ class FusedCapture:
         data = x.data if packed else x
         if not isinstance(data, torch.Tensor) or not data.is_floating_point():
             return None
-        if not data.requires_grad and not any(w.requires_grad for w in self.module._flat_weights):
+        if not data.requires_grad and not any(
+            w is not None and w.requires_grad for w in self.module._flat_weights
+        ):
             # A frozen module on data: training sends no gradient through it. A leaf
             # here would make every heavy step's backward run through it, and its
             # series would judge a gradient nothing uses (vanishing on a frozen encoder).

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -111,6 +112,14 @@ def _make_sink(
     return SpoolSink(path, hello), path
 
 
+def _compiled(model: nn.Module) -> bool:
+    """Whether ``model`` is ``torch.compile``'s wrapper. Dynamo is looked up, not
+    imported: importing it costs seconds, and torch.compile has always imported it."""
+    frames = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(frames, "OptimizedModule", None)
+    return wrapper is not None and isinstance(model, wrapper)
+
+
 def watch(
     model: nn.Module,
     run: str = "run",
@@ -137,7 +146,8 @@ def watch(
 
     Args:
         model: the ``torch.nn.Module`` being trained (a ``DistributedDataParallel`` or
-            ``DataParallel`` wrapper is looked through: names have no ``module.``).
+            ``DataParallel`` wrapper and ``torch.compile``'s are looked through: names
+            have no ``module.`` or ``_orig_mod.``).
         run: the run's name in the dashboard.
         server: ``ws://host:port`` of a gradwatch server, or None to record to a spool.
         spool: the spool file (JSON Lines). With ``server=None`` it defaults to
@@ -188,13 +198,16 @@ def watch(
         not isinstance(server, str) or not server.startswith(("ws://", "wss://"))
     ):
         raise ValueError(f"expected server= to be a ws:// or wss:// URL or None, got {server!r}")
-    # DDP/DataParallel wrap the model as `.module`: watch the model itself, so names are
-    # the same as in a single-process run (no "module." prefix) and hooks are the same.
+    # DDP/DataParallel wrap the model as `.module`, torch.compile as `._orig_mod`: watch
+    # the model itself, so names are the same as in a plain single-process run (no
+    # "module." or "_orig_mod." prefix: runs compare by name) and hooks are the same.
     wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
     averaged = False  # DDP averages the ranks' gradients: their total is recorded too
-    while isinstance(model, wrappers):
+    while isinstance(model, wrappers) or _compiled(model):
         averaged = averaged or isinstance(model, nn.parallel.DistributedDataParallel)
-        model = model.module
+        inner = model._orig_mod if _compiled(model) else model.module
+        assert isinstance(inner, nn.Module)
+        model = inner
     if not isinstance(graph_limit, int) or graph_limit < 1:
         raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
     run_id = run_identity(run_id)  # before any hook: a run id the server refuses raises here

@@ -90,3 +90,30 @@ def test_a_compiled_stack_gets_no_graph_break_from_the_depth_hooks(tmp_path: Pat
     records = steps_of(path)
     assert ["depth" in r for r in records] == [False, False, True]
     assert len(records[-1]["depth"]["blocks"]) == 3
+
+
+@pytest.mark.slow
+def test_a_model_compiled_before_watch_is_watched_under_its_own_names(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Net().double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    model(x).pow(2).sum().backward()
+    eager = {n: p.grad.norm().item() for n, p in model.named_parameters()}  # type: ignore[union-attr]
+    model.zero_grad()
+    compiled = torch.compile(model, backend="aot_eager")
+    path = tmp_path / "compiled-first.jsonl"
+    # the usual order: compile right after building the model, watch what training calls
+    with watch(compiled, run="compiled", every=1, spool=path, diagnose=False) as monitor:
+        assert monitor.model is model
+        for _ in range(2):
+            model.zero_grad()
+            loss = compiled(x).pow(2).sum()
+            loss.backward()
+            monitor.step(loss)
+    hello = next(iter(read_spool(path)))
+    names = [m["name"] for m in hello["model"]["modules"]]
+    assert names == ["Net", "body", "body.0", "body.1", "body.2", "body.3", "head"]
+    assert hello["model"]["parameters"] == sum(p.numel() for p in model.parameters())
+    for record in steps_of(path):
+        # the same names as the model watched uncompiled: runs compare by name
+        assert record["param_norms"] == pytest.approx(eager, rel=1e-12, abs=0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,63 @@ def test_a_watched_model_can_be_copied_saved_and_averaged_mid_training(
     assert all("timesteps" in r for r in steps)
     assert sorted(steps[3]["timesteps"]) == sorted(steps[2]["timesteps"])
     assert gradwatch_hooks(model) == []  # close() took gradwatch's own hooks off
+
+
+class CellLoop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.LSTMCell(3, 6)
+        self.out = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = c = x.new_zeros(x.shape[0], 6)
+        for t in range(x.shape[1]):
+            h, c = self.cell(x[:, t], (h, c))
+        return self.out(h)
+
+
+class Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            [nn.TransformerEncoderLayer(3, 1, 8, dropout=0.0, batch_first=True) for _ in range(2)]
+        )
+        self.out = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+
+@pytest.mark.parametrize("make", [Seq2Seq, CellLoop, Blocks])
+@pytest.mark.parametrize("early", [True, False])
+def test_step_called_before_backward_is_said_once(
+    tmp_path: Path, make: Any, early: bool
+) -> None:
+    torch.manual_seed(1)
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with watch(model, run="order", spool=tmp_path / "o.jsonl", every=2, quiet=True) as monitor:
+            for step in range(12):
+                loss = model(torch.randn(4, 5, 3) * (1 + step % 3)).pow(2).mean()
+                if early:  # the mistake: the step closes before its backward has run
+                    monitor.step(loss)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if not early:
+                    monitor.step(loss)
+    ours = [str(w.message) for w in said if issubclass(w.category, GradwatchWarning)]
+    if early:
+        assert len(ours) == 1 and "call monitor.step() after loss.backward()" in ours[0]
+    else:  # the same model in the right order: captured, and not a word
+        assert ours == []
+        records = records_of(tmp_path / "o.jsonl")
+        heavy = [r for r in records if r["kind"] == "step" and r["step"] % 2 == 0]
+        assert [bool(r.get("timesteps") or r.get("depth")) for r in heavy] == [True] * 6
 
 
 def test_light_steps_run_with_no_gradwatch_hook_on_the_model_or_the_optimizers(

@@ -7,6 +7,11 @@ something holds it, and with it every earlier step's autograd graph: one
 ``graph_growth`` alert (subject ``loss``) with the fix. Cheap enough for every step;
 quantities/stale.py catches the other way graphs grow (a hidden state carried across
 steps without ``detach()``).
+
+The loss nodes of the first ``ORDER_CHECKS`` steps also say whether a backward runs
+from them after ``monitor.step(loss)`` closed their step: ``step()`` called before
+``loss.backward()``, which leaves every captured step's series empty (the capture
+collects gradients during the step's backward). On the second such step: one warning.
 """
 
 from __future__ import annotations
@@ -14,11 +19,24 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
+from functools import partial
 from typing import Any
 
 import torch
 
+from gradwatch.trainer_hooks.warn import WarnOnce
+
 from .base import Quantity
+
+#: the first steps whose loss node is watched for a backward after step() (see above)
+ORDER_CHECKS = 8
+#: what the capture needs of the training loop, said when it is not done
+STEP_AFTER_BACKWARD = (
+    "gradwatch: the backward of a step's loss ran after monitor.step(loss) had closed "
+    "the step (steps {steps}): call monitor.step() after loss.backward() (and "
+    "optimizer.step()); the gradients of a step are captured during its backward, so "
+    "until then the per-timestep and depth series stay empty"
+)
 
 
 class _Sentinel:
@@ -48,16 +66,22 @@ class LossRetention(Quantity):
         self.step = -1
         self._refs: deque[tuple[int, weakref.ref[_Sentinel]]] = deque()
         self._alerted = False
+        self._late: list[int] = []  # checked steps whose backward came after step()
+        self._once = WarnOnce()
 
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
         self.step += 1
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
-        if self._alerted or not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+            return {}
+        node: Any = loss.grad_fn
+        if self.step < ORDER_CHECKS:  # fires only if a backward starts here from now on
+            node.register_prehook(partial(self._backward_after_step, self.step))
+        if self._alerted:
             return {}
         sentinel = _Sentinel()
-        node: Any = loss.grad_fn
         node.metadata["gradwatch_step"] = sentinel
         refs = self._refs
         refs.append((self.step, weakref.ref(sentinel)))
@@ -92,3 +116,10 @@ class LossRetention(Quantity):
                 }
             ]
         }
+
+    def _backward_after_step(self, step: int, grads: Any) -> None:
+        if step not in self._late:
+            self._late.append(step)
+            if len(self._late) == 2:  # one can be a loss kept and used later on purpose
+                steps = " and ".join(map(str, self._late))
+                self._once.warn("step_order", STEP_AFTER_BACKWARD.format(steps=steps))

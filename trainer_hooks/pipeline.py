@@ -67,7 +67,8 @@ from gradwatch.protocol.sink import Sink
 
 from .quantities.base import Quantity
 from .quantities.memory import memory_fields
-from .records import finish_light, merge_fields, plain
+from .quantities.params import SCALER_SKIPPED
+from .records import expected_nonfinite, finish_light, merge_fields, plain
 from .transfer import Packed
 from .warn import WarnOnce
 
@@ -371,6 +372,7 @@ class Pipeline:
                         f"{type(e).__name__}: {e}",
                     )
         if record.get("kind") == "step":
+            expected_nonfinite(record, SCALER_SKIPPED)
             if self._memory is None:
                 self._memory = memory_fields()
             record.update(self._memory)

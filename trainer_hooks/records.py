@@ -37,6 +37,14 @@ def merge_fields(
             record[key] = value
 
 
+def expected_nonfinite(record: dict[str, Any], marker: str) -> None:
+    """Leave out ``nonfinite`` of a step its quantities marked with ``marker`` (a
+    GradScaler skipped it: overflowing now and then is how it finds its scale), and
+    the marker itself, which is no record field."""
+    if record.pop(marker, False):
+        record.pop("nonfinite", None)
+
+
 def _deep_merge(into: dict[str, Any], more: dict[str, Any]) -> None:
     for key, value in more.items():
         if isinstance(value, dict) and isinstance(into.get(key), dict):

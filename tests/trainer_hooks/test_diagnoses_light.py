@@ -21,7 +21,7 @@ from gradwatch.trainer_hooks.diagnoses import DiagnosisEngine
 from .light_sequences import SCENARIOS, scenario
 
 #: sha256 of the alerts of every scenario x seeds 0-2 (see the module docstring)
-PINNED = "cde77df7f675a91b740b4d4e2b2050e48c2fa496e6ef6140cd4725266c2fb5d2"
+PINNED = "8d44034a316623fcfea251fed04831569b7f82d3fc81626d2d23422c6a0db5c0"
 
 
 def alerts_of(records: Any) -> list[dict[str, Any]]:

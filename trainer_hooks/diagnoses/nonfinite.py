@@ -27,7 +27,9 @@ _HINT = (
     "Lower the learning rate or clip gradients "
     "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)); check the "
     "inputs and the loss for NaN/Inf (log of 0, division by 0); to find the operation, "
-    "run one step under torch.autograd.detect_anomaly()"
+    "run one step under torch.autograd.detect_anomaly(). Under AMP with a GradScaler, "
+    "pass watch(..., scaler=scaler) and call monitor.step() after scaler.update(): "
+    "the overflow steps the scaler skips are then expected and not reported"
 )
 
 

@@ -12,7 +12,13 @@ float64 (on CUDA one fused ``_foreach_norm``).
 
 With ``scaler=`` (a ``torch.amp.GradScaler``), the norms are divided by the
 scaler's scale tensor on the device (no ``.item()``), so they are the unscaled
-gradient norms whatever the scale was.
+gradient norms whatever the scale was. Overflowing now and then is how a GradScaler
+finds its scale: it skips that step and halves the scale. So the scale is copied
+(device ops) at the end of backward and again at ``step()``; a step whose gradients
+are not finite and whose scale fell in between was skipped by the scaler, and its
+record carries :data:`SCALER_SKIPPED`, on which the Monitor leaves out the step's
+``nonfinite`` field (no alarm): up to :data:`EXPECTED_SKIPS` captured steps in a
+row, beyond which the scaler is skipping every step and that is reported.
 
 Example:
     >>> import torch
@@ -43,6 +49,12 @@ from .norms import tensor_norms
 from .sharded import Groups, is_sharded, local_part, reduce_groups, reduce_norms
 
 _GATED_PREFIXES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+#: a private key of this quantity's fields: the GradScaler skipped this step for its
+#: non-finite gradients (records.expected_nonfinite drops it with ``nonfinite``)
+SCALER_SKIPPED = "_scaler_skipped"
+#: captured steps in a row a GradScaler may skip before they count as non-finite: a
+#: default scaler (2**16) backs off from too high a start in fewer steps
+EXPECTED_SKIPS = 24
 
 
 def gate_names(module: nn.Module) -> tuple[str, ...]:
@@ -98,6 +110,7 @@ class ParamNorms(Quantity):
         # (index into self._params, gate names) for every packed recurrent weight
         self._gated: list[tuple[int, tuple[str, ...]]] = []
         self._pending: dict[str, Any] | None = None
+        self._skipped = 0  # captured steps in a row the scaler skipped (encode's count)
         self._task: int | None = None  # graph task whose gradients are being collected
         self._order: list[int] = []  # parameter indices in the order backward finished them
         #: backward passes of this step that reached a parameter (ended), and the index
@@ -263,12 +276,15 @@ class ParamNorms(Quantity):
             if self.reduce_shards and device in reduce_at:
                 vec = reduce_norms(vec, reduce_at[device])
             norms.append(vec)
-        return {
+        found: dict[str, Any] = {
             "scope": scope,
             "norms": norms,
             "slots": [slots for slots, _, _ in groups.values()],
             "gated": [gated for _, _, gated in groups.values()],
         }
+        if scale is not None:  # the scale backward ran with (scaler.update() comes later)
+            found["scale_before"] = scale.clone()
+        return found
 
     def _scale(self) -> torch.Tensor | None:
         scaler = self.scaler
@@ -292,6 +308,9 @@ class ParamNorms(Quantity):
         pending, self._pending = self._pending, None
         if pending and "error" not in pending:
             pending["passes"] = self.passes
+            scale = self._scale() if "scale_before" in pending else None
+            if scale is not None:  # after scaler.update(): lower when it skipped the step
+                pending["scale_after"] = scale.clone()
         return pending or {}
 
     def encode(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -339,6 +358,13 @@ class ParamNorms(Quantity):
         ]
         if bad:
             fields["nonfinite"] = {"parameters": bad}
+        before, after = payload.get("scale_before"), payload.get("scale_after")
+        skipped = bool(bad) and before is not None and after is not None and (
+            float(after) < float(before)
+        )
+        self._skipped = self._skipped + 1 if skipped else 0
+        if skipped and self._skipped <= EXPECTED_SKIPS:
+            fields[SCALER_SKIPPED] = True
         # only when more than one: a step record with a field a column block lacks
         # travels whole in `records` (docs/PROTOCOL.md), so the usual step stays packed
         if payload.get("passes", 1) > 1:

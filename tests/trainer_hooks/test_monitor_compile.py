@@ -33,15 +33,21 @@ class Net(nn.Module):
         return self.head(self.body(x))
 
 
-@pytest.mark.slow
-def test_compiled_model_gives_eager_norms_with_every_hook_attached(tmp_path: Path) -> None:
+def net_and_eager_norms() -> tuple[Net, torch.Tensor, dict[str, float]]:
+    """A float64 Net, its input, and its parameters' gradient norms in eager mode."""
     torch.manual_seed(0)
     model = Net().double()
     x = torch.randn(4, 3, dtype=torch.float64)
     model(x).pow(2).sum().backward()
     eager = {n: p.grad.norm().item() for n, p in model.named_parameters()}  # type: ignore[union-attr]
-    eager_out = model(x).detach()
     model.zero_grad()
+    return model, x, eager
+
+
+@pytest.mark.slow
+def test_compiled_model_gives_eager_norms_with_every_hook_attached(tmp_path: Path) -> None:
+    model, x, eager = net_and_eager_norms()
+    eager_out = model(x).detach()
 
     path = tmp_path / "compiled.jsonl"
     with watch(model, run="compiled", every=1, spool=path, profile=True, diagnose=False) as monitor:
@@ -94,12 +100,7 @@ def test_a_compiled_stack_gets_no_graph_break_from_the_depth_hooks(tmp_path: Pat
 
 @pytest.mark.slow
 def test_a_model_compiled_before_watch_is_watched_under_its_own_names(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = Net().double()
-    x = torch.randn(4, 3, dtype=torch.float64)
-    model(x).pow(2).sum().backward()
-    eager = {n: p.grad.norm().item() for n, p in model.named_parameters()}  # type: ignore[union-attr]
-    model.zero_grad()
+    model, x, eager = net_and_eager_norms()
     compiled = torch.compile(model, backend="aot_eager")
     path = tmp_path / "compiled-first.jsonl"
     # the usual order: compile right after building the model, watch what training calls

@@ -6,6 +6,9 @@ step, as in the Trainer's ``global_step``), one epoch at each training epoch's e
 and ends the run when fit ends (``finished``) or fails (``crashed``). Under a DDP
 strategy the process group is up when fit starts, so each rank reports as its own
 rank of one run (``watch()`` reads rank and world size from ``torch.distributed``).
+Under ``precision="16-mixed"`` the precision plugin's GradScaler goes to
+``watch(scaler=)`` (unless the callback was given one): backward leaves the gradients
+multiplied by the loss scale, and the scaler skips the steps that overflow.
 
 Example:
     >>> import lightning as L  # doctest: +SKIP
@@ -91,9 +94,13 @@ class GradwatchCallback(Callback):
             stem, dot, ext = path.rpartition(".") if "." in os.path.basename(path) else (
                 path, "", "")
             spool = f"{stem}-rank{int(trainer.global_rank)}{dot}{ext}"
-        self.monitor = watch(
-            pl_module, run=self.run, server=self.server, spool=spool, **self.watch_options
-        )
+        options = dict(self.watch_options)
+        # 16-mixed: backward leaves gradients multiplied by the loss scale (65536 at
+        # first), and the plugin's GradScaler skips the steps that overflow
+        scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+        if scaler is not None:
+            options.setdefault("scaler", scaler)
+        self.monitor = watch(pl_module, run=self.run, server=self.server, spool=spool, **options)
         self._global_step = int(trainer.global_step)
         self._loss = None
 

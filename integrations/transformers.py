@@ -27,6 +27,10 @@ Anything else that fails, such a run ends ``crashed`` at process exit (gradwatch
 exit handler), or at once when the program calls :meth:`GradwatchCallback.close`
 with ``status="crashed"``.
 
+With ``fp16=True``, accelerate's GradScaler (the Trainer's ``accelerator.scaler``) goes
+to ``watch(scaler=)`` unless the callback was given one: backward leaves the gradients
+multiplied by the loss scale, and the scaler skips the steps that overflow.
+
 Example:
     >>> from transformers import Trainer  # doctest: +SKIP
     >>> from gradwatch.integrations.transformers import GradwatchCallback  # doctest: +SKIP
@@ -133,14 +137,20 @@ class GradwatchCallback(TrainerCallback):
         model = kwargs.get("model")
         if not isinstance(model, nn.Module):
             return
+        trainer = self._find_trainer()
         if self.monitor is None or self.monitor.closed:
+            options = dict(self.watch_options)
+            # fp16: accelerate's GradScaler multiplies the gradients by the loss scale
+            # (65536 at first) and skips the steps that overflow
+            scaler = getattr(getattr(trainer, "accelerator", None), "scaler", None)
+            if scaler is not None:
+                options.setdefault("scaler", scaler)
             self.monitor = watch(
-                model, run=self.run, server=self.server, spool=self.spool, **self.watch_options
+                model, run=self.run, server=self.server, spool=self.spool, **options
             )
         if self._hook is None:
             self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
         self._losses = []
-        trainer = self._find_trainer()
         if trainer is not None and not getattr(trainer.train, "_gradwatch_guard", False):
             # added after the Trainer was made: this train() is already running
             self._guard(trainer, ("train", "training_step", "get_batch_samples"))

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from gradwatch.integrations.lightning import GradwatchCallback
+from gradwatch.protocol import to_float
 
 # Lightning's advice (worker processes, logging) and its use of deprecated torch APIs
 # are not what these tests check.
@@ -90,6 +91,55 @@ def test_one_step_per_optimizer_step_and_an_epoch_each(
     # the gradient norms are the model's own parameters, names without a wrapper prefix
     norms = [s for s in steps if s.get("param_norms")]
     assert norms and "rnn.weight_ih_l0" in norms[-1]["param_norms"]
+
+
+class MixedRegressor(L.LightningModule):
+    """An MLP under 16-mixed precision that keeps each step's true gradient norms: the
+    scaled gradients backward left, divided by the scale backward ran with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+        self.true_norms: list[dict[str, float]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def on_after_backward(self) -> None:
+        scale = self.trainer.precision_plugin.scaler.get_scale()
+        self.true_norms.append({n: p.grad.float().norm().item() / scale  # type: ignore[union-attr]
+                                for n, p in self.named_parameters()})
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_under_16_mixed_the_norms_are_unscaled_without_being_told_the_scaler(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]],
+) -> None:
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    spool = tmp_path / "amp.jsonl"
+    module = MixedRegressor()
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g))
+    # what precision="16-mixed" builds on a GPU; on this CPU it is asked for by hand
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    L.Trainer(
+        max_epochs=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+        callbacks=[GradwatchCallback(run="pl-amp", spool=spool, every=1, quiet=True)],
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    ).fit(module, DataLoader(data, batch_size=8))
+    steps = spooled(spool, "step")
+    assert len(steps) == len(module.true_norms) == 8
+    for record, true in zip(steps, module.true_norms, strict=True):
+        # not 65536x: the callback handed the plugin's scaler to watch() (a step the
+        # scaler skipped for overflowing is Infinity on both sides)
+        norms = {name: to_float(value) for name, value in record["param_norms"].items()}
+        assert norms == pytest.approx(true, rel=1e-5)
+    assert spooled(spool, "alert") == []  # nor a nonfinite alarm for a skipped step
 
 
 def _runs(http: str) -> list[dict[str, Any]]:

@@ -116,6 +116,35 @@ train(tiny("bert"), {out!r}, GradwatchCallback(run="hf-crash", server={server!r}
 
 
 @pytest.mark.timeout(320)
+def test_with_a_grad_scaler_the_norms_are_unscaled_without_being_told_the_scaler(
+    tmp_path: Path, spooled: Spooled
+) -> None:
+    norms, totals = {}, {}
+    for scaled in (False, True):
+        spool = tmp_path / f"scaled-{scaled}.jsonl"
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+            num_train_epochs=1, save_strategy="no", report_to=[], use_cpu=True,
+            disable_tqdm=True, learning_rate=1e-3, dataloader_num_workers=0, seed=0,
+        )
+        callback = GradwatchCallback(run="hf-amp", spool=spool, every=1, quiet=True)
+        trainer = Trainer(model=tiny("bert"), args=args, train_dataset=Examples(16, False),
+                          callbacks=[callback])
+        if scaled:
+            # what fp16=True gives accelerate on a GPU; on this CPU it is set by hand.
+            # A power of two: the scaled run's true gradients are the plain run's exactly.
+            trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        trainer.train()
+        steps = spooled(spool, "step")
+        norms[scaled] = [s["param_norms"] for s in steps]
+        totals[scaled] = [s["total_norm"] for s in steps]
+    assert len(norms[True]) == len(norms[False]) == 4
+    # the first step's gradients are the same to the bit; the scaler's optimizer path
+    # then rounds the updates a little differently, and the runs part a little
+    assert norms[True][0] == pytest.approx(norms[False][0], rel=1e-6)
+    assert totals[True] == pytest.approx(totals[False], rel=0.02)  # not 65536x
+
+
 def test_training_that_raises_ends_the_run_crashed(
     gradwatch_server: Callable[..., Any], tmp_path: Path
 ) -> None:

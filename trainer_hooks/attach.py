@@ -203,11 +203,14 @@ def watch(
     # "module." or "_orig_mod." prefix: runs compare by name) and hooks are the same.
     wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
     averaged = False  # DDP averages the ranks' gradients: their total is recorded too
-    while isinstance(model, wrappers) or _compiled(model):
-        averaged = averaged or isinstance(model, nn.parallel.DistributedDataParallel)
-        inner = model._orig_mod if _compiled(model) else model.module
-        assert isinstance(inner, nn.Module)
-        model = inner
+    while True:
+        if isinstance(model, wrappers):
+            averaged = averaged or isinstance(model, nn.parallel.DistributedDataParallel)
+            model = model.module
+        elif _compiled(model):
+            model = model._orig_mod  # type: ignore[assignment]
+        else:
+            break
     if not isinstance(graph_limit, int) or graph_limit < 1:
         raise ValueError(f"expected graph_limit= to be an integer >= 1, got {graph_limit!r}")
     run_id = run_identity(run_id)  # before any hook: a run id the server refuses raises here

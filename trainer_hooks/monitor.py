@@ -49,6 +49,11 @@ def _close_at_exit(ref: weakref.ref[Monitor]) -> None:
         monitor.close(timeout=5.0, status="crashed" if crashed else "finished")
 
 
+def _end_record(step_index: int, status: str) -> dict[str, Any]:
+    """The ``end`` record of a monitor that has closed ``step_index`` steps."""
+    return {"kind": "end", "status": status, "step": max(step_index - 1, 0), "t": time.time()}
+
+
 def _abandoned(state: dict[str, Any]) -> None:
     """A monitor dropped without close(): a notebook cell that called ``watch()`` run
     again, a ``watch()`` whose handle was not kept. Nothing can close its steps any
@@ -69,9 +74,7 @@ def _abandoned(state: dict[str, Any]) -> None:
             q.detach()
     with contextlib.suppress(Exception):
         state["schedule"].close()
-        end = {"kind": "end", "status": "finished", "step": max(state["step_index"] - 1, 0),
-               "t": time.time()}
-        state["_pipeline"].close(timeout=5.0, last=end)
+        state["_pipeline"].close(timeout=5.0, last=_end_record(state["step_index"], "finished"))
 
 
 class Monitor:
@@ -204,13 +207,7 @@ class Monitor:
         self.model = None
         self.schedule.close()
         atexit.unregister(self._at_exit)
-        end = {
-            "kind": "end",
-            "status": status,
-            "step": max(self.step_index - 1, 0),
-            "t": time.time(),
-        }
-        handed_over = self._pipeline.close(timeout, last=end)
+        handed_over = self._pipeline.close(timeout, last=_end_record(self.step_index, status))
         return handed_over and not getattr(self._pipeline.sink, "refused", 0)
 
     def __enter__(self) -> Monitor:

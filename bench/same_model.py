@@ -15,15 +15,21 @@ Arms: ``every=1``, ``every=N``, ``light`` (every step light after the first),
 ``parked`` (the same light steps with the monitor's background thread held until the
 block has been timed: what the training thread's side of a light step costs alone,
 as if the background work ran in another process; its records are finished after
-the block, so it reports no overhead) and ``default`` (``watch(model)`` with no
-options: the budget). The budget learns its interval over its first steps, so
-``default`` warms up ``--default-warm`` steps, and its timed blocks should hold
-several heavy steps (``--steps 200``).
+the block, so it reports no overhead), ``unhooked`` (the same light steps after
+``monitor.remove()``: only ``step()``'s record and the background thread, no hook on
+the model) and ``default`` (``watch(model)`` with no options: the budget). ``--wall``
+times the blocks by the wall clock instead of process CPU (what training waits for;
+the background thread's CPU then counts only where it holds training up). The
+budget learns its interval over its first steps, so ``default`` warms up
+``--default-warm`` steps, and its timed blocks should hold several heavy steps
+(``--steps 200``).
 
     .venv/bin/python bench/same_model.py --only cells --every 1 --rounds 20 --self
     .venv/bin/python bench/same_model.py --only long_lstm --every light parked --self \
         --rounds 30 --processes 5   # medians and ranges over five fresh processes
     .venv/bin/python bench/same_model.py --only long_lstm --every default --steps 200 --self
+    .venv/bin/python bench/same_model.py --only long_lstm --every light unhooked parked \
+        --self --wall --rounds 40 --steps 64   # where a light step's cost goes
 """
 
 from __future__ import annotations
@@ -55,15 +61,17 @@ LIGHT = 10**9  # every step light after step 0
 
 
 def block(
-    step: Any, steps: int, monitor: Any = None, flush: bool = True
+    step: Any, steps: int, monitor: Any = None, flush: bool = True, wall: bool = False
 ) -> tuple[float, float, float]:
-    """Process CPU, training-thread CPU and background-thread CPU per step."""
+    """Process CPU (wall time with ``wall``), training-thread CPU and background-thread
+    CPU per step."""
     thread = monitor._pipeline._thread if monitor is not None else None
     clock = time.pthread_getcpuclockid(thread.ident) if thread is not None else None
     background = time.clock_gettime(clock) if clock is not None else 0.0
-    process, own = time.process_time(), time.thread_time()
+    total = time.perf_counter if wall else time.process_time
+    process, own = total(), time.thread_time()
     workloads.train(step, monitor, steps, flush=flush)
-    process, own = time.process_time() - process, time.thread_time() - own
+    process, own = total() - process, time.thread_time() - own
     background = time.clock_gettime(clock) - background if clock is not None else 0.0
     return process / steps, own / steps, background / steps
 
@@ -102,6 +110,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     work = workloads.workload(args.only)
     model = copy.deepcopy(work.model)
     step = work.make_step(model)
+    wall = args.wall
     block(step, 30)
     arms = ["plain", *(["plain again"] if args.self else []), *args.every]
     found: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in arms}
@@ -110,22 +119,24 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         for r in range(args.rounds):
             for arm in arms if r % 2 == 0 else arms[::-1]:  # drift falls on both sides
                 if arm.startswith("plain"):
-                    found[arm].append(block(step, args.steps))
+                    found[arm].append(block(step, args.steps, wall=wall))
                     continue
                 schedule = {} if arm == "default" else {
-                    "every": LIGHT if arm in ("light", "parked") else int(arm)}
+                    "every": LIGHT if arm in ("light", "parked", "unhooked") else int(arm)}
                 warm = args.default_warm if arm == "default" else args.warm
                 spool = os.path.join(tmp, f"{arm}-{r}.jsonl")
                 monitor = watch(model, run=arm, spool=spool, quiet=True, **schedule,
                                 **work.options)
                 block(step, warm, monitor)
+                if arm == "unhooked":
+                    monitor.remove()  # steps still record: step() and the background
                 if arm == "parked":
                     gate = park(monitor)
-                    found[arm].append(block(step, args.steps, monitor, flush=False))
+                    found[arm].append(block(step, args.steps, monitor, flush=False, wall=wall))
                     gate.set()
                     monitor.close()
                     continue
-                found[arm].append(block(step, args.steps, monitor))
+                found[arm].append(block(step, args.steps, monitor, wall=wall))
                 monitor.close()
                 said[arm].append(reported(spool, warm, args.steps))
     medians = {}
@@ -161,13 +172,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="cells", choices=workloads.WORKLOADS)
     parser.add_argument("--every", nargs="*", default=["1", "light"],
-                        help="schedules to measure: an interval, 'light', 'parked' or 'default'")
+                        help="schedules to measure: an interval, 'light', 'parked', 'unhooked' "
+                        "or 'default'")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=32, help="timed steps a block")
     parser.add_argument("--warm", type=int, default=70, help="untimed steps after watch()")
     parser.add_argument("--default-warm", type=int, default=300,
                         help="untimed steps after watch() for the default budget")
     parser.add_argument("--self", action="store_true", help="add plain against itself")
+    parser.add_argument("--wall", action="store_true",
+                        help="time blocks by the wall clock, not process CPU")
     parser.add_argument("--processes", type=int, default=1,
                         help="run it in this many fresh processes: medians and ranges")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
@@ -179,7 +193,8 @@ def main() -> None:
     print(f"{args.only}, {len(runs)} process(es) x {args.rounds} rounds x {args.steps} steps"
           f" after {args.warm} warm-up steps ({args.default_warm} for the default), 1 torch"
           f" thread; load average {os.getloadavg()[0]:.1f}")
-    print("| arm | process CPU per step | vs plain (range) | measured share | reported overhead |"
+    print(f"| arm | {'wall time' if args.wall else 'process CPU'} per step | vs plain (range) |"
+          " measured share | reported overhead |"
           " training thread, beyond plain | background thread |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for arm in runs[0]:

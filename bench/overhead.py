@@ -5,6 +5,9 @@ optimizer step):
 
 - ``cells``: an ``nn.LSTMCell(64, 128)`` decoder called once per token in a Python
   loop, 24 tokens, batch 32, a linear head per token, Adam;
+- ``buckets``: the same decoder over sequences bucketed by length (12-28 tokens, five
+  lengths in a fixed shuffled order), as a sequence data loader batches them: each
+  step builds another autograd graph than the step before;
 - ``fused2``: a 2-layer ``nn.LSTM(64, 128)`` over 48 steps, batch 32, a head per step,
   Adam;
 - ``transformer``: a 4-layer ``nn.TransformerEncoder`` (d=64, 4 heads, feed-forward

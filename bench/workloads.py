@@ -95,6 +95,24 @@ def _regression(
     return step
 
 
+def _regression_over(
+    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> Step:
+    """Like _regression, over ``batches`` in turn (one a step, round and round)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    turn = iter(range(0, 2**62))
+
+    def step() -> torch.Tensor:
+        x, y = batches[next(turn) % len(batches)]
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
 def train(step: Step, monitor: Any, steps: int, flush: bool = True) -> None:
     """``steps`` steps, each closed by ``monitor`` if any, then (``flush``) its records
     handed over."""
@@ -123,6 +141,13 @@ def workload(name: str, device: str = "cpu") -> Workload:
     if name == "cells":
         x, y = randn(24, 32, 64), randn(24, 32, 64)
         return on(CellDecoder(), lambda m: _regression(m, x, y))
+    if name == "buckets":
+        # Bucketed lengths, as a sequence data loader gives them: a different length
+        # (and so a different autograd graph) from one step to the next.
+        lengths = [12, 20, 28, 16, 24, 28, 12, 24, 16, 20, 16, 28, 20, 12, 24]
+        pairs = [(randn(n, 32, 64), randn(n, 32, 64)) for n in (12, 16, 20, 24, 28)]
+        batches = [pairs[(n - 12) // 4] for n in lengths]
+        return on(CellDecoder(), lambda m: _regression_over(m, batches))
     if name == "fused2":
         x, y = randn(48, 32, 64), randn(48, 32, 64)
         return on(Fused2(), lambda m: _regression(m, x, y))
@@ -207,6 +232,7 @@ def workload(name: str, device: str = "cpu") -> Workload:
 
 WORKLOADS = (
     "cells",
+    "buckets",
     "fused2",
     "transformer",
     "lm",

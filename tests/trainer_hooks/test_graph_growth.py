@@ -298,3 +298,59 @@ def test_the_stale_check_is_paced_and_still_catches_state_kept_later(tmp_path: P
     alerts = [r for r in records_of(path) if r["kind"] == "alert"]
     assert [(a["subject"], a["evidence"]["steps_back"]) for a in alerts] == [("GRU", 1)]
     assert 41 <= alerts[0]["step"] <= 41 + MAX_PACE
+
+
+def _bucketed_run(
+    path: Path, lengths: list[int], stale_from: int | None, steps: int
+) -> tuple[list[int], list[dict[str, Any]]]:
+    """An LSTMCell loop over sequences bucketed by length (a different graph from one
+    step to the next, a handful in all); from ``stale_from`` on, the state is carried
+    into the next sequence without detach(). The steps the check was armed on, and
+    the alerts."""
+    torch.manual_seed(0)
+    cell, head = nn.LSTMCell(3, 5), nn.Linear(5, 1)
+    model = nn.ModuleDict({"cell": cell, "head": head})
+    armed: list[int] = []
+    state = None
+    with watch(model, run="buckets", spool=path, diagnose=False, every=10**9) as monitor:
+        for step in range(steps):
+            if cell._forward_pre_hooks:
+                armed.append(step)
+            h, c = state if state is not None else (torch.zeros(2, 5), torch.zeros(2, 5))
+            loss = torch.zeros(())
+            for x in torch.randn(lengths[step % len(lengths)], 2, 3):
+                h, c = cell(x, (h, c))
+                loss = loss + head(h).square().mean()
+            # no optimizer: a carried state's old graph must stay valid to backward through
+            loss.backward(retain_graph=stale_from is not None)
+            kept = stale_from is not None and step >= stale_from
+            state = (h, c) if kept else None
+            monitor.step(loss)
+    return armed, [r for r in records_of(path) if r["kind"] == "alert"]
+
+
+def test_bucketed_lengths_are_not_a_structure_change_once_seen(tmp_path: Path) -> None:
+    lengths = [7, 3, 5, 9, 3, 7, 4, 9, 5, 4, 3, 9]  # five lengths, in no fixed order
+    armed, alerts = _bucketed_run(tmp_path / "healthy.jsonl", lengths, None, 300)
+    assert alerts == []
+    # Checked: the first four steps, then doubling gaps, which start again after each
+    # graph not seen before among light steps (step 0 is heavy: its length 7 is first
+    # seen light at step 5, length 4 at step 6); none after step 6 is new. Compared
+    # with the last step's graph only, every one of the 300 steps was checked.
+    assert armed == [0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 14, 22, 38, 70, 134, 198, 262]
+    # a sixth length, never seen (step 96), is a structure change: step 97 is checked
+    armed, _ = _bucketed_run(tmp_path / "new.jsonl", [*lengths] * 8 + [11], None, 98)
+    assert [s for s in armed if s > 70] == [97]
+
+
+@pytest.mark.parametrize("stale_from", [0, 150])
+def test_state_kept_across_bucketed_steps_is_still_caught(
+    tmp_path: Path, stale_from: int
+) -> None:
+    from gradwatch.trainer_hooks.quantities.stale import MAX_PACE
+
+    lengths = [7, 3, 5, 9, 3, 7, 4, 9, 5, 4, 3, 9]
+    steps = stale_from + MAX_PACE + 2  # no more: each backward walks every kept graph
+    _, alerts = _bucketed_run(tmp_path / "stale.jsonl", lengths, stale_from, steps)
+    assert [(a["subject"], a["evidence"]["steps_back"]) for a in alerts] == [("cell", 1)]
+    assert stale_from + 1 <= alerts[0]["step"] <= stale_from + 1 + MAX_PACE

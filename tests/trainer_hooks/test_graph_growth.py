@@ -354,3 +354,16 @@ def test_state_kept_across_bucketed_steps_is_still_caught(
     _, alerts = _bucketed_run(tmp_path / "stale.jsonl", lengths, stale_from, steps)
     assert [(a["subject"], a["evidence"]["steps_back"]) for a in alerts] == [("cell", 1)]
     assert stale_from + 1 <= alerts[0]["step"] <= stale_from + 1 + MAX_PACE
+
+
+def test_graph_sizes_seen_longest_ago_are_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gradwatch.trainer_hooks.quantities import stale
+
+    # two sizes remembered: three lengths in turn each come back forgotten, two do not
+    monkeypatch.setattr(stale, "RECENT_COUNTS", 2)
+    armed, _ = _bucketed_run(tmp_path / "three.jsonl", [3, 5, 7], None, 60)
+    assert armed == list(range(60))
+    armed, _ = _bucketed_run(tmp_path / "two.jsonl", [3, 5], None, 60)
+    assert armed == [0, 1, 2, 3, 4, 5, 7, 11, 19, 35]

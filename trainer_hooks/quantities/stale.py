@@ -62,8 +62,9 @@ FIRST_CHECKS = 4
 #: the longest gap between two checked steps once nothing changes
 MAX_PACE = 64
 #: a step whose graph size (autograd nodes created) is one of the last this many
-#: distinct sizes seen is no structure change: bucketed sequence lengths repeat
-RECENT_COUNTS = 32
+#: distinct sizes seen is no structure change: bucketed sequence lengths repeat, and
+#: so do unbucketed natural ones, mostly within a few hundred
+RECENT_COUNTS = 256
 #: a node whose sequence number is this large is a leaf (AccumulateGrad), not an op
 _LEAF_SEQUENCE = 2**63
 

@@ -82,6 +82,7 @@ class GradwatchCallback(Callback):
         self.watch_options = watch_options
         self.monitor: Monitor | None = None
         self._loss: torch.Tensor | None = None
+        self._graph: torch.Tensor | None = None  # the loss backward ran from, with its graph
         self._global_step = 0
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -103,6 +104,14 @@ class GradwatchCallback(Callback):
         self.monitor = watch(pl_module, run=self.run, server=self.server, spool=spool, **options)
         self._global_step = int(trainer.global_step)
         self._loss = None
+        self._graph = None
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
+        # The loss with its autograd graph (the batch's ``outputs`` only has a detached
+        # copy): the graph's size and the stale-state and kept-loss checks read it. Under
+        # 16-mixed it is the scaled loss, one node more than the loss, every step alike.
+        if self.monitor is not None:
+            self._graph = loss
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -117,8 +126,8 @@ class GradwatchCallback(Callback):
         # global_step counts optimizer steps: it moves once per accumulated window
         if int(trainer.global_step) != self._global_step:
             self._global_step = int(trainer.global_step)
-            monitor.step(self._loss)
-            self._loss = None
+            monitor.step(self._loss, graph=self._graph)
+            self._loss = self._graph = None
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None:

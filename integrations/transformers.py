@@ -96,6 +96,9 @@ class GradwatchCallback(TrainerCallback):
         self.monitor: Monitor | None = None
         # each training forward's loss, and whether it was already scaled to the window
         self._losses: list[tuple[torch.Tensor, bool]] = []
+        # the last training batch's loss with its autograd graph (what backward ran
+        # from): the graph's size and the stale-state and kept-loss checks read it
+        self._graph: torch.Tensor | None = None
         self._hook: Any = None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -150,7 +153,7 @@ class GradwatchCallback(TrainerCallback):
             )
         if self._hook is None:
             self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
-        self._losses = []
+        self._losses, self._graph = [], None
         if trainer is not None and not getattr(trainer.train, "_gradwatch_guard", False):
             # added after the Trainer was made: this train() is already running
             self._guard(trainer, ("train", "training_step", "get_batch_samples"))
@@ -164,18 +167,20 @@ class GradwatchCallback(TrainerCallback):
             if loss is not None:
                 scaled = kwargs.get("num_items_in_batch") is not None
                 self._losses.append((loss.detach(), scaled))
+                self._graph = loss if loss.grad_fn is not None else None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is None:
             return
         losses, self._losses = self._losses, []
+        graph, self._graph = self._graph, None
         loss: torch.Tensor | None = None
         if losses:
             # device ops only, no host sync: the value the Trainer sums for this step
             n = len(losses)
             loss = torch.stack([x.float() if scaled else x.float() / n for x, scaled in losses])
             loss = loss.sum()
-        self.monitor.step(loss)
+        self.monitor.step(loss, graph=graph)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:

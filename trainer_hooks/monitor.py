@@ -132,11 +132,29 @@ class Monitor:
 
     # -- the training loop's calls ------------------------------------------------
 
-    def step(self, loss: torch.Tensor | float | None = None) -> None:
+    def step(
+        self, loss: torch.Tensor | float | None = None, graph: torch.Tensor | None = None
+    ) -> None:
         """Close one training step; ``loss`` is recorded as the step's loss.
+
+        ``graph`` is the tensor the step's backward ran from, for when ``loss`` is a
+        value without its autograd graph (a framework's detached or accumulated loss):
+        the graph's size and the stale-state and kept-loss checks read it. By default
+        they read ``loss``.
 
         Never waits for the device or the network: tensors go to the host in one
         non-blocking copy and everything else happens on a background thread.
+
+        Example:
+            >>> import os, torch
+            >>> from gradwatch.trainer_hooks import watch
+            >>> model = torch.nn.GRU(3, 8)
+            >>> monitor = watch(model, run="gru", spool=os.devnull, diagnose=False)
+            >>> out, h = model(torch.randn(4, 1, 3)); loss = out.square().mean()
+            >>> loss.backward()
+            >>> monitor.step(loss.detach().clone(), graph=loss)  # as a framework's callback
+            >>> monitor.close()
+            True
         """
         entered = time.perf_counter()
         entered_cpu = time.thread_time()
@@ -144,7 +162,7 @@ class Monitor:
             self._once.warn("step_after_close", "gradwatch: step() after close() is ignored")
             return
         try:
-            self._record_step(loss, entered, entered_cpu)
+            self._record_step(loss, graph, entered, entered_cpu)
         except Exception as e:  # never into the training loop
             self._once.warn("step", f"gradwatch: recording a step failed: {type(e).__name__}: {e}")
             self._record_made, self._made_cpu = time.perf_counter(), time.thread_time()
@@ -251,7 +269,11 @@ class Monitor:
                 self._once.warn(f"start:{q.name}", f"gradwatch: {q.name} failed: {e}")
 
     def _record_step(
-        self, loss: torch.Tensor | float | None, entered: float, entered_cpu: float
+        self,
+        loss: torch.Tensor | float | None,
+        graph: torch.Tensor | None,
+        entered: float,
+        entered_cpu: float,
     ) -> None:
         duration = entered - self._step_started
         self._step_started = entered
@@ -278,7 +300,9 @@ class Monitor:
         for q in self.quantities:
             hooks_cost += q.cost_s
             q.cost_s = 0.0
-        tensor_loss = loss if isinstance(loss, torch.Tensor) else None
+        # what the graph's quantities read: the tensor backward ran from
+        tensor_loss = graph if isinstance(graph, torch.Tensor) else (
+            loss if isinstance(loss, torch.Tensor) else None)
         # a quantity idle on light steps has nothing to hand over from one
         finishing = () if self.removed else self.quantities if self._heavy else self._busy_light
         for q in finishing:

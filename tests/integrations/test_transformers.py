@@ -227,3 +227,57 @@ def test_a_caught_training_exception_marks_the_run_crashed_at_once(
     if failure == "the loss":
         trainer.train()
         assert sorted(r["status"] for r in _runs(server)) == ["crashed", "finished"]
+
+
+def graph_size(root: Any) -> int:
+    """Autograd nodes reachable from ``root``, counted independently of gradwatch."""
+    seen: set[int] = set()
+    stack, keep = [root], []
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        keep.append(node)  # alive while counting, so that ids stay unique
+        stack.extend(child for child, _ in node.next_functions)
+    return len(seen)
+
+
+@pytest.mark.parametrize("keep_all", [False, True])
+def test_the_graph_of_each_step_is_read_from_the_batch_loss(
+    tmp_path: Path, spooled: Spooled, keep_all: bool
+) -> None:
+    # The Trainer's step loss is a detached sum: the graph comes from the last batch's
+    # loss the model returned, so graph size is recorded (it was missing before), and a
+    # loss kept alive by the user's code is named.
+    spool = tmp_path / "run.jsonl"
+    model = tiny("bert")
+    kept: list[torch.Tensor] = []
+    sizes: list[int] = []
+
+    def count(module: Any, args: Any, output: Any) -> None:
+        if module.training and output.loss is not None and output.loss.grad_fn is not None:
+            if kept and not keep_all:  # the last batch's, after its backward
+                sizes.append(graph_size(kept.pop().grad_fn))
+            kept.append(output.loss)
+
+    model.register_forward_hook(count)
+    callback = GradwatchCallback(run="graph", spool=spool, every=1)
+    train(model, tmp_path / "out", callback, samples=48, batch=4, accumulate=2, epochs=1,
+          lm=False)
+    sizes += [graph_size(loss.grad_fn) for loss in kept]  # counted as gradwatch does:
+    kept.clear()  # at the step's end, after backward
+    steps, alerts = spooled(spool, "step"), spooled(spool, "alert")
+    assert len(steps) == 6 and len(sizes) == 12
+    # each step walked (a steady graph is walked at doubling gaps): the second of its
+    # two accumulated batches
+    walked = [s for s in steps if "graph_nodes" in s]
+    assert walked[0]["step"] == 0
+    assert [s["graph_nodes"] for s in walked] == [sizes[2 * s["step"] + 1] for s in walked]
+    assert all(s["graph_truncated"] is False for s in walked)
+    if keep_all:  # every batch's loss (and graph) kept: named, with the fix
+        assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [
+            ("graph_growth", "loss", 2)]
+        assert "loss.item()" in alerts[0]["hint"]
+    else:
+        assert alerts == []

@@ -367,3 +367,24 @@ def test_graph_sizes_seen_longest_ago_are_forgotten(
     assert armed == list(range(60))
     armed, _ = _bucketed_run(tmp_path / "two.jsonl", [3, 5], None, 60)
     assert armed == [0, 1, 2, 3, 4, 5, 7, 11, 19, 35]
+
+
+def test_step_reads_the_graph_from_graph_when_the_loss_is_a_detached_value(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "graph.jsonl"
+    rnn, head = nn.GRU(2, 3), nn.Linear(3, 1)
+    sizes, values = [], []
+    with watch(nn.ModuleList([rnn, head]), run="graph", spool=path, every=1) as monitor:
+        for length in (4, 7, 5):
+            out, _ = rnn(torch.randn(length, 1, 2))
+            loss = head(out).square().mean()
+            loss.backward()
+            value = loss.detach().clone()  # a framework's copy: no graph
+            values.append(float(value))
+            sizes.append(independent_count(loss.grad_fn))
+            monitor.step(value, graph=loss)
+    steps = [r for r in records_of(path) if r["kind"] == "step"]  # closed: all written
+    assert [s["loss"] for s in steps] == pytest.approx(values, rel=1e-6)
+    assert [s["graph_nodes"] for s in steps] == sizes  # each a new graph: each walked
+    assert len(set(sizes)) == 3

@@ -6,6 +6,7 @@ quantity_cost.py and hook_floor.py time the same ones.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,24 +84,17 @@ def _regression(
     y: torch.Tensor,
     opt: Callable[..., torch.optim.Optimizer] = torch.optim.Adam,
 ) -> Step:
-    optimizer = opt(model.parameters(), lr=1e-3)
-
-    def step() -> torch.Tensor:
-        loss = nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
+    return _regression_over(model, [(x, y)], opt)
 
 
 def _regression_over(
-    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]
+    model: nn.Module,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    opt: Callable[..., torch.optim.Optimizer] = torch.optim.Adam,
 ) -> Step:
-    """Like _regression, over ``batches`` in turn (one a step, round and round)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    turn = iter(range(0, 2**62))
+    """MSE regression over ``batches`` in turn (one a step, round and round)."""
+    optimizer = opt(model.parameters(), lr=1e-3)
+    turn = itertools.count()
 
     def step() -> torch.Tensor:
         x, y = batches[next(turn) % len(batches)]

@@ -1,4 +1,4 @@
-"""Fixtures of the integration tests: a spool's records, read back."""
+"""Fixtures of the integration tests: a spool's records, read back; a graph's size."""
 
 from __future__ import annotations
 
@@ -27,3 +27,23 @@ def spooled() -> Records:
     """`spooled(path, kind)`: the records of one kind in a spool, in step order (steps
     decoded from their columns)."""
     return _records
+
+
+def _graph_size(root: Any) -> int:
+    seen: set[int] = set()
+    stack, keep = [root], []
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        keep.append(node)  # alive while counting, so that ids stay unique
+        stack.extend(child for child, _ in node.next_functions)
+    return len(seen)
+
+
+@pytest.fixture
+def graph_size() -> Callable[[Any], int]:
+    """`graph_size(grad_fn)`: the autograd nodes reachable from it, counted
+    independently of gradwatch."""
+    return _graph_size

@@ -233,25 +233,12 @@ def test_under_ddp_each_rank_reports_as_its_rank_of_one_run(
         assert steps["fields"]["loss"]["step"] == [0, 1], (rank, steps)
 
 
-def graph_size(root: Any) -> int:
-    """Autograd nodes reachable from ``root``, counted independently of gradwatch."""
-    seen: set[int] = set()
-    stack, keep = [root], []
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        keep.append(node)  # alive while counting, so that ids stay unique
-        stack.extend(child for child, _ in node.next_functions)
-    return len(seen)
-
-
 class Counted(Regressor):
     """Counts the graph of each loss backward runs from, after that backward."""
 
-    def __init__(self) -> None:
+    def __init__(self, graph_size: Callable[[Any], int]) -> None:
         super().__init__()
+        self.graph_size = graph_size
         self.sizes: list[int] = []
         self._last: torch.Tensor | None = None
 
@@ -261,18 +248,19 @@ class Counted(Regressor):
 
     def count_last(self) -> None:
         if self._last is not None:
-            self.sizes.append(graph_size(self._last.grad_fn))
+            self.sizes.append(self.graph_size(self._last.grad_fn))
             self._last = None
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_the_graph_of_each_step_is_read_from_the_loss_backward_ran_from(
-    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]], accumulate: int
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]],
+    graph_size: Callable[[Any], int], accumulate: int,
 ) -> None:
     # Lightning hands callbacks a detached copy of the loss: the graph comes from
     # on_before_backward, so graph size is recorded (it was missing before)
     spool = tmp_path / "run.jsonl"
-    module = Counted()
+    module = Counted(graph_size)
     trainer(GradwatchCallback(run="pl", spool=spool, every=1), 1, accumulate).fit(
         module, loader())
     module.count_last()

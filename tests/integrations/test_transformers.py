@@ -229,23 +229,9 @@ def test_a_caught_training_exception_marks_the_run_crashed_at_once(
         assert sorted(r["status"] for r in _runs(server)) == ["crashed", "finished"]
 
 
-def graph_size(root: Any) -> int:
-    """Autograd nodes reachable from ``root``, counted independently of gradwatch."""
-    seen: set[int] = set()
-    stack, keep = [root], []
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        keep.append(node)  # alive while counting, so that ids stay unique
-        stack.extend(child for child, _ in node.next_functions)
-    return len(seen)
-
-
 @pytest.mark.parametrize("keep_all", [False, True])
 def test_the_graph_of_each_step_is_read_from_the_batch_loss(
-    tmp_path: Path, spooled: Spooled, keep_all: bool
+    tmp_path: Path, spooled: Spooled, graph_size: Callable[[Any], int], keep_all: bool
 ) -> None:
     # The Trainer's step loss is a detached sum: the graph comes from the last batch's
     # loss the model returned, so graph size is recorded (it was missing before), and a

@@ -271,3 +271,28 @@ def test_the_graph_of_each_step_is_read_from_the_loss_backward_ran_from(
     last = [module.sizes[accumulate * s["step"] + accumulate - 1] for s in walked]
     assert [s["graph_nodes"] for s in walked] == last
     assert spooled(spool, "alert") == []
+
+
+class Keeper(Regressor):
+    """Keeps every loss it returns, graph and all (outputs saved for the epoch's end)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[torch.Tensor] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.kept.append(loss)
+        return loss
+
+
+def test_a_module_that_keeps_its_losses_is_named(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]]
+) -> None:
+    # backward runs from Lightning's loss / normalize, a node the module never holds:
+    # the kept-loss check watches the module's loss below it
+    spool = tmp_path / "run.jsonl"
+    trainer(GradwatchCallback(run="pl", spool=spool), 1, 1).fit(Keeper(), loader())
+    alerts = spooled(spool, "alert")
+    assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("graph_growth", "loss", 2)]
+    assert "loss.item()" in alerts[0]["hint"]

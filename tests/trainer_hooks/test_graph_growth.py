@@ -388,3 +388,26 @@ def test_step_reads_the_graph_from_graph_when_the_loss_is_a_detached_value(
     assert [s["loss"] for s in steps] == pytest.approx(values, rel=1e-6)
     assert [s["graph_nodes"] for s in steps] == sizes  # each a new graph: each walked
     assert len(set(sizes)) == 3
+
+
+@pytest.mark.parametrize(("keep", "alerted"), [
+    ("unscaled", True), ("scaled", True), ("nothing", False), ("product", False)])
+def test_a_loss_kept_below_a_scaling_by_a_constant_is_named(
+    tmp_path: Path, keep: str, alerted: bool
+) -> None:
+    # backward from loss / 4 (as a framework's accumulation does), the user keeping loss
+    path = tmp_path / f"{keep}.jsonl"
+    w, v = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    kept: list[torch.Tensor] = []
+    with watch(nn.Linear(1, 1), run="scaled", spool=path, diagnose=False) as monitor:
+        for step in range(6):
+            loss = (w * (step + 1.0)).square().sum()
+            # a product of two graphs is no scaling by a constant: its factor kept is not
+            # the loss (the check watches the root there)
+            scaled = loss * (v * 2.0).sum() if keep == "product" else loss / 4
+            scaled.backward()
+            if keep != "nothing":
+                kept.append(scaled if keep == "scaled" else loss)
+            monitor.step(scaled)
+    alerts = [r for r in records_of(path) if r["kind"] == "alert"]
+    assert [(a["subject"], a["step"]) for a in alerts] == ([("loss", 2)] if alerted else [])

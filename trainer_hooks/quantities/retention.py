@@ -8,6 +8,10 @@ something holds it, and with it every earlier step's autograd graph: one
 quantities/stale.py catches the other way graphs grow (a hidden state carried across
 steps without ``detach()``).
 
+The sentinel goes on the loss node below a scaling by a constant (``loss / 4``, a
+GradScaler's ``loss * scale``; two at most): what a framework hands to backward is
+often its own scaled copy, which the user's code never holds.
+
 The loss nodes of the first ``ORDER_CHECKS`` steps also say whether a backward runs
 from them after ``monitor.step(loss)`` closed their step: ``step()`` called before
 ``loss.backward()``, which leaves every captured step's series empty (the capture
@@ -37,6 +41,26 @@ STEP_AFTER_BACKWARD = (
     "optimizer.step()); the gradients of a step are captured during its backward, so "
     "until then the per-timestep and depth series stay empty"
 )
+
+
+#: the nodes of a loss scaled by a constant (a framework's ``loss / accumulate`` or a
+#: GradScaler's ``loss * scale``): the loss the user's code holds is the one below
+_SCALING = frozenset({"DivBackward0", "MulBackward0"})
+
+
+def _unscaled(node: Any, hops: int = 2) -> Any:
+    """The loss node under at most ``hops`` scalings by a constant: Lightning runs
+    backward from ``loss / normalize`` (and, under 16-mixed, that times the scale), so
+    a sentinel on the root would watch a node only Lightning holds, while a module
+    that keeps its loss (``self.outputs.append(loss)``) holds the one below."""
+    for _ in range(hops):
+        if type(node).__name__ not in _SCALING:
+            break
+        inputs = [child for child, _ in node.next_functions if child is not None]
+        if len(inputs) != 1:  # a product or quotient of two graphs: no scaling
+            break
+        node = inputs[0]
+    return node
 
 
 class _Sentinel:
@@ -82,7 +106,7 @@ class LossRetention(Quantity):
         if self._alerted:
             return {}
         sentinel = _Sentinel()
-        node.metadata["gradwatch_step"] = sentinel
+        _unscaled(node).metadata["gradwatch_step"] = sentinel
         refs = self._refs
         refs.append((self.step, weakref.ref(sentinel)))
         oldest = None

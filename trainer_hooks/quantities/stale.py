@@ -29,7 +29,8 @@ later comes with a graph of a size not seen lately (a tree keeping last epoch's
 states builds fewer nodes) or is caught within ``MAX_PACE`` steps. "Not seen lately"
 rather than "not the last step's": with sequences bucketed by length (a data loader's
 usual batches) every step builds another graph than the step before, yet only a few
-graphs in all, and a cell loop checked on every step paid 5 % of its step time.
+graphs in all: a cell loop over five lengths, checked on every step, took 1.050x the
+plain step time on light steps, against 1.024x paced (BENCHMARKS.md, ``buckets``).
 
 Example:
     >>> import torch

@@ -60,7 +60,11 @@ export class CompareView {
     const heat = [];
     this.heatPanels = {};
     for (const [k, s] of [["A", sa], ["B", sb]]) {
-      const choices = heatmapKeys(s);
+      // the series a run has recorded, where it has any (a module that got no gradient
+      // has nothing to compare)
+      const keys = heatmapKeys(s);
+      const recorded = keys.filter((c) => !c.placeholder);
+      const choices = recorded.length ? recorded : keys;
       if (!choices.length) continue;
       const { module, series } = choices[0];
       const p = panel("heatmap", heatTitle(this.names[k], module, series), null, { tall: true, id: `cmp-heat-${k}` });

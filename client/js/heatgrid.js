@@ -24,6 +24,18 @@ export function joinPanel(run, section, view, before) {
 /** A module's series first seen live: its heatmap panel joins the page now. */
 export function addHeatmap(run, key) {
   const [module, series] = [key.slice(0, key.lastIndexOf("|")), key.slice(key.lastIndexOf("|") + 1)];
+  // The module's placeholder, still empty, gives way to its first real series (a cell's
+  // "hidden" and "cell" instead of the "input" guessed before any step came).
+  let spot = null;
+  for (const [other, { view, panel: p, placeholder }] of run.heatmaps) {
+    if (placeholder && view.module === module && !view.hasData) {
+      spot = p.section.nextSibling;
+      run.heatmaps.delete(other);
+      if (run.byPanel) run.byPanel.delete(p.section);
+      if (run.observer) run.observer.unobserve(p.section);
+      p.section.remove();
+    }
+  }
   const h = heatmapPanel(module, series);
   run.heatmaps.set(key, h);
   run.profile.panel.section.hidden = false;
@@ -33,7 +45,7 @@ export function addHeatmap(run, key) {
   const siblings = [...run.heatmaps.values()].filter(({ view }) => view.module === module && view !== h.view);
   const before = later.length ? later[0].panel.section
     : siblings.length ? siblings.map(({ panel: p }) => p.section).sort(domOrder).pop().nextSibling
-      : run.profile.panel.section;
+      : spot || run.profile.panel.section;
   h.view.setHistory(null);
   joinPanel(run, h.panel.section, h.view, before);
   return h;

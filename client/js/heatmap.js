@@ -104,6 +104,13 @@ export class Heatmap extends OnScreen {
     return this.steps.length;
   }
 
+  /** True when a row is drawn or on its way (else the panel says no gradient came yet). */
+  get hasData() {
+    const h = this.history;
+    return this.steps.length > 0 || this.backlog.length > 0
+      || Boolean(h && Array.isArray(h.steps) && h.steps.length);
+  }
+
   /** The answer's widest row as its endpoint says it (a subclass reads its own key). */
   maxWidth(matrix) {
     return matrix && matrix.max_timesteps ? matrix.max_timesteps : 0;

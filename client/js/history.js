@@ -25,18 +25,22 @@ export function bySeries(a, b) {
   return x[0] - y[0] || x[1] - y[1] || (x[2] < y[2] ? -1 : x[2] > y[2] ? 1 : 0);
 }
 
-/** Heatmap series of a run: {module: [series]} from the summary (falls back to "input"). */
+/**
+ * Heatmap series of a run: [{module, series, placeholder}] from the summary. Every
+ * recurrent module the hello named has a panel: one with no series yet gets a
+ * placeholder ("input"), which says no gradient has reached it, and which the first
+ * series seen live for that module replaces (a cell's are "hidden" and "cell").
+ */
 export function heatmapKeys(summary) {
   const keys = [];
   const series = summary.series && typeof summary.series === "object" ? summary.series : {};
   const recurrent = Array.isArray(summary.recurrent) ? summary.recurrent : [];
   // The model's order first (as the hello lists them), then any other module with series.
-  const modules = Object.keys(series).length
-    ? [...recurrent.filter((m) => Object.hasOwn(series, m)), ...Object.keys(series).filter((m) => !recurrent.includes(m))]
-    : recurrent;
-  for (const module of modules) {
-    const names = Object.hasOwn(series, module) && Array.isArray(series[module]) ? series[module].slice().sort(bySeries) : ["input"];
-    for (const s of names) keys.push({ module, series: s });
+  const modules = [...recurrent, ...Object.keys(series).filter((m) => !recurrent.includes(m))];
+  for (const module of new Set(modules)) {
+    const known = Object.hasOwn(series, module) && Array.isArray(series[module]) && series[module].length > 0;
+    const names = known ? series[module].slice().sort(bySeries) : ["input"];
+    for (const s of names) keys.push({ module, series: s, placeholder: !known });
   }
   return keys;
 }

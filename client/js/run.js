@@ -128,8 +128,8 @@ export class RunView {
       this.alertsList);
 
     const heat = [];
-    for (const { module, series } of heatmapKeys(s)) {
-      const h = heatmapPanel(module, series);
+    for (const { module, series, placeholder } of heatmapKeys(s)) {
+      const h = heatmapPanel(module, series, placeholder);
       heat.push(h.panel.section);
       this.heatmaps.set(`${module}|${series}`, h);
     }
@@ -372,6 +372,13 @@ export class RunView {
       const wasHidden = p.chart.hidden;
       p.chart.hidden = !view.hasData;
       // Drawn while hidden, a chart has no size yet: fit it once it shows.
+      if (wasHidden && view.hasData && view.drawn) window.Plotly.Plots.resize(p.chart);
+    }
+    // A heatmap with no row yet says so (a module no gradient has reached), not empty axes.
+    for (const { view, panel: p } of this.heatmaps.values()) {
+      p.nodata.hidden = view.hasData;
+      const wasHidden = p.chart.hidden;
+      p.chart.hidden = !view.hasData;
       if (wasHidden && view.hasData && view.drawn) window.Plotly.Plots.resize(p.chart);
     }
     this.profile.panel.nodata.hidden = this.profile.view.hasData;

@@ -44,15 +44,24 @@ function heatCaption() {
     : "log10 of the norm, on a range that fits this run.");
 }
 
-/** A heatmap panel of one module's series: {view: Heatmap, panel}. */
-export function heatmapPanel(module, series) {
+/** What a heatmap with no row says: why a module may never get one. */
+export function noHeatRows(module) {
+  return `No per-timestep gradient has reached ${module} yet. Its rows come from captured steps, once a backward runs through its outputs: a module whose outputs need no gradient (its weights frozen and its inputs needing none) never gets one.`;
+}
+
+/**
+ * A heatmap panel of one module's series: {view: Heatmap, panel, placeholder}. A
+ * placeholder stands for a recurrent module with no series yet (heatmapKeys).
+ */
+export function heatmapPanel(module, series, placeholder = false) {
   const p = panel("heatmap", heatTitle(module, series), heatCaption(), { tall: true, id: heatmapPanelId(module, series) });
+  p.nodata.textContent = noHeatRows(module);
   p.section.querySelector("p.caption").classList.add("heat-caption");
   if (/^layer\d+$/.test(series)) p.section.append(el("p", { class: "caption" }, LAYER));
   p.section.dataset.module = module;
   p.section.dataset.series = series;
   p.section.classList.add("heat");
-  return { view: new Heatmap(p.chart, module, series), panel: p };
+  return { view: new Heatmap(p.chart, module, series), panel: p, placeholder };
 }
 
 /** The picker of the heatmaps' colour scale; onChange() redraws them. */

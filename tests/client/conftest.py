@@ -132,6 +132,12 @@ def end_record(step: int, status: str = "finished") -> dict[str, Any]:
     return {"kind": "end", "status": status, "step": step, "t": time.time()}
 
 
+def assert_clean(w: Watched) -> None:
+    """No console or page error, and no request left the server's origin."""
+    assert w.errors == [], w.errors
+    assert w.foreign_requests() == [], w.foreign_requests()
+
+
 def wait_js(page: Any, predicate: str, timeout_s: float = 30.0) -> Any:
     """Wait until the JS arrow function ``predicate`` is truthy in the page.
 

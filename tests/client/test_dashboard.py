@@ -17,6 +17,7 @@ from gradwatch.protocol.codec import packed_series
 
 from .conftest import (
     alert_record,
+    assert_clean,
     chart,
     end_record,
     scroll_to,
@@ -28,11 +29,6 @@ from .conftest import (
 pytestmark = pytest.mark.browser
 
 HOSTILE = "<script>alert(1)</script>"
-
-
-def assert_clean(w: Any) -> None:
-    assert w.errors == [], w.errors
-    assert w.foreign_requests() == [], w.foreign_requests()
 
 
 def test_runs_list_updates_live_with_status_last_step_and_alerts(

@@ -20,16 +20,11 @@ from typing import Any
 
 import pytest
 
-from .conftest import chart, scroll_to, step_record, wait_js
+from .conftest import assert_clean, chart, scroll_to, step_record, wait_js
 
 pytestmark = pytest.mark.browser
 
 SPREAD = "chart-ranks-spread"
-
-
-def assert_clean(w: Any) -> None:
-    assert w.errors == [], w.errors
-    assert w.foreign_requests() == [], w.foreign_requests()
 
 
 def ranked_step(step: int, *, slow: float = 1.0, norm: float = 1.0) -> dict[str, Any]:

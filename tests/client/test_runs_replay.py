@@ -11,14 +11,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import alert_record, end_record, step_record, wait_js
+from .conftest import alert_record, assert_clean, end_record, step_record, wait_js
 
 pytestmark = pytest.mark.browser
-
-
-def assert_clean(w: Any) -> None:
-    assert w.errors == [], w.errors
-    assert w.foreign_requests() == [], w.foreign_requests()
 
 
 def epoch_record(epoch: int, step: int) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import pytest
 
 from .conftest import (
     alert_record,
+    assert_clean,
     chart,
     scroll_to,
     step_record,
@@ -26,11 +27,6 @@ from .conftest import (
 
 pytestmark = pytest.mark.browser
 HEAT = "chart-heatmap-lstm-input"
-
-
-def assert_clean(w: Any) -> None:
-    assert w.errors == [], w.errors
-    assert w.foreign_requests() == [], w.foreign_requests()
 
 
 def with_profile(step: int, profile: list[float], module: str = "lstm") -> dict[str, Any]:

@@ -8,6 +8,7 @@
 import { plotText } from "./dom.js";
 import { axis, layout, plot } from "./charts.js";
 import { fitRange, rowHorizon, scaleRow, scaleTicks } from "./heatscale.js";
+import { seriesSymbol } from "./profile.js";
 import { OnScreen } from "./lazy.js";
 import { stats } from "./state.js";
 
@@ -15,15 +16,6 @@ export const MAX_ROWS = 2000; // live rows kept in the browser; older ones scrol
 
 /** The colour scale every heatmap of the page uses ("relative" or "absolute"). */
 export const heatScale = { current: "relative" };
-
-/** What the colour shows, for the colour bar and hover: ‖∂L/∂x_t‖ and friends. */
-export function seriesSymbol(series) {
-  if (series === "hidden") return "‖∂L/∂h_t‖";
-  if (series === "cell") return "‖∂L/∂c_t‖";
-  const layer = /^layer(\d+)$/.exec(series);
-  if (layer) return `‖∂L/∂x_t‖ (layer ${layer[1]})`;
-  return "‖∂L/∂x_t‖";
-}
 
 /** Append to a trace's arrays in place, keeping the last MAX_ROWS (as extendTraces does). */
 function appendKept(trace, columns) {

@@ -27,6 +27,16 @@ export function horizon(values, factor = HORIZON_FACTOR) {
 }
 
 /** Traces for profiles = [{label, values}] (shared with the HTML report). */
+/** What a series' norm is, for the heatmap's colour bar and the hovers: ‖∂L/∂x_t‖ and friends. */
+export function seriesSymbol(series) {
+  if (series === "hidden") return "‖∂L/∂h_t‖";
+  if (series === "cell") return "‖∂L/∂c_t‖";
+  const layer = /^layer(\d+)$/.exec(series);
+  if (layer) return `‖∂L/∂x_t‖ (layer ${layer[1]})`;
+  return "‖∂L/∂x_t‖";
+}
+
+/** The traces of profiles [{label, values, series?, horizon?}]: the norm at each timestep. */
 export function profileTraces(profiles, colorsErr) {
   const traces = [];
   let top = EXPLODING_NORM * 10;
@@ -49,7 +59,7 @@ export function profileTraces(profiles, colorsErr) {
     traces.push({
       type: "scatter", mode: "lines+markers", name: plotText(p.label), x: ys.map((_, t) => t), y: ys,
       marker: { size: 4 }, line: { width: 2 }, customdata: p.values.map((x) => String(x)),
-      hovertemplate: `${plotText(p.label)}<br>t = %{x}<br>norm %{customdata}<extra></extra>`,
+      hovertemplate: `${plotText(p.label)}<br>t = %{x}<br>${p.series === undefined ? "norm" : seriesSymbol(p.series)} %{customdata}<extra></extra>`,
     });
   }
   // The exploding band and the horizon lines are traces, not shapes: shapes on log
@@ -75,7 +85,8 @@ export function profileTraces(profiles, colorsErr) {
 export function profileLayout() {
   return layout({
     xaxis: axis("timestep t", { zeroline: false }),
-    yaxis: axis("gradient norm ‖∂L/∂x_t‖ (log)", { type: "log", exponentformat: "power" }),
+    // one chart for inputs, hidden and cell states (‖∂L/∂x_t‖, ‖∂L/∂h_t‖, ‖∂L/∂c_t‖: the hovers say which)
+    yaxis: axis("gradient norm (log)", { type: "log", exponentformat: "power" }),
   });
 }
 
@@ -99,11 +110,11 @@ export class Profile {
     const label = series === "input" ? module : `${module} · ${series}`;
     const prev = this.latest.get(label);
     if (prev && prev.step > step) return;
-    this.latest.set(label, { module, step, values });
+    this.latest.set(label, { module, series, step, values });
   }
 
   profiles() {
-    return [...this.latest].map(([label, p]) => ({ label, values: p.values, horizon: this.horizons.get(label) }));
+    return [...this.latest].map(([label, p]) => ({ label, values: p.values, series: p.series, horizon: this.horizons.get(label) }));
   }
 
   async draw() {

@@ -201,6 +201,9 @@ export class RunView {
         api(`/api/runs/${id}/timesteps`, { module: view.module, series: view.series, rank: this.rank, max_steps: 500 })),
     ]);
     if (this.closed) return;
+    // The ratio chart's history comes on a request of its own: its "no data" note waits
+    // for that answer too, not for the chart to be scrolled to.
+    Promise.resolve(this.depth.ratios.view.history).then(() => { if (!this.closed) this.updateNoData(); }, () => {});
     heatmaps.forEach(({ view }, i) => {
       const m = matrices[i];
       if (m && m.steps && m.steps.length) this.profile.view.set(view.module, view.series, m.steps[m.steps.length - 1], m.values[m.values.length - 1]);

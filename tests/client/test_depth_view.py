@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from ..trainer_hooks.precision import F32_RTOL
-from .conftest import chart, scroll_to, wait_js
+from .conftest import chart, end_record, scroll_to, step_record, wait_js
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -233,6 +233,47 @@ def test_many_blocks_are_summed_up_searchable_and_names_stay_text(gradwatch_serv
     trace = chart(r.page, "chart-ratios", find)
     assert trace["y"] == pytest.approx([8e-4 * (s + 1) for s in range(4)], rel=1e-12)
     assert r.errors == [], r.errors
+
+
+def test_the_ratio_note_follows_its_own_answer_without_a_scroll(
+    gradwatch_server: Any, open_page: Any, raw_trainer: Any
+) -> None:
+    """A model with no stack of blocks still has per-block update ratios (one block per
+    module). The ratio chart's history comes on a request of its own; below the fold,
+    nothing redraws it until scrolled to, and its note said "No update ratios yet" on a
+    run that has them (a printed or captured page kept it). Its twin, whose optimizer
+    stepped copies of the parameters, has none and says why."""
+    server = gradwatch_server()
+    stepped, copies = raw_trainer(server, "ratios"), raw_trainer(server, "no ratios")
+    for trainer, ratios in ((stepped, True), (copies, False)):
+        records = []
+        for s in range(4):
+            rec = step_record(s)
+            if ratios:
+                rec["update_ratios"] = {"lstm.weight_ih_l0": 1e-3 * (s + 1), "head.weight": 2e-4}
+            records.append(rec)
+        trainer.send([*records, end_record(3)])
+    # A short window: the ratio panel lies beyond the observer's margin.
+    small = {"width": 1440, "height": 400}
+    w = open_page(server, f"#/run/{stepped.run_id}", viewport=small)
+    w.page.wait_for_selector("body[data-scalars='1']")
+    wait_js(w.page, "() => document.querySelector('#panel-ratios .nodata').hidden", timeout_s=15)
+    assert w.page.evaluate(
+        "() => document.querySelector('#panel-ratios').getBoundingClientRect().top") > 600
+    scroll_to(w.page, "chart-ratios")
+    names = chart(w.page, "chart-ratios", "d.data.map((t) => t.name)")
+    assert {"lstm", "head"} <= set(names), names
+    assert w.errors == [], w.errors
+
+    twin = open_page(server, f"#/run/{copies.run_id}", viewport=small)
+    twin.page.wait_for_selector("body[data-scalars='1']")
+    twin.page.locator("#panel-ratios").scroll_into_view_if_needed()
+    wait_js(twin.page, "() => !!document.getElementById('chart-ratios').data")
+    note = twin.page.locator("#panel-ratios .nodata")
+    assert note.is_visible() and twin.page.is_hidden("#chart-ratios")
+    assert "torch.optim.Optimizer" in note.inner_text()
+    assert "steps copies of the parameters" in note.inner_text()
+    assert twin.errors == [], twin.errors
 
 
 PARAMS = ["blocks.3.attn.in_proj_weight", "blocks.30.mlp.0.weight", "blocks.3", "head.weight",

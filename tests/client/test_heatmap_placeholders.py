@@ -99,6 +99,12 @@ def test_modules_without_series_say_why_and_a_cell_gets_its_own_series(
             ("panel-heatmap-frozen-input", (True, False)),
             ("panel-heatmap-trained-input", (False, True)),
         ]
+        # The profile draws inputs and states on one axis; each line's hover names its norm.
+        hovers = chart(w.page, "chart-profile",
+                       "Object.fromEntries(d.data.map((t) => [t.name, t.hovertemplate]))")
+        assert "‖∂L/∂h_t‖" in hovers["cell · hidden"] and "‖∂L/∂c_t‖" in hovers["cell · cell"]
+        assert "‖∂L/∂x_t‖" in hovers["trained"]
+        assert chart(w.page, "chart-profile", "d.layout.yaxis.title.text") == "gradient norm (log)"
         width = w.page.evaluate(
             "() => document.querySelector('#panel-heatmap-trained-input').clientWidth"
         )

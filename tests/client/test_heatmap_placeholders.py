@@ -100,6 +100,15 @@ def test_modules_without_series_say_why_and_a_cell_gets_its_own_series(
             ("panel-heatmap-trained-input", (False, True)),
         ]
         # The profile draws inputs and states on one axis; each line's hover names its norm.
+        # (Below the heatmaps now, it redraws once scrolled to.)
+        w.page.locator("#panel-profile").scroll_into_view_if_needed()
+        wait_js(
+            w.page,
+            """() => { const names = (document.getElementById('chart-profile').data || [])
+                .map((t) => t.name);
+                const want = ['cell · hidden', 'cell · cell', 'trained'];
+                return want.every((n) => names.includes(n)); }""",
+        )
         hovers = chart(w.page, "chart-profile",
                        "Object.fromEntries(d.data.map((t) => [t.name, t.hovertemplate]))")
         assert "‖∂L/∂h_t‖" in hovers["cell · hidden"] and "‖∂L/∂c_t‖" in hovers["cell · cell"]

@@ -411,3 +411,87 @@ def test_a_loss_kept_below_a_scaling_by_a_constant_is_named(
             monitor.step(scaled)
     alerts = [r for r in records_of(path) if r["kind"] == "alert"]
     assert [(a["subject"], a["step"]) for a in alerts] == ([("loss", 2)] if alerted else [])
+
+
+def _breadth_first_count(root: Any) -> int:
+    """independent_count for graphs too deep to recurse: breadth first, by id."""
+    found, queue = {id(root): root}, [root]
+    while queue:
+        node = queue.pop(0)
+        for child, _ in node.next_functions:
+            if child is not None and id(child) not in found:
+                found[id(child)] = child
+                queue.append(child)
+    return len(found)
+
+
+def _bucketed_walks(
+    path: Path, lengths: list[int], stale_from: int | None, steps: int
+) -> tuple[dict[int, int], dict[int, int]]:
+    """The cell loop of ``_bucketed_run`` with every step heavy: {step: graph_nodes} of
+    the steps walked, and {step: an independent count of its graph} of every step."""
+    torch.manual_seed(0)
+    cell, head = nn.LSTMCell(3, 5), nn.Linear(5, 1)
+    model = nn.ModuleDict({"cell": cell, "head": head})
+    counted: dict[int, int] = {}
+    state = None
+    with watch(model, run="walks", spool=path, diagnose=False, every=1) as monitor:
+        for step in range(steps):
+            h, c = state if state is not None else (torch.zeros(2, 5), torch.zeros(2, 5))
+            loss = torch.zeros(())
+            for x in torch.randn(lengths[step % len(lengths)], 2, 3):
+                h, c = cell(x, (h, c))
+                loss = loss + head(h).square().mean()
+            loss.backward(retain_graph=stale_from is not None)
+            counted[step] = _breadth_first_count(loss.grad_fn)
+            kept = stale_from is not None and step >= stale_from
+            state = (h, c) if kept else None
+            monitor.step(loss)
+    walked = {r["step"]: r["graph_nodes"] for r in records_of(path)
+              if r["kind"] == "step" and "graph_nodes" in r}
+    return walked, counted
+
+
+def test_bucketed_graphs_are_walked_at_doubling_gaps_once_seen(tmp_path: Path) -> None:
+    lengths = [7, 3, 5, 9, 3, 7, 4, 9, 5, 4, 3, 9]  # five lengths, in no fixed order
+    walked, counted = _bucketed_walks(tmp_path / "healthy.jsonl", lengths, None, 200)
+    assert all(walked[s] == counted[s] for s in walked)  # each walk is its step's graph
+    assert len(set(counted.values())) == 5
+    # Walked: each length when first built (steps 1, 2, 3, 5 and 6: step 0, with no step
+    # before it, tells nothing of what it built), a known length at the heavy step after
+    # a walk (4, 7), then at doubling gaps up to every 16th step. Compared with the last
+    # step's graph only, all 200 steps were walked.
+    assert sorted(walked) == [0, 1, 2, 3, 4, 5, 6, 7, 9, 13, 21, 37, 53, 69, 85, 101, 117,
+                              133, 149, 165, 181, 197]
+
+
+@pytest.mark.parametrize("stale_from", [0, 60])
+def test_a_bucketed_graph_that_grows_is_walked_on_every_step(
+    tmp_path: Path, stale_from: int
+) -> None:
+    from gradwatch.trainer_hooks.quantities.graph import MAX_PACE
+
+    lengths = [7, 3, 5, 9, 3, 7, 4, 9, 5, 4, 3, 9]
+    steps = stale_from + 2 * MAX_PACE + 4  # each backward walks every kept graph
+    walked, counted = _bucketed_walks(tmp_path / "stale.jsonl", lengths, stale_from, steps)
+    assert all(walked[s] == counted[s] for s in walked)
+    # from at most MAX_PACE steps after the state was first kept: every step, each
+    # count larger than the one before
+    first = min(s for s in walked if s > stale_from)
+    assert first <= stale_from + 1 + MAX_PACE
+    assert sorted(s for s in walked if s >= first) == list(range(first, steps))
+    growing = [walked[s] for s in range(first, steps)]
+    assert growing == sorted(set(growing))
+
+
+def test_built_numbers_seen_longest_ago_are_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gradwatch.trainer_hooks.quantities import graph
+
+    # two remembered: three lengths in turn each come back forgotten, two do not
+    monkeypatch.setattr(graph, "RECENT_BUILT", 2)
+    walked, _ = _bucketed_walks(tmp_path / "three.jsonl", [3, 5, 7], None, 40)
+    assert sorted(walked) == list(range(40))
+    walked, _ = _bucketed_walks(tmp_path / "two.jsonl", [3, 5], None, 40)
+    assert sorted(walked) == [0, 1, 2, 3, 5, 9, 17, 33]

@@ -10,12 +10,15 @@ with ``graph_truncated``, so a huge graph costs a bounded time.
 
 The walk runs on the training thread (node objects cannot leave it safely), on
 heavy steps only; it reads the graph and never changes it. It is paced by what it
-finds: a heavy step walks when the last walk found a different count than the one
-before it, or when the number of nodes built since the last step (the loss's node
-number less the previous loss's, read in O(1) on every step) changed; otherwise the
-gap between walks doubles, up to every ``MAX_PACE``-th heavy step. A graph that
-grows is walked on every heavy step; a steady one rarely (466 nodes of a cell loop
-cost ~100-150 µs a walk). Steps not walked carry no ``graph_nodes``.
+finds. The number of nodes a step built (the loss's node number less the previous
+loss's, read in O(1) on every step) tells one graph from another: a heavy step walks
+when that number is none of the last ``RECENT_BUILT`` ones, or when the last walk of
+a graph built alike found another count than the walk before it (the graph grows);
+otherwise the gap between walks doubles, up to every ``MAX_PACE``-th heavy step. A
+growing graph is walked on every heavy step; a steady one rarely (466 nodes of a cell
+loop cost ~100-150 µs a walk), and so are the few graphs of sequences bucketed by
+length, which differ from one step to the next (compared with the last step's only,
+every heavy step walked there). Steps not walked carry no ``graph_nodes``.
 
 Example:
     >>> import torch
@@ -35,6 +38,9 @@ from .base import Quantity
 DEFAULT_LIMIT = 100_000
 #: a steady graph is walked at least every this many heavy steps
 MAX_PACE = 16
+#: how many distinct numbers of nodes built per step (light and heavy steps apart)
+#: count as seen lately, with the count the last walk of each found
+RECENT_BUILT = 256
 
 
 def count_nodes(root: Any, limit: int = DEFAULT_LIMIT) -> tuple[int, bool]:
@@ -82,9 +88,10 @@ class GraphSize(Quantity):
             raise ValueError(f"expected a graph walk limit >= 1, got {limit!r}")
         self.limit = limit
         self._last_number: int | None = None  # the previous step's loss node number
-        # nodes built between the last two losses, after a light and after a heavy step
-        self._built: dict[bool, int | None] = {}
-        self._count: int | None = None  # what the last walk found
+        # the last RECENT_BUILT numbers of nodes built between two losses, after light
+        # and after heavy steps (capture adds a few nodes of its own), oldest first,
+        # each with the count its last walk found (None: not walked)
+        self._recent: dict[bool, dict[int | None, int | None]] = {False: {}, True: {}}
         self._skip = 0  # heavy steps left before the next walk of a steady graph
         self._pace = 1
 
@@ -94,8 +101,12 @@ class GraphSize(Quantity):
         number = int(loss.grad_fn._sequence_nr())
         built = None if self._last_number is None else number - self._last_number
         self._last_number = number
-        changed = built != self._built.get(self.heavy_step)
-        self._built[self.heavy_step] = built
+        recent = self._recent[self.heavy_step]
+        changed = built not in recent
+        last = recent.pop(built, None)  # and back at the end: seen most lately
+        recent[built] = last
+        if changed and len(recent) > RECENT_BUILT:
+            del recent[next(iter(recent))]
         if not self.capturing:
             if changed:
                 self._skip = 0  # walk at the next heavy step
@@ -104,9 +115,9 @@ class GraphSize(Quantity):
             self._skip -= 1
             return {}
         count, truncated = count_nodes(loss.grad_fn, self.limit)
-        if count == self._count and not changed:
+        if count == last and not changed:
             self._pace = min(2 * self._pace, MAX_PACE)
         else:
             self._pace = 1
-        self._skip, self._count = self._pace - 1, count
+        self._skip, recent[built] = self._pace - 1, count
         return {"graph_nodes": count, "graph_truncated": truncated}

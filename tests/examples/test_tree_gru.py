@@ -41,4 +41,8 @@ def test_tree_gru_fixed_twin_raises_nothing(run_example: Any) -> None:
     assert len(steps) == 10
     assert alerts == []
     trains(summary, steps)
-    assert all(s["graph_nodes"] == steps[i % 2]["graph_nodes"] for i, s in enumerate(steps))
+    # Two batches of trees in turn, each batch's graph the same size every epoch: walked
+    # when first built, then paced (a graph built alike to one seen lately)
+    walked = {i: s["graph_nodes"] for i, s in enumerate(steps) if "graph_nodes" in s}
+    assert {0, 1, 2} <= set(walked) and len(walked) < len(steps)
+    assert all(n == walked[i % 2] for i, n in walked.items())

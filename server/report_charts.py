@@ -171,7 +171,8 @@ def profile_figure(profiles: list[tuple[str, list[Any]]], horizons: dict[str, in
         "data": traces,
         "layout": _layout(
             xaxis=_axis("timestep t", zeroline=False),
-            yaxis=_axis("gradient norm ‖∂L/∂x_t‖ (log)", type="log", exponentformat="power"),
+            # inputs, hidden and cell states on one axis: each line is named by its series
+            yaxis=_axis("gradient norm (log)", type="log", exponentformat="power"),
         ),
     }
 

@@ -205,7 +205,7 @@ export class DepthPanels {
     const prof = panel("depth-profile", "Latest depth profile", "Gradient norm at the input of each block l in the latest recorded step (log scale): the gradient the loss sends down the residual stream, loss side right. A drop towards block 0: vanishing through depth; a rise: exploding.");
     this.profile = { view: new DepthProfile(prof.chart, prof.note), panel: prof };
     const ratio = panel("ratios", "Update-to-weight ratio per block", "‖w_after − w_before‖ / ‖w_before‖ of each optimizer step, per block: the largest ratio among the block's parameters. Dashed: the 1e-3 rule of thumb (far above: steps too big; far below: the block barely learns). With many blocks the largest are drawn; search for the others.");
-    ratio.nodata.textContent = "No update ratios yet. They are measured around a torch.optim optimizer's step() on the watched parameters, on recorded steps: call monitor.step() after optimizer.step(). An optimizer that is no torch.optim.Optimizer, or one that steps copies of the parameters, gives none.";
+    ratio.nodata.textContent = "No update ratios yet. They are measured around a torch.optim optimizer's step() on the watched parameters, on recorded steps: call monitor.step() after optimizer.step(). An optimizer that is not a torch.optim.Optimizer, or one that steps copies of the parameters, gives none.";
     const view = new LineChart(ratio.chart, ratioSpec((b) => this.stackOfBlock.get(b)));
     ratio.section.querySelector("header").append(lineSearch("ratios", view));
     this.ratios = { view, panel: ratio };

@@ -26,7 +26,6 @@ export function horizon(values, factor = HORIZON_FACTOR) {
   return null;
 }
 
-/** Traces for profiles = [{label, values}] (shared with the HTML report). */
 /** What a series' norm is, for the heatmap's colour bar and the hovers: ‖∂L/∂x_t‖ and friends. */
 export function seriesSymbol(series) {
   if (series === "hidden") return "‖∂L/∂h_t‖";
@@ -36,7 +35,7 @@ export function seriesSymbol(series) {
   return "‖∂L/∂x_t‖";
 }
 
-/** The traces of profiles [{label, values, series?, horizon?}]: the norm at each timestep. */
+/** Traces for profiles = [{label, values, series?, horizon?}] (shared with the HTML report). */
 export function profileTraces(profiles, colorsErr) {
   const traces = [];
   let top = EXPLODING_NORM * 10;

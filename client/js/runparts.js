@@ -45,7 +45,7 @@ function heatCaption() {
 }
 
 /** What a heatmap with no row says: why a module may never get one. */
-export function noHeatRows(module) {
+function noHeatRows(module) {
   return `No per-timestep gradient has reached ${module} yet. Its rows come from captured steps, once a backward runs through its outputs: a module whose outputs need no gradient (its weights frozen and its inputs needing none) never gets one.`;
 }
 

@@ -88,6 +88,22 @@ def resolve_run(store: Store, ref: str) -> dict[str, Any]:
     raise ReportError(f"expected a run id or name in the database, got {ref!r} (runs: {known})")
 
 
+#: a recurrent module without one row, as the run view says it (client/js/runparts.js)
+NO_ROWS = (
+    "No per-timestep gradient reached {module} in the recorded steps. Its rows come from "
+    "captured steps, once a backward runs through its outputs: a module whose outputs need "
+    "no gradient (its weights frozen and its inputs needing none) never gets one."
+)
+
+
+def _note(panel_id: str, title: str, note: str) -> str:
+    """A panel with a sentence where a chart would be: why there is none."""
+    return (
+        f'<section class="panel" id="panel-{panel_id}"><header><h2>{escape(title)}</h2></header>'
+        f'<p class="nodata">{escape(note)}</p></section>'
+    )
+
+
 def _panel(panel_id: str, title: str, caption: str, tall: bool = False) -> str:
     cap = f'<p class="caption">{escape(caption)}</p>' if caption else ""
     return (
@@ -122,6 +138,11 @@ def render_report(store: Store, ref: str, rank: int = 0) -> str:
             figures[f"chart-{pid}"] = heatmap_figure(module, series, matrix)
             if matrix["values"]:
                 profiles.append((label, matrix["values"][-1]))
+    recorded = detail.get("series") or {}
+    silent = [m for m in summary.get("recurrent") or [] if m not in recorded]
+    for k, module in enumerate(silent):  # named in the hello, never a row: say so
+        heat_panels.append(_note(f"heatmap-none-{k}", f"Gradient flow through time: {module}",
+                                 NO_ROWS.format(module=module)))
     horizons: dict[str, int] = {}
     for a in alerts:
         raw = a.get("evidence")

@@ -87,6 +87,35 @@ def test_report_draws_offline_with_alerts_and_names_as_text(
     assert dialogs == []
 
 
+def test_a_recurrent_module_without_rows_is_named_with_why(
+    gradwatch_server: Any, tmp_path: Path
+) -> None:
+    """As the run view: a module the hello names that never sent a row gets a panel
+    saying so (its name as text), beside the heatmap of the one that did."""
+    import json
+
+    from websockets.sync.client import connect
+
+    server = gradwatch_server()
+    frozen = "<b>frozen</b>"
+    with connect(server.url + "/ws/ingest") as ws:
+        ws.send(json.dumps({"type": "hello", "protocol": 1, "run_id": "silent", "run": "silent",
+                            "model": {"recurrent": ["lstm", frozen]}}))
+        ws.send(json.dumps({"type": "batch", "run_id": "silent", "rank": 0, "seq": 0,
+                            "records": [step_record(s) for s in range(3)] + [end_record(2)]}))
+        assert json.loads(ws.recv(timeout=30)) == {"type": "ack", "seq": 0}
+    out = tmp_path / "silent.html"
+    done = report("silent", "-o", str(out), "--db", server.db)
+    assert done.returncode == 0, done.stderr
+    html = out.read_text(encoding="utf-8")
+    assert 'id="chart-heatmap-0-0"' in html  # lstm's rows
+    shown = "&lt;b&gt;frozen&lt;/b&gt;"
+    assert frozen not in html
+    assert f"Gradient flow through time: {shown}</h2>" in html
+    assert f"No per-timestep gradient reached {shown} in the recorded steps." in html
+    assert html.count("No per-timestep gradient reached") == 1
+
+
 def test_report_finds_a_run_by_name(finished_run, tmp_path: Path):
     server, trainer = finished_run
     out = tmp_path / "by-name.html"

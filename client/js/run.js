@@ -192,7 +192,8 @@ export class RunView {
       if (tail) this.overhead.fromHistory(tail.fields || {});
       return historySeries(steps, epochs);
     });
-    for (const { view } of this.charts.values()) view.setHistory(fields);
+    // every line chart but the ratios, whose history comes from /update_ratios (depth.js)
+    for (const { view } of this.charts.values()) if (view !== this.depth.ratios.view) view.setHistory(fields);
     if (this.ranksView) this.ranksView.load().catch((err) => this.showError(err));
     const [alerts, , ...matrices] = this.replay ? [[], null, ...heatmaps.map(() => null)] : await Promise.all([
       api(`/api/runs/${id}/alerts`),

@@ -92,7 +92,8 @@ export class LineChart extends OnScreen {
   setHistory(series) {
     super.setHistory(series);
     Promise.resolve(series).then((s) => {
-      this.historyHasData = Object.keys(s || {}).some((k) => this.spec.match(k));
+      // an answer that came after a later history replaced it says nothing of this chart
+      if (this.history === series) this.historyHasData = Object.keys(s || {}).some((k) => this.spec.match(k));
     }, () => {});
   }
 

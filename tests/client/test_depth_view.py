@@ -235,6 +235,22 @@ def test_many_blocks_are_summed_up_searchable_and_names_stay_text(gradwatch_serv
     assert r.errors == [], r.errors
 
 
+#: an init script: the page's requests for /steps wait until __releaseScalars()
+SCALARS_LATE = """(() => {
+  let release;
+  const gate = new Promise((ok) => { release = ok; });
+  window.__releaseScalars = () => release();
+  window.__scalarsAsked = 0;
+  const fetchNow = window.fetch.bind(window);
+  window.fetch = (input, init) => {
+    const url = String(input instanceof Request ? input.url : input);
+    if (!url.includes("/api/runs/") || !url.includes("/steps")) return fetchNow(input, init);
+    window.__scalarsAsked += 1;
+    return gate.then(() => fetchNow(input, init));
+  };
+})();"""
+
+
 def test_the_ratio_note_follows_its_own_answer_without_a_scroll(
     gradwatch_server: Any, open_page: Any, raw_trainer: Any
 ) -> None:
@@ -255,7 +271,20 @@ def test_the_ratio_note_follows_its_own_answer_without_a_scroll(
         trainer.send([*records, end_record(3)])
     # A short window: the ratio panel lies beyond the observer's margin.
     small = {"width": 1440, "height": 400}
-    w = open_page(server, f"#/run/{stepped.run_id}", viewport=small)
+    w = open_page(server, "#/", viewport=small)
+    # The scalars (/steps) answer after the ratios: the order that once left the note
+    # on (both histories set whether the chart had data, and the last answer won). The
+    # page's fetch of /steps waits for a gate this test opens.
+    w.page.add_init_script(SCALARS_LATE)
+    w.page.goto(f"{server.http}/?scalars=late#/run/{stepped.run_id}")  # a new document
+    wait_js(w.page, """async () => {
+        const v = window.gradwatch.state.view;
+        const r = v && v.depth && v.depth.ratios.view;
+        if (!r || !r.history) return false;
+        const late = new Promise((ok) => setTimeout(() => ok(false), 20));
+        return await Promise.race([Promise.resolve(r.history).then(() => true), late]); }""")
+    assert w.page.evaluate("() => window.__scalarsAsked") > 0
+    w.page.evaluate("() => window.__releaseScalars()")
     w.page.wait_for_selector("body[data-scalars='1']")
     wait_js(w.page, "() => document.querySelector('#panel-ratios .nodata').hidden", timeout_s=15)
     assert w.page.evaluate(

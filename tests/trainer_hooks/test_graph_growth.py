@@ -316,17 +316,28 @@ def _bucketed_run(
         for step in range(steps):
             if cell._forward_pre_hooks:
                 armed.append(step)
-            h, c = state if state is not None else (torch.zeros(2, 5), torch.zeros(2, 5))
-            loss = torch.zeros(())
-            for x in torch.randn(lengths[step % len(lengths)], 2, 3):
-                h, c = cell(x, (h, c))
-                loss = loss + head(h).square().mean()
-            # no optimizer: a carried state's old graph must stay valid to backward through
-            loss.backward(retain_graph=stale_from is not None)
-            kept = stale_from is not None and step >= stale_from
-            state = (h, c) if kept else None
+            loss, state = _bucketed_step(cell, head, lengths[step % len(lengths)], state,
+                                         stale_from, step)
             monitor.step(loss)
     return armed, [r for r in records_of(path) if r["kind"] == "alert"]
+
+
+def _bucketed_step(
+    cell: nn.LSTMCell, head: nn.Linear, length: int, state: Any, stale_from: int | None,
+    step: int,
+) -> tuple[torch.Tensor, Any]:
+    """One step of the bucketed cell loop, forward and backward, from ``state`` (zeros
+    when None): its loss, and the state carried into the next step (from ``stale_from``
+    on, without detach(); else None)."""
+    h, c = state if state is not None else (torch.zeros(2, 5), torch.zeros(2, 5))
+    loss = torch.zeros(())
+    for x in torch.randn(length, 2, 3):
+        h, c = cell(x, (h, c))
+        loss = loss + head(h).square().mean()
+    # no optimizer: a carried state's old graph must stay valid to backward through
+    loss.backward(retain_graph=stale_from is not None)
+    kept = stale_from is not None and step >= stale_from
+    return loss, ((h, c) if kept else None)
 
 
 def test_bucketed_lengths_are_not_a_structure_change_once_seen(tmp_path: Path) -> None:
@@ -437,15 +448,9 @@ def _bucketed_walks(
     state = None
     with watch(model, run="walks", spool=path, diagnose=False, every=1) as monitor:
         for step in range(steps):
-            h, c = state if state is not None else (torch.zeros(2, 5), torch.zeros(2, 5))
-            loss = torch.zeros(())
-            for x in torch.randn(lengths[step % len(lengths)], 2, 3):
-                h, c = cell(x, (h, c))
-                loss = loss + head(h).square().mean()
-            loss.backward(retain_graph=stale_from is not None)
+            loss, state = _bucketed_step(cell, head, lengths[step % len(lengths)], state,
+                                         stale_from, step)
             counted[step] = _breadth_first_count(loss.grad_fn)
-            kept = stale_from is not None and step >= stale_from
-            state = (h, c) if kept else None
             monitor.step(loss)
     walked = {r["step"]: r["graph_nodes"] for r in records_of(path)
               if r["kind"] == "step" and "graph_nodes" in r}

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from .base import Quantity
+from .recent import Recent
 
 DEFAULT_LIMIT = 100_000
 #: a steady graph is walked at least every this many heavy steps
@@ -91,7 +92,7 @@ class GraphSize(Quantity):
         # the last RECENT_BUILT numbers of nodes built between two losses, after light
         # and after heavy steps (capture adds a few nodes of its own), oldest first,
         # each with the count its last walk found (None: not walked)
-        self._recent: dict[bool, dict[int | None, int | None]] = {False: {}, True: {}}
+        self._recent = {False: Recent(RECENT_BUILT), True: Recent(RECENT_BUILT)}
         self._skip = 0  # heavy steps left before the next walk of a steady graph
         self._pace = 1
 
@@ -102,11 +103,8 @@ class GraphSize(Quantity):
         built = None if self._last_number is None else number - self._last_number
         self._last_number = number
         recent = self._recent[self.heavy_step]
-        changed = built not in recent
-        last = recent.pop(built, None)  # and back at the end: seen most lately
-        recent[built] = last
-        if changed and len(recent) > RECENT_BUILT:
-            del recent[next(iter(recent))]
+        changed = recent.see(built)
+        last = recent.values[built]  # what the last walk of a graph built alike found
         if not self.capturing:
             if changed:
                 self._skip = 0  # walk at the next heavy step
@@ -119,5 +117,5 @@ class GraphSize(Quantity):
             self._pace = min(2 * self._pace, MAX_PACE)
         else:
             self._pace = 1
-        self._skip, recent[built] = self._pace - 1, count
+        self._skip, recent.values[built] = self._pace - 1, count
         return {"graph_nodes": count, "graph_truncated": truncated}

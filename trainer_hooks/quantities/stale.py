@@ -55,6 +55,7 @@ from torch import nn
 
 from .base import Quantity
 from .module_hooks import OwnHook
+from .recent import Recent
 
 #: nodes walked upstream of an incoming tensor on a module's first call in a step
 WALK_LIMIT = 32
@@ -194,7 +195,7 @@ class StaleState(Quantity):
         self._pace = 1
         # the last RECENT_COUNTS distinct numbers of autograd nodes light and heavy
         # steps created (heavy steps' capture adds a few of its own), oldest first
-        self._created: dict[bool, dict[int, None]] = {False: {}, True: {}}
+        self._created = {False: Recent(RECENT_COUNTS), True: Recent(RECENT_COUNTS)}
 
     def attach(self, model: nn.Module) -> None:
         for name, module in find_recurrent(model, self.cells):
@@ -231,7 +232,7 @@ class StaleState(Quantity):
             self._thread = thread
             self._marks = _StepMarks()
             self._last_loss_node = None
-            self._created = {False: {}, True: {}}
+            self._created = {False: Recent(RECENT_COUNTS), True: Recent(RECENT_COUNTS)}
             self._due, self._pace = self.step, 1
         self._mark = self._marks.start(self.step, self._last_loss_node)
         self._last_loss_node = None
@@ -328,12 +329,8 @@ class StaleState(Quantity):
         if node is not None and same_thread and self._mark is not None:
             created = int(node._sequence_nr()) + 1 - self._mark
             recent = self._created[self.heavy_step]
-            if created in recent:
-                del recent[created]  # seen lately: it moves to the newest place
-            elif recent:
+            first = not recent  # the first graph of its kind is no change
+            if recent.see(created) and not first:
                 self._due, self._pace = self.step + 1, 1  # a new graph: check next step
-                if len(recent) >= RECENT_COUNTS:
-                    del recent[next(iter(recent))]
-            recent[created] = None
         alerts, self._alerts = self._alerts, []
         return {"alerts": alerts} if alerts else {}

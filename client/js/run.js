@@ -371,18 +371,13 @@ export class RunView {
   }
 
   updateNoData() {
-    for (const { view, panel: p } of this.lineCharts()) {
+    // A chart with nothing to draw says why instead of empty axes (a heatmap: a module
+    // no gradient has reached yet).
+    for (const { view, panel: p } of [...this.lineCharts(), ...this.heatmaps.values()]) {
       p.nodata.hidden = view.hasData;
       const wasHidden = p.chart.hidden;
       p.chart.hidden = !view.hasData;
       // Drawn while hidden, a chart has no size yet: fit it once it shows.
-      if (wasHidden && view.hasData && view.drawn) window.Plotly.Plots.resize(p.chart);
-    }
-    // A heatmap with no row yet says so (a module no gradient has reached), not empty axes.
-    for (const { view, panel: p } of this.heatmaps.values()) {
-      p.nodata.hidden = view.hasData;
-      const wasHidden = p.chart.hidden;
-      p.chart.hidden = !view.hasData;
       if (wasHidden && view.hasData && view.drawn) window.Plotly.Plots.resize(p.chart);
     }
     this.profile.panel.nodata.hidden = this.profile.view.hasData;

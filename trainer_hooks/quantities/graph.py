@@ -103,6 +103,8 @@ class GraphSize(Quantity):
         built = None if self._last_number is None else number - self._last_number
         self._last_number = number
         recent = self._recent[self.heavy_step]
+        if not self.capturing and built == recent.last:
+            return {}  # a light step that built what the step before did (most steps)
         changed = recent.see(built)
         last = recent.values[built]  # what the last walk of a graph built alike found
         if not self.capturing:

@@ -11,12 +11,17 @@ Example:
     [True, True, False, True]
     >>> list(r.values)  # 3 was seen longest ago: forgotten
     [7, 5]
+    >>> r.last  # a caller that sees this key again may skip see(): nothing would move
+    5
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 from typing import Any
+
+#: ``Recent.last`` before any key: equal to no key a caller has
+_NOTHING = object()
 
 
 class Recent:
@@ -25,6 +30,10 @@ class Recent:
     def __init__(self, size: int) -> None:
         self.size = size
         self.values: dict[Hashable, Any] = {}
+        #: the key seen most lately (a placeholder equal to no key before any): most
+        #: steps repeat the step before, and a check that compares with it first
+        #: skips a call on each
+        self.last: Hashable = _NOTHING
 
     def __len__(self) -> int:
         return len(self.values)
@@ -37,4 +46,5 @@ class Recent:
         if new and len(values) >= self.size:
             del values[next(iter(values))]
         values[key] = value
+        self.last = key
         return new

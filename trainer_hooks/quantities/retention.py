@@ -98,15 +98,17 @@ class LossRetention(Quantity):
         self.step += 1
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, Any]:
-        if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        node: Any = loss.grad_fn if isinstance(loss, torch.Tensor) else None
+        if node is None:
             return {}
-        node: Any = loss.grad_fn
         if self.step < ORDER_CHECKS:  # fires only if a backward starts here from now on
             node.register_prehook(partial(self._backward_after_step, self.step))
         if self._alerted:
             return {}
         sentinel = _Sentinel()
-        _unscaled(node).metadata["gradwatch_step"] = sentinel
+        if type(node).__name__ in _SCALING:  # rare: a call saved on every other step
+            node = _unscaled(node)
+        node.metadata["gradwatch_step"] = sentinel
         refs = self._refs
         refs.append((self.step, weakref.ref(sentinel)))
         oldest = None

@@ -17,7 +17,10 @@ block has been timed: what the training thread's side of a light step costs alon
 as if the background work ran in another process; its records are finished after
 the block, so it reports no overhead), ``unhooked`` (the same light steps after
 ``monitor.remove()``: only ``step()``'s record and the background thread, no hook on
-the model) and ``default`` (``watch(model)`` with no options: the budget). ``--wall``
+the model), ``bare`` (no monitor: a ``step()`` that keeps the time and the loss and
+nothing else, the floor of any per-step record), ``hooked`` (a light monitor's hooks
+on the model, its steps closed by that bare ``step()`` instead: what the hooks alone
+cost) and ``default`` (``watch(model)`` with no options: the budget). ``--wall``
 times the blocks by the wall clock instead of process CPU (what training waits for;
 the background thread's CPU then counts only where it holds training up). The
 budget learns its interval over its first steps, so ``default`` warms up
@@ -30,6 +33,8 @@ budget learns its interval over its first steps, so ``default`` warms up
     .venv/bin/python bench/same_model.py --only long_lstm --every default --steps 200 --self
     .venv/bin/python bench/same_model.py --only long_lstm --every light unhooked parked \
         --self --wall --rounds 40 --steps 64   # where a light step's cost goes
+    .venv/bin/python bench/same_model.py --only long_lstm --every bare hooked parked light \
+        --self --wall --rounds 40 --steps 64 --processes 2   # hooks or step()?
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ def block(
 ) -> tuple[float, float, float]:
     """Process CPU (wall time with ``wall``), training-thread CPU and background-thread
     CPU per step."""
-    thread = monitor._pipeline._thread if monitor is not None else None
+    pipeline = getattr(monitor, "_pipeline", None)
+    thread = pipeline._thread if pipeline is not None else None
     clock = time.pthread_getcpuclockid(thread.ident) if thread is not None else None
     background = time.clock_gettime(clock) if clock is not None else 0.0
     total = time.perf_counter if wall else time.process_time
@@ -92,6 +98,23 @@ def park(monitor: Any) -> threading.Event:
     pipeline._wake.set()  # out of the wait it is in, into held()
     holding.wait()
     return gate
+
+
+class Bare:
+    """The ``bare`` arm's stand-in for a monitor: ``step()`` keeps the time and the
+    loss and nothing else, with no hook and no thread: the floor of any per-step
+    record."""
+
+    _pipeline = None
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[float, Any]] = []
+
+    def step(self, loss: Any) -> None:
+        self.kept.append((time.perf_counter(), loss.detach()))
+
+    def flush(self) -> None:
+        self.kept.clear()
 
 
 def reported(spool: str, first: int, steps: int) -> float:
@@ -121,13 +144,21 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 if arm.startswith("plain"):
                     found[arm].append(block(step, args.steps, wall=wall))
                     continue
+                if arm == "bare":
+                    found[arm].append(block(step, args.steps, Bare(), wall=wall))
+                    continue
                 schedule = {} if arm == "default" else {
-                    "every": LIGHT if arm in ("light", "parked", "unhooked") else int(arm)}
+                    "every": LIGHT if arm in ("light", "parked", "unhooked", "hooked")
+                    else int(arm)}
                 warm = args.default_warm if arm == "default" else args.warm
                 spool = os.path.join(tmp, f"{arm}-{r}.jsonl")
                 monitor = watch(model, run=arm, spool=spool, quiet=True, **schedule,
                                 **work.options)
                 block(step, warm, monitor)
+                if arm == "hooked":  # its hooks on the model, its steps never closed
+                    found[arm].append(block(step, args.steps, Bare(), wall=wall))
+                    monitor.close()
+                    continue
                 if arm == "unhooked":
                     monitor.remove()  # steps still record: step() and the background
                 if arm == "parked":
@@ -172,8 +203,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="cells", choices=workloads.WORKLOADS)
     parser.add_argument("--every", nargs="*", default=["1", "light"],
-                        help="schedules to measure: an interval, 'light', 'parked', 'unhooked' "
-                        "or 'default'")
+                        help="schedules to measure: an interval, 'light', 'parked', 'unhooked', "
+                        "'bare', 'hooked' or 'default'")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=32, help="timed steps a block")
     parser.add_argument("--warm", type=int, default=70, help="untimed steps after watch()")

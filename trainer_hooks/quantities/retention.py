@@ -106,7 +106,7 @@ class LossRetention(Quantity):
         if self._alerted:
             return {}
         sentinel = _Sentinel()
-        if type(node).__name__ in _SCALING:  # rare: a call saved on every other step
+        if type(node).__name__ in _SCALING:  # most losses are not scaled: no call for them
             node = _unscaled(node)
         node.metadata["gradwatch_step"] = sentinel
         refs = self._refs

@@ -223,9 +223,9 @@ class StaleState(Quantity):
         self._watched = []
 
     def start_step(self, capture: bool) -> None:
-        # On every light step of a short training step: each call and attribute read
-        # here shows (~10 µs of a 30 µs step() in a 1.6 ms loop, BENCHMARKS.md), so what
-        # rarely changes is compared before anything is called.
+        # Runs on every light step, where each call and attribute read shows in a short
+        # training step (BENCHMARKS.md, "What a light step costs"): what rarely changes
+        # is compared before anything is called.
         self.capturing = capture
         self.step += 1
         thread = threading.get_ident()

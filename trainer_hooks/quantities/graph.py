@@ -103,14 +103,13 @@ class GraphSize(Quantity):
         built = None if self._last_number is None else number - self._last_number
         self._last_number = number
         recent = self._recent[self.heavy_step]
-        if not self.capturing and built == recent.last:
-            return {}  # a light step that built what the step before did (most steps)
-        changed = recent.see(built)
-        last = recent.values[built]  # what the last walk of a graph built alike found
         if not self.capturing:
-            if changed:
+            # most light steps build what the step before did: see() would move nothing
+            if built != recent.last and recent.see(built):
                 self._skip = 0  # walk at the next heavy step
             return {}
+        changed = recent.see(built)
+        last = recent.values[built]  # what the last walk of a graph built alike found
         if self._skip > 0 and not changed:
             self._skip -= 1
             return {}

@@ -105,8 +105,6 @@ class Bare:
     loss and nothing else, with no hook and no thread: the floor of any per-step
     record."""
 
-    _pipeline = None
-
     def __init__(self) -> None:
         self.kept: list[tuple[float, Any]] = []
 

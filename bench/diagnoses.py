@@ -4,8 +4,11 @@ The engine runs on the Monitor's background thread, once per step record, and sh
 the interpreter (the GIL) with the training loop, so it must stay small next to the
 work the thread does anyway. Each round times, interleaved: ``DiagnosisEngine.observe``
 on a recorded step (3 recurrent modules x 121 timesteps, 24 parameter norms, 12
-profiled modules, graph size, memory) and on a light step (timing only), and
-``gradwatch.protocol.dumps`` of the same recorded step. Medians over rounds.
+profiled modules, graph size, memory), on a light step (timing only, uniform jitter),
+on the light step records of a real training loop (``--workload``, trained first:
+step times that drift and come in runs), the latter again with the slowdown
+detector's sorted slopes kept for a whole window, and ``gradwatch.protocol.dumps`` of
+the recorded step. Medians over rounds.
 
 With ``--alarms`` it measures what the diagnoses say instead (bench/diagnosis_runs.py):
 per diagnosis, false alarms (alerts raised that are not true of the model) per 1,000
@@ -30,9 +33,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gradwatch.protocol import dumps
+from gradwatch.protocol import dumps, read_spool
 from gradwatch.protocol import messages as m
-from gradwatch.trainer_hooks.diagnoses import DiagnosisEngine
+from gradwatch.trainer_hooks.diagnoses import DiagnosisEngine, slowdown
 
 
 def heavy(step: int, rng: random.Random) -> dict[str, Any]:
@@ -71,6 +74,35 @@ def light(step: int, rng: random.Random) -> dict[str, Any]:
         "t": 1e9 + step,
         "duration_s": 0.02 * rng.uniform(0.8, 1.2),
     }
+
+
+def recorded_light(steps: int, workload: str) -> list[dict[str, Any]]:
+    """The light step records of a real training loop (``bench/workloads.py``), read
+    back from its spool: their step times drift and come in runs, which the uniform
+    jitter of :func:`light` never does."""
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import workloads
+
+    from gradwatch.trainer_hooks import watch
+
+    torch.set_num_threads(1)
+    work = workloads.workload(workload)
+    step = work.make_step(work.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        spool = os.path.join(tmp, "light.jsonl")
+        monitor = watch(work.model, run="light", spool=spool, quiet=True, diagnose=False,
+                        every=10**9, **work.options)
+        workloads.train(step, monitor, steps)
+        monitor.close()
+        return [r for m in read_spool(spool) if m["type"] == "batch" for r in m["records"]
+                if r["kind"] == "step" and r["step"] > 0]
 
 
 def per_record(fn: Callable[[dict[str, Any]], Any], records: list[dict[str, Any]]) -> float:
@@ -162,6 +194,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--records", type=int, default=2000)
+    p.add_argument("--workload", default="long_lstm",
+                   help="the training loop whose light step records are replayed")
     p.add_argument("--alarms", action="store_true", help="false alarms and detection steps")
     p.add_argument("--steps", type=int, default=500, help="with --alarms: steps per healthy run")
     p.add_argument("--seeds", type=int, default=1, help="with --alarms: jitter seeds per run")
@@ -172,20 +206,33 @@ def main() -> None:
     rng = random.Random(0)
     heavies = [heavy(s, rng) for s in range(args.records)]
     lights = [light(s, rng) for s in range(args.records)]
+    looped = recorded_light(args.records, args.workload)
+    window = int(DiagnosisEngine().config["slowdown_window"])
     results: dict[str, list[float]] = {
         "observe (recorded step)": [],
         "observe (light step)": [],
+        f"observe (light, {args.workload})": [],
+        "  slopes kept a window": [],
         "dumps (recorded step)": [],
     }
     for _ in range(args.rounds):
         results["observe (recorded step)"].append(per_record(DiagnosisEngine().observe, heavies))
         results["observe (light step)"].append(per_record(DiagnosisEngine().observe, lights))
+        results[f"observe (light, {args.workload})"].append(
+            per_record(DiagnosisEngine().observe, looped))
+        # the sorted slopes kept through a window of records that cannot hold, as
+        # slowdown.py did before KEEP_SLOPES: the same alerts, at this cost
+        kept, slowdown.KEEP_SLOPES = slowdown.KEEP_SLOPES, window
+        try:
+            results["  slopes kept a window"].append(per_record(DiagnosisEngine().observe, looped))
+        finally:
+            slowdown.KEEP_SLOPES = kept
         results["dumps (recorded step)"].append(per_record(dumps, heavies))
     base = statistics.median(results["dumps (recorded step)"])
-    print(f"{'what':28s} {'median µs/record':>18s} {'x dumps':>8s}")
+    print(f"{'what':32s} {'median µs/record':>18s} {'x dumps':>8s}")
     for name, values in results.items():
         m = statistics.median(values)
-        print(f"{name:28s} {m * 1e6:18.1f} {m / base:8.2f}")
+        print(f"{name:32s} {m * 1e6:18.1f} {m / base:8.2f}")
 
 
 if __name__ == "__main__":

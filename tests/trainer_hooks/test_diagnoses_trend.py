@@ -120,3 +120,38 @@ def test_detectors_feed_their_trend_the_window_they_judge() -> None:
             expected = trend([float(p[0]) for p in points], [float(p[1]) for p in points])
             assert growth._trend.trend() == expected  # type: ignore[attr-defined]
     assert "slowdown" in codes and "graph_growth" in codes  # the premise: both fired
+
+
+def test_slowdown_alerts_do_not_depend_on_how_long_the_sorted_slopes_are_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Step times that drift in runs (as a real loop's do) cross the rising fraction
+    now and then; the slopes are dropped KEEP_SLOPES records later and built again at
+    the next crossing. The alerts are those of slopes kept for a whole window."""
+    from gradwatch.trainer_hooks.diagnoses import slowdown
+
+    rng = random.Random(11)
+    drift, records = 0.0, []
+    for n in range(700):
+        drift = 0.9 * drift + rng.gauss(0.0, 0.002)  # autocorrelated: runs of slow steps
+        ramp = 0.0003 * (n - 500) if n > 500 else 0.0  # then a real slowdown
+        records.append({"kind": "step", "step": n, "t": float(n),
+                        "duration_s": 0.02 + abs(drift) + ramp})
+    runs: dict[int, list[tuple[int, str, str]]] = {}
+    builds: dict[int, int] = {}
+    default = slowdown.KEEP_SLOPES
+    for keep in (1, default, 30):
+        monkeypatch.setattr(slowdown, "KEEP_SLOPES", keep)
+        engine = DiagnosisEngine()
+        detector = next(d for d in engine.detectors if d.code == "slowdown")
+        alerts, built = [], 0
+        for record in records:
+            before = detector._trend._slopes  # type: ignore[attr-defined]
+            alerts += [(a["step"], a["code"], a["state"]) for a in engine.observe(record)]
+            after = detector._trend._slopes  # type: ignore[attr-defined]
+            built += before is None and after is not None
+        runs[keep], builds[keep] = alerts, built
+    assert runs[1] == runs[default] == runs[30]
+    assert (500 < runs[30][0][0] < 700, runs[30][0][1:]) == (True, ("slowdown", "raised"))
+    # the premise: kept for shorter, the slopes were dropped and built again more often
+    assert builds[1] >= builds[default] > builds[30] >= 1

@@ -79,6 +79,15 @@ def _both_halves_rise(xs: list[float], ys: list[float]) -> bool:
 #: the rising fraction each half of the window needs (noise alone gives 0.5 ± 0.1)
 _HALF_RISING = 0.6
 
+#: judgements in a row that end at the rising fraction before the sorted slopes are
+#: dropped. Kept, they cost each record ~12 µs (its 29 slopes in, the oldest's out);
+#: built again at the next trend(), ~47 µs. A real loop's step times cross the rising
+#: fraction now and then, one record at a time: replaying four workloads' records,
+#: keeping them for a whole window (30 records) made the diagnoses 1.2-1.5x dearer
+#: than dropping them at once (BENCHMARKS.md, "Diagnoses: cost per record"). Kept
+#: through one such record, so that a slowdown's run of trend() calls keeps them.
+KEEP_SLOPES = 2
+
 
 class SlowdownDetector(Detector):
     code = "slowdown"
@@ -143,9 +152,9 @@ class SlowdownDetector(Detector):
         if self._trend.rising() < needed:
             # Cannot hold, whatever the slope: most records of a steady run end here,
             # without the slopes' sort (this runs on every step record). The sorted
-            # slopes are dropped after a window of such records, kept in between.
+            # slopes are dropped after KEEP_SLOPES such records, kept in between.
             self._cold += 1
-            if self._cold >= len(self._trend):
+            if self._cold >= KEEP_SLOPES:
                 self._trend.release()
             self._streak, self._holding = 0, False
             return {"step_time": None}

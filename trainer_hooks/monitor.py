@@ -5,7 +5,7 @@ host copy and appends the record to the pipeline's list (``transfer.py``,
 ``pipeline.py``); everything else happens on the background thread. A light step
 after a light step (most steps) visits only the quantities that have work on it
 (``Quantity.idle_when_light`` false: the graph and stale-state checks), a list made
-once; the record's ``overhead`` still counts all of ``step()``'s CPU and the hooks'.
+once; the record's ``overhead`` still counts all of ``step()``'s time and the hooks'.
 
 Example:
     >>> import os, torch
@@ -116,9 +116,8 @@ class Monitor:
         self._pipeline = Pipeline(sink, quantities, diagnoser=diagnoser, once=once)
         self._epoch_started = self._step_started = time.perf_counter()
         self._epoch_first_step = 0
-        self._carry = 0.0  # gradwatch CPU time spent after the last record was made
+        self._carry = 0.0  # step()'s seconds after the last record was made
         self._record_made = time.perf_counter()
-        self._made_cpu = time.thread_time()
         self._heavy = False
         # the quantities with work on a light step after a light one (most steps)
         self._busy_light = [q for q in quantities if not q.idle_when_light]
@@ -157,19 +156,18 @@ class Monitor:
             True
         """
         entered = time.perf_counter()
-        entered_cpu = time.thread_time()
         if self.closed:
             self._once.warn("step_after_close", "gradwatch: step() after close() is ignored")
             return
         try:
-            self._record_step(loss, graph, entered, entered_cpu)
+            self._record_step(loss, graph, entered)
         except Exception as e:  # never into the training loop
             self._once.warn("step", f"gradwatch: recording a step failed: {type(e).__name__}: {e}")
-            self._record_made, self._made_cpu = time.perf_counter(), time.thread_time()
+            self._record_made = time.perf_counter()
         self.step_index += 1
         self._begin_step()
         # what step() spent after the record's overhead was fixed counts to the next step
-        self._carry = time.thread_time() - self._made_cpu
+        self._carry = time.perf_counter() - self._record_made
 
     def epoch(self) -> None:
         """Close one epoch: sends an ``epoch`` record with its duration and step count."""
@@ -273,7 +271,6 @@ class Monitor:
         loss: torch.Tensor | float | None,
         graph: torch.Tensor | None,
         entered: float,
-        entered_cpu: float,
     ) -> None:
         duration = entered - self._step_started
         self._step_started = entered
@@ -316,11 +313,15 @@ class Monitor:
             if payload:
                 payloads[q.name] = payload
         packed = pack(payloads) if payloads else None
-        made, self._made_cpu = time.perf_counter(), time.thread_time()
+        made = time.perf_counter()
         span, self._record_made = made - self._record_made, made
-        # step()'s own part in CPU time: a step() that another process preempted (or
-        # that waited for the GIL, whose holder's CPU is counted apart) costs no more
-        spent = hooks_cost + self._carry + (self._made_cpu - entered_cpu)
+        # step()'s own part by the wall clock, as the hooks time theirs: a CPU clock is
+        # a system call (~1.3 µs each in a training loop, three a step, and the loop
+        # around them slowed by as much again: BENCHMARKS.md, "What a light step
+        # costs"). A step() preempted by another process reads longer, as the training
+        # code around it does: over many steps the share stays what training loses.
+        # The GIL: in a 1.6 ms loop, 2 of 4,000 step() calls waited for it (> 50 µs).
+        spent = hooks_cost + self._carry + (made - entered)
         # What the hooks slow down that no timer sees (measured against light steps by
         # the schedule, with a budget) counts too: the field is what training loses.
         unseen = self.schedule.hidden_s() if self._heavy else 0.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -50,3 +52,34 @@ def test_compiled_model_gives_the_eager_series_on_every_step() -> None:
     compiled(x).backward()
     assert q.finish_step(None) == {}
     q.detach()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+# dynamo, resuming after the hook's graph break, peeks at .grad of a non-leaf input
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+def test_an_eager_hook_skips_dynamos_wrapper_outside_a_compiled_region() -> None:
+    """Any torch.optim optimizer imports dynamo; a hook called on every cell call must
+    not pay torch.compiler.disable's wrapper then (~0.75 µs a call), only inside a
+    compiled region, where it is what keeps dynamo from tracing the hook."""
+    import sys
+
+    from gradwatch.trainer_hooks.quantities.calls import eager
+
+    callers: list[str] = []
+
+    @eager
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        callers.append(sys._getframe(1).f_code.co_name)  # who called the hook
+
+    torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)  # loads dynamo
+    assert "torch._dynamo" in sys.modules
+    layer = nn.Linear(2, 2)
+    layer.register_forward_hook(hook)
+    layer(torch.ones(1, 2))
+    assert callers == ["call"]  # eager's own wrapper, directly
+    compiled = torch.compile(lambda x: layer(x).sin())
+    compiled(torch.ones(1, 2))
+    assert len(callers) == 2 and callers[1] != "call"  # through the disabled wrapper
+    layer(torch.ones(1, 2))
+    assert callers[2] == "call"  # and directly again once out of it

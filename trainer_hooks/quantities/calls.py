@@ -30,6 +30,10 @@ import torch
 F64 = torch.float64
 
 
+#: -1 outside a backward pass (what in_backward() reads; hooks on every call read it)
+graph_task_id = torch._C._current_graph_task_id
+
+
 def in_backward() -> bool:
     """True while autograd runs a backward pass on this thread.
 
@@ -39,7 +43,7 @@ def in_backward() -> bool:
     reentrant checkpointing recomputes and back-propagates through the recomputation
     (its hooks fire, and it is kept).
     """
-    return bool(torch._C._current_graph_task_id() != -1)
+    return bool(graph_task_id() != -1)
 
 
 def checkpoint_signal(error: BaseException) -> bool:
@@ -60,6 +64,25 @@ def checkpoint_signal(error: BaseException) -> bool:
 Fn = TypeVar("Fn", bound=Callable[..., Any])
 
 
+def _inside_compile() -> Any:
+    """Without dynamo's frame callback to read, every call is taken for one inside a
+    compiled region: the disabled wrapper, as before the check."""
+    return True
+
+
+# dynamo's frame callback on this thread: None, or False (disabled), outside compile
+_frame_callback: Callable[[], Any] = getattr(
+    getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None),
+    "get_eval_frame_callback",
+    _inside_compile,
+)
+
+
+_MODULES = sys.modules
+_is_compiling = torch.compiler.is_compiling
+_OUTSIDE = (None, False)  # the frame callback outside a compiled region
+
+
 def eager(fn: Fn) -> Fn:
     """Run ``fn`` eagerly even inside ``torch.compile`` (a graph break, not a trace).
 
@@ -68,13 +91,23 @@ def eager(fn: Fn) -> Fn:
     deferred until dynamo has been imported by someone (``torch.compile`` imports it
     before it traces anything): importing it here would add seconds to ``watch()``
     for everyone who never compiles.
+
+    Outside a compiled region (no frame callback set: what torch's own ``set_stance``
+    checks) ``fn`` is called as it is. Any ``torch.optim`` optimizer imports dynamo,
+    and the disabled wrapper cost a cell loop's hook, which runs on every call, ~0.75
+    µs a call (BENCHMARKS.md, "Capture cost").
     """
     disabled: Fn | None = None
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         nonlocal disabled
-        if "torch._dynamo" not in sys.modules:
+        # while dynamo traces, is_compiling() is a constant True and the callback is
+        # never read (dynamo could not trace that C call); eagerly inside a compiled
+        # region (after a graph break) the callback is set: both take the wrapper
+        if "torch._dynamo" not in _MODULES or (
+            not _is_compiling() and _frame_callback() in _OUTSIDE
+        ):
             return fn(*args, **kwargs)
         if disabled is None:
             disabled = cast(Fn, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]

@@ -37,9 +37,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from .calls import accumulate, eager, hook_tensor, in_backward
+from .calls import accumulate, eager, graph_task_id, hook_tensor
 from .module_hooks import OwnHook
 from .norms import norms_in_order
 
@@ -120,9 +120,17 @@ class CellCapture:
 
     def _watch_call(self, args: tuple[Any, ...], output: Any) -> None:
         # the per-call cost of a cell loop is this function: keep it lean (one tuple
-        # per call, no Python hook left for backward, no grad_fn wrapper made)
-        h, c = _split_output(output)
-        if h is None or not h.requires_grad:
+        # per call, no Python hook left for backward, no grad_fn wrapper made, the
+        # usual (h, c) and retain_grad() inline: each call saved is ~0.1 µs a call)
+        if type(output) is tuple and len(output) == 2 and type(output[0]) is Tensor:
+            h, c = output
+            if type(c) is not Tensor:
+                c = c if isinstance(c, Tensor) else None
+        else:
+            h, c = _split_output(output)
+            if h is None:
+                return
+        if not h.requires_grad:
             return
         k = self.count
         self.count = k + 1
@@ -133,13 +141,21 @@ class CellCapture:
             self.device = h.device
             self.used.add("hidden")
         self._previous = (h, c)
-        if in_backward():
+        if graph_task_id() != -1:  # a call during backward: a checkpoint's recomputation
             self.recomputed[k] = False
-        kept_h = self._keep(h, k, "hidden")
+        if not h.is_leaf and not h.retains_grad:
+            h.retain_grad()
+            kept_h: Tensor | None = h
+        else:
+            kept_h = self._keep(h, k, "hidden")
         kept_c = None
         if c is not None and c.requires_grad:
             self.used.add("cell")
-            kept_c = self._keep(c, k, "cell")
+            if not c.is_leaf and not c.retains_grad:
+                c.retain_grad()
+                kept_c = c
+            else:
+                kept_c = self._keep(c, k, "cell")
         self.outputs.append((kept_h, kept_c))
         self.versions.append((h._version, kept_c._version if kept_c is not None else 0))
 

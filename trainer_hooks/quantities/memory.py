@@ -48,7 +48,9 @@ def memory_fields() -> dict[str, Any]:
     rss = rss_bytes()
     if rss is not None:
         fields["rss_bytes"] = rss
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    # is_initialized() alone: CUDA initialised is CUDA available, and is_available()
+    # cost ~19 µs a call on the background thread in a training loop (cold code)
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         fields["cuda_allocated_bytes"] = int(torch.cuda.memory_allocated())
         fields["cuda_reserved_bytes"] = int(torch.cuda.memory_reserved())
     return fields

@@ -316,11 +316,11 @@ class Monitor:
         made = time.perf_counter()
         span, self._record_made = made - self._record_made, made
         # step()'s own part by the wall clock, as the hooks time theirs: a CPU clock is
-        # a system call (~1.3 µs each in a training loop, three a step, and the loop
-        # around them slowed by as much again: BENCHMARKS.md, "What a light step
-        # costs"). A step() preempted by another process reads longer, as the training
-        # code around it does: over many steps the share stays what training loses.
-        # The GIL: in a 1.6 ms loop, 2 of 4,000 step() calls waited for it (> 50 µs).
+        # a system call, and three a step cost a light step() ~4 µs in a training loop
+        # (BENCHMARKS.md, "What a light step costs"). A step() preempted by another
+        # process reads longer, as the training code around it does: over many steps
+        # the share stays what training loses. The GIL: in a 1.6 ms loop, 2-4 of 4,000
+        # step() calls waited for it (> 50 µs).
         spent = hooks_cost + self._carry + (made - entered)
         # What the hooks slow down that no timer sees (measured against light steps by
         # the schedule, with a budget) counts too: the field is what training loses.

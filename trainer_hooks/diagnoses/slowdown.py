@@ -82,10 +82,10 @@ _HALF_RISING = 0.6
 #: judgements in a row that end at the rising fraction before the sorted slopes are
 #: dropped. Kept, they cost each record ~12 µs (its 29 slopes in, the oldest's out);
 #: built again at the next trend(), ~47 µs. A real loop's step times cross the rising
-#: fraction now and then, one record at a time: replaying four workloads' records,
-#: keeping them for a whole window (30 records) made the diagnoses 1.2-1.5x dearer
-#: than dropping them at once (BENCHMARKS.md, "Diagnoses: cost per record"). Kept
-#: through one such record, so that a slowdown's run of trend() calls keeps them.
+#: fraction now and then, one record at a time: on three workloads' own records,
+#: keeping them for a whole window (30 records) made a light record's diagnoses
+#: 1.06-1.40x dearer (BENCHMARKS.md, "Diagnoses: cost per record"). Kept through one
+#: such record, so that a slowdown's run of trend() calls keeps them.
 KEEP_SLOPES = 2
 
 

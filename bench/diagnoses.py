@@ -220,8 +220,8 @@ def main() -> None:
         results["observe (light step)"].append(per_record(DiagnosisEngine().observe, lights))
         results[f"observe (light, {args.workload})"].append(
             per_record(DiagnosisEngine().observe, looped))
-        # the sorted slopes kept through a window of records that cannot hold, as
-        # slowdown.py did before KEEP_SLOPES: the same alerts, at this cost
+        # the sorted slopes kept through a window of records that cannot hold: the
+        # same alerts, at the cost that dropping them after KEEP_SLOPES records saves
         kept, slowdown.KEEP_SLOPES = slowdown.KEEP_SLOPES, window
         try:
             results["  slopes kept a window"].append(per_record(DiagnosisEngine().observe, looped))

@@ -26,23 +26,28 @@ Example (one process, no process group needed: a plain tensor passes through):
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+import sys
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
-try:
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-except ImportError:  # pragma: no cover - a torch built without distributed
-    DTensor = None  # type: ignore[assignment, misc]
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 # A gradient's reduction: the process groups its squared norm is summed over.
 Groups = tuple[Any, ...]
 
 
 def is_sharded(tensor: Any) -> TypeGuard[DTensor]:
-    """Whether ``tensor`` is a DTensor (a parameter or gradient FSDP2 sharded)."""
-    return DTensor is not None and isinstance(tensor, DTensor)
+    """Whether ``tensor`` is a DTensor (a parameter or gradient FSDP2 sharded).
+
+    ``torch.distributed.tensor`` is not imported for it: it took ~0.45 s of every
+    ``import gradwatch.trainer_hooks`` (sympy among its imports), and no tensor can be
+    a DTensor before someone has imported it.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    return dtensor is not None and isinstance(tensor, dtensor)
 
 
 def local_part(tensor: torch.Tensor) -> torch.Tensor:
@@ -56,6 +61,8 @@ def reduce_groups(tensor: torch.Tensor) -> Groups | None:
     placement whose local parts give no norm (``Partial``)."""
     if not is_sharded(tensor):
         return ()
+    from torch.distributed.tensor import Replicate, Shard  # loaded: tensor is a DTensor
+
     sharded: Any = tensor  # a DTensor
     mesh = sharded.device_mesh
     groups = []
@@ -74,6 +81,8 @@ def reduce_norms(vec: torch.Tensor, positions: dict[Groups, list[int]]) -> torch
     One all_reduce per group for all the entries it holds; on CUDA (NCCL) it is queued
     on the stream like the norms, so nothing waits for the host here.
     """
+    import torch.distributed as dist  # only where there are groups to reduce over
+
     out = vec
     for groups, where in positions.items():
         if not groups or not where:

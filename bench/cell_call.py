@@ -17,10 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hook_floor import retain_outputs
 
 from gradwatch.trainer_hooks import watch
 
@@ -41,12 +46,6 @@ def per_call(cell: torch.nn.LSTMCell, x: torch.Tensor, steps: int, monitor: Any)
     return statistics.median(times[20:])
 
 
-def retain_both(module: torch.nn.Module, args: Any, output: Any) -> None:
-    for t in output:
-        if not t.is_leaf and not t.retains_grad:
-            t.retain_grad()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -59,7 +58,7 @@ def main() -> None:
     results: dict[str, list[float]] = {"unwatched": [], "retain_grad hook": [], "watched": []}
     for _ in range(args.rounds):
         results["unwatched"].append(per_call(cell, x, args.steps, None))
-        handle = cell.register_forward_hook(retain_both)
+        handle = cell.register_forward_hook(retain_outputs)
         results["retain_grad hook"].append(per_call(cell, x, args.steps, None))
         handle.remove()
         monitor = watch(cell, run="cell_call", spool=os.devnull, quiet=True, every=1,

@@ -54,7 +54,9 @@ def _node_hooks(module: nn.Module, args: Any, out: Any) -> None:
     c.grad_fn.register_prehook(_nop)
 
 
-def _retain(module: nn.Module, args: Any, out: Any) -> None:
+def retain_outputs(module: nn.Module, args: Any, out: Any) -> None:
+    """A forward hook that keeps the gradients of a cell's (h, c): the floor of any
+    capture of them (bench/cell_call.py uses it too)."""
     h, c = out
     h.retain_grad()
     c.retain_grad()
@@ -73,7 +75,7 @@ def whole_steps(rounds: int, steps: int) -> None:
     model.cell.register_forward_hook(_node_hooks)
     variants["+ 2 empty node hooks/call"] = (make_step(model), None)
     model = copy.deepcopy(base)
-    model.cell.register_forward_hook(_retain)
+    model.cell.register_forward_hook(retain_outputs)
     variants["+ retain_grad on h, c/call"] = (make_step(model), None)
     for every in (1, 10):
         model = copy.deepcopy(base)

@@ -61,11 +61,8 @@ from torch import nn
 from torch.autograd import Variable
 
 from .base import Quantity
+from .calls import in_backward
 from .module_hooks import OwnHook
-
-
-def _in_backward() -> bool:
-    return int(torch._C._current_graph_task_id()) != -1
 
 
 def _compiling() -> bool:
@@ -249,7 +246,7 @@ class ModuleProfile(Quantity):
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
         if _compiling():
             return
-        if self.capturing and torch.is_grad_enabled() and not _in_backward():
+        if self.capturing and torch.is_grad_enabled() and not in_backward():
             try:
                 self._note_inputs(module, args)
             except Exception:  # an odd tensor type: claim nothing, never fail the forward

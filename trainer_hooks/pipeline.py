@@ -68,7 +68,7 @@ from gradwatch.protocol.sink import Sink
 from .quantities.base import Quantity
 from .quantities.memory import memory_fields
 from .quantities.params import SCALER_SKIPPED
-from .records import expected_nonfinite, finish_light, merge_fields, plain
+from .records import expected_nonfinite, finish_light, loss_value, merge_fields
 from .transfer import Packed
 from .warn import WarnOnce
 
@@ -357,7 +357,9 @@ class Pipeline:
             except Exception as e:
                 self.once.warn("host_copy", f"gradwatch: copying a step to the host failed: {e}")
                 payloads = {}
-            record.update(plain(payloads.pop("_monitor", {})))
+            monitor = payloads.pop("_monitor", {})
+            if "loss" in monitor:
+                record["loss"] = loss_value(monitor["loss"])
             for q in self.quantities:
                 payload = payloads.get(q.name)
                 if not payload:
@@ -377,7 +379,7 @@ class Pipeline:
                 self._memory = memory_fields()
             record.update(self._memory)
             if isinstance(record.get("loss"), torch.Tensor):
-                record["loss"] = plain(record["loss"])
+                record["loss"] = loss_value(record["loss"])
         out = [record, *alerts]
         if self.diagnoser is not None:
             for r in list(out):

@@ -66,6 +66,20 @@ def plain(value: Any) -> Any:
     return value
 
 
+def loss_value(value: Any) -> Any:
+    """The step's loss as a number: ``step()`` keeps a one-element tensor (its mean where
+    the loss had several), of any shape: ``loss.view(1)``, a one-device DataParallel's
+    ``(1,)`` loss. Its ``plain`` would be a list, which the protocol's ``loss`` is not.
+
+    Example:
+        >>> loss_value(torch.tensor([0.5])), loss_value(torch.tensor(2.0)), loss_value(None)
+        (0.5, 2.0, None)
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return plain(value)
+
+
 def finish_light(
     records: Sequence[dict[str, Any]],
     memory: dict[str, Any],
@@ -85,7 +99,7 @@ def finish_light(
         record.update(memory)
         loss = record.get("loss")
         if isinstance(loss, torch.Tensor):
-            record["loss"] = plain(loss)
+            record["loss"] = loss_value(loss)
         out.append(record)
         if diagnoser is not None:
             try:

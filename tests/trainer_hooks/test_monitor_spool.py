@@ -322,3 +322,43 @@ def test_flush_hands_every_step_so_far_to_the_sink(tmp_path: Path) -> None:
     assert monitor.flush(timeout=30)
     assert [r["step"] for r in spool_records(path) if r["kind"] == "step"] == [0, 1, 2, 3, 4]
     monitor.close()
+
+
+def test_a_loss_of_one_element_in_any_shape_is_recorded_as_its_number(tmp_path: Path) -> None:
+    """``loss.view(1)`` or a one-device DataParallel's ``(1,)`` loss is a number in the
+    record, on light and heavy steps, as the server's schema and the diagnoses need."""
+    schema = pytest.importorskip("gradwatch.server.schema")
+    model = Tagger()
+    path = tmp_path / "run.jsonl"
+    shapes: list[tuple[int, ...]] = [(), (1,), (1, 1), (3,), (1,), (1, 1, 1), ()]
+    expected = []
+    with watch(model, run="shapes", spool=path, every=2) as monitor:
+        for n, shape in enumerate(shapes):
+            out = model(torch.randn(2, 4, 3))
+            loss = (out.pow(2).mean() + n).expand(shape).clone()  # one value, or 3 alike
+            loss.sum().backward()
+            monitor.step(loss)
+            expected.append(loss.detach().double().mean().item())
+    steps = [r for r in spool_records(path) if r["kind"] == "step"]
+    assert [r["loss"] for r in steps] == pytest.approx(expected, rel=1e-6)
+    assert all(type(r["loss"]) is float for r in steps)
+    for line in path.read_text().splitlines():
+        schema.parse_message(line)
+
+
+def test_a_loss_copied_from_a_device_is_recorded_as_its_number(tmp_path: Path) -> None:
+    """The path a GPU loss takes (packed with the step's payloads, unpacked on the
+    background thread), shown with CPU tensors: a ``(1,)`` loss is its number."""
+    from gradwatch.protocol.sink import SpoolSink
+    from gradwatch.trainer_hooks.pipeline import Item, Pipeline
+    from gradwatch.trainer_hooks.transfer import pack
+
+    path = tmp_path / "packed.jsonl"
+    pipeline = Pipeline(SpoolSink(path, {"type": "hello", "run_id": "r", "rank": 0}), [])
+    losses = [torch.tensor([0.75]), torch.tensor(1.5), torch.tensor([[2.25]])]
+    for n, loss in enumerate(losses):
+        record = {"kind": "step", "step": n, "t": 1.0 + n, "duration_s": 0.01}
+        assert pipeline.put(Item(record, pack({"_monitor": {"loss": loss}}), heavy=True))
+    assert pipeline.close(timeout=30)
+    steps = [r for r in spool_records(path) if r["kind"] == "step"]
+    assert [r["loss"] for r in steps] == [0.75, 1.5, 2.25]

@@ -266,6 +266,22 @@ class Monitor:
             except Exception as e:
                 self._once.warn(f"start:{q.name}", f"gradwatch: {q.name} failed: {e}")
 
+    def _number(self, loss: Any) -> float | None:
+        """A loss that is no tensor as a float; one that is no number either (a dict of
+        losses, a model's output) is left out with one warning, and the rest of the
+        record kept."""
+        if loss is None:
+            return None
+        try:
+            return float(loss)
+        except (TypeError, ValueError):
+            self._once.warn(
+                "loss_type",
+                "gradwatch: step(loss) expected a tensor or a number as the loss, got "
+                f"{type(loss).__name__}: the step records no loss (pass e.g. outputs.loss)",
+            )
+            return None
+
     def _record_step(
         self,
         loss: torch.Tensor | float | None,
@@ -292,7 +308,7 @@ class Monitor:
             else:
                 record["loss"] = value  # a CPU scalar is read on the background thread
         else:
-            record["loss"] = None if loss is None else float(loss)
+            record["loss"] = self._number(loss)
         hooks_cost = 0.0
         for q in self.quantities:
             hooks_cost += q.cost_s

@@ -3,12 +3,14 @@
 The callback watches the ``LightningModule`` when fit starts, closes one gradwatch
 step per optimizer step (with ``accumulate_grad_batches=2`` two batches make one
 step, as in the Trainer's ``global_step``), one epoch at each training epoch's end,
-and ends the run when fit ends (``finished``) or fails (``crashed``). Under a DDP
-strategy the process group is up when fit starts, so each rank reports as its own
-rank of one run (``watch()`` reads rank and world size from ``torch.distributed``).
-Under ``precision="16-mixed"`` the precision plugin's GradScaler goes to
-``watch(scaler=)`` (unless the callback was given one): backward leaves the gradients
-multiplied by the loss scale, and the scaler skips the steps that overflow.
+and ends the run when fit ends (``finished``) or fails (``crashed``). A fit resumed
+from a checkpoint (``fit(ckpt_path=...)``) steps from the restored ``global_step``: its
+first step is its first whole window. Under a DDP strategy the process group is up
+when fit starts, so each rank reports as its own rank of one run (``watch()`` reads
+rank and world size from ``torch.distributed``). Under ``precision="16-mixed"`` the
+precision plugin's GradScaler goes to ``watch(scaler=)`` (unless the callback was
+given one): backward leaves the gradients multiplied by the loss scale, and the
+scaler skips the steps that overflow.
 
 Example:
     >>> import lightning as L  # doctest: +SKIP
@@ -58,9 +60,11 @@ class GradwatchCallback(Callback):
         **watch_options: any other :func:`~gradwatch.trainer_hooks.watch` keyword
             (``every``, ``overhead``, ``token``, ``profile``, ``diagnose``, ...).
 
-    The step's loss is the mean of the accumulated batches' losses (Lightning divides
-    each by ``accumulate_grad_batches`` before backward; their sum is that mean). It
-    stays a tensor: nothing here waits for the device.
+    The step's loss is the mean of the accumulated batches' losses, the short last
+    window of an epoch included (Lightning divides each batch's loss by
+    ``accumulate_grad_batches`` before backward, however many batches the window has:
+    the callback sums them in float32 and scales the sum by ``accumulate_grad_batches``
+    over the window's batches). It stays a tensor: nothing here waits for the device.
 
     Example:
         >>> cb = GradwatchCallback(run="demo", spool="run.jsonl", every=4)
@@ -83,7 +87,8 @@ class GradwatchCallback(Callback):
         self.monitor: Monitor | None = None
         self._loss: torch.Tensor | None = None
         self._graph: torch.Tensor | None = None  # the loss backward ran from, with its graph
-        self._global_step = 0
+        self._batches = 0  # the batches whose losses are in self._loss
+        self._global_step = 0  # the Trainer's global_step when the current batch started
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None and not self.monitor.closed:
@@ -102,9 +107,19 @@ class GradwatchCallback(Callback):
         if scaler is not None:
             options.setdefault("scaler", scaler)
         self.monitor = watch(pl_module, run=self.run, server=self.server, spool=spool, **options)
-        self._global_step = int(trainer.global_step)
+        # no global_step baseline here: a checkpoint's training state is restored after
+        # on_fit_start, and global_step jumps then (on_train_batch_start reads it)
         self._loss = None
         self._graph = None
+        self._batches = 0
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # the optimizer steps between this hook and on_train_batch_end: a step closes
+        # exactly when this batch moved global_step, whatever it was before (a resumed
+        # checkpoint's, a second fit's)
+        self._global_step = int(trainer.global_step)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         # The loss with its autograd graph (the batch's ``outputs`` only has a detached
@@ -121,13 +136,27 @@ class GradwatchCallback(Callback):
             return
         loss = _loss_of(outputs)
         if loss is not None:
-            loss = loss.detach()
+            # float32: a bf16 loss summed in bf16 loses 0.1-0.3 % over a window
+            loss = loss.detach().float()
             self._loss = loss if self._loss is None else self._loss + loss
+            self._batches += 1
         # global_step counts optimizer steps: it moves once per accumulated window
         if int(trainer.global_step) != self._global_step:
-            self._global_step = int(trainer.global_step)
-            monitor.step(self._loss, graph=self._graph)
+            monitor.step(self._window_mean(trainer, pl_module), graph=self._graph)
             self._loss = self._graph = None
+            self._batches = 0
+
+    def _window_mean(self, trainer: Any, pl_module: Any) -> torch.Tensor | None:
+        """The mean of the window's batch losses, from the sum of what Lightning returned."""
+        loss, batches = self._loss, self._batches
+        accumulate = int(getattr(trainer, "accumulate_grad_batches", 1))
+        # Automatic optimization divides every batch's loss by accumulate_grad_batches,
+        # also in an epoch's short last window: its k batches sum to k/N of their mean.
+        # (Manual optimization divides nothing: the sum is what the module returned.)
+        if (loss is not None and getattr(pl_module, "automatic_optimization", True)
+                and 0 < batches != accumulate):
+            loss = loss * (accumulate / batches)
+        return loss
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None:

@@ -4,7 +4,8 @@ The callback watches the model when training begins, closes one gradwatch step p
 optimizer step (``gradient_accumulation_steps`` batches make one, as in the
 Trainer's ``global_step``), one epoch at each epoch's end, and ends the run when
 training ends. The step's loss is the one the Trainer trains on: the model's output
-``loss`` of each batch (read by a forward hook while the model is in training mode),
+``loss`` of each batch, or the first item of an output that is a tuple or list (as the
+Trainer takes it; read by a forward hook while the model is in training mode),
 combined over the accumulated batches the way the Trainer combines what it logs: a
 mean, or a sum where the model was given ``num_items_in_batch`` (its loss is then
 already divided by the tokens of the whole window). A loss computed outside the model
@@ -62,8 +63,27 @@ from gradwatch.trainer_hooks import Monitor, watch
 
 
 def _output_loss(output: Any) -> torch.Tensor | None:
-    """``output.loss`` of a ``ModelOutput`` (or a mapping's ``"loss"``), else None."""
-    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    """The loss the Trainer trains on in a model's output, or None.
+
+    ``output.loss`` of a ``ModelOutput`` (or a mapping's ``"loss"``), or the first item
+    of a tuple or list (``return_dict=False``, a plain module's ``(loss, logits)``): the
+    Trainer's ``compute_loss`` takes ``outputs[0]`` of anything not a mapping.
+
+    Example:
+        >>> loss = torch.tensor(0.5)
+        >>> _output_loss((loss, torch.zeros(4, 2))) is loss
+        True
+        >>> _output_loss({"loss": loss}) is loss
+        True
+        >>> _output_loss((torch.zeros(4, 2),)) is None  # logits, not a loss
+        True
+    """
+    if isinstance(output, dict):
+        loss = output.get("loss")
+    elif isinstance(output, (tuple, list)) and output:
+        loss = output[0]
+    else:
+        loss = getattr(output, "loss", None)
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
 
 

@@ -68,6 +68,12 @@ def trainer(callback: GradwatchCallback, epochs: int, accumulate: int) -> L.Trai
     )
 
 
+def _window_means(losses: list[float], size: int) -> list[float]:
+    """The mean of each run of `size` consecutive losses, the last run maybe shorter."""
+    windows = [losses[i : i + size] for i in range(0, len(losses), size)]
+    return [sum(window) / len(window) for window in windows]
+
+
 @pytest.mark.parametrize(("epochs", "accumulate", "per_epoch"), [(2, 2, 4), (1, 1, 8), (3, 4, 2)])
 def test_one_step_per_optimizer_step_and_an_epoch_each(
     tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]],
@@ -84,10 +90,8 @@ def test_one_step_per_optimizer_step_and_an_epoch_each(
     assert [e["steps"] for e in epoch_records] == [per_epoch] * epochs
     assert spooled(spool, "end")[0]["status"] == "finished"
     # the step's loss: the mean of the losses of the batches accumulated into it
-    batches = module.losses
-    expected = [sum(batches[i : i + accumulate]) / accumulate
-                for i in range(0, len(batches), accumulate)]
-    assert [s["loss"] for s in steps] == pytest.approx(expected, rel=1e-5)
+    assert [s["loss"] for s in steps] == pytest.approx(
+        _window_means(module.losses, accumulate), rel=1e-5)
     # the gradient norms are the model's own parameters, names without a wrapper prefix
     norms = [s for s in steps if s.get("param_norms")]
     assert norms and "rnn.weight_ih_l0" in norms[-1]["param_norms"]
@@ -296,3 +300,98 @@ def test_a_module_that_keeps_its_losses_is_named(
     alerts = spooled(spool, "alert")
     assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("graph_growth", "loss", 2)]
     assert "loss.item()" in alerts[0]["hint"]
+
+
+@pytest.mark.parametrize(("samples", "schedule"), [(80, {0: 4}), (64, {0: 3, 1: 5})])
+def test_a_short_last_window_records_the_mean_of_its_own_batches(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]],
+    samples: int, schedule: dict[int, int],
+) -> None:
+    # Lightning divides each batch's loss by accumulate_grad_batches, in an epoch's
+    # short last window too (10 batches by 4: 4, 4, 2): that window's losses sum to
+    # 2/4 of its mean. The scheduler changes the window per epoch (8 by 3, then by 5).
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    spool = tmp_path / "run.jsonl"
+    module = Regressor()
+    epochs, per_epoch = 2, samples // 8
+    L.Trainer(
+        max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[GradientAccumulationScheduler(scheduling=schedule),
+                   GradwatchCallback(run="pl-short", spool=spool, every=1)],
+    ).fit(module, loader(samples))
+    expected: list[float] = []
+    for epoch in range(epochs):
+        size = schedule[max(e for e in schedule if e <= epoch)]
+        expected += _window_means(module.losses[epoch * per_epoch : (epoch + 1) * per_epoch], size)
+    steps = spooled(spool, "step")
+    assert [s["step"] for s in steps] == list(range(len(expected)))
+    assert [s["loss"] for s in steps] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize(("accumulate", "epochs"), [(2, 2), (4, 3)])
+def test_a_fit_resumed_from_a_checkpoint_steps_with_its_optimizer(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]],
+    accumulate: int, epochs: int,
+) -> None:
+    # Lightning restores global_step from the checkpoint after on_fit_start: read there,
+    # the first batch looked like a step of its own, and every window after it split
+    first = trainer(GradwatchCallback(run="pl-first", spool=tmp_path / "first.jsonl"), 1,
+                    accumulate)
+    first.fit(Regressor(), loader())
+    checkpoint = tmp_path / "epoch-1.ckpt"
+    first.save_checkpoint(checkpoint)
+    spool = tmp_path / "resumed.jsonl"
+    module = Regressor()
+    resumed = trainer(GradwatchCallback(run="pl-resumed", spool=spool, every=1), epochs,
+                      accumulate)
+    resumed.fit(module, loader(), ckpt_path=checkpoint)
+    steps = spooled(spool, "step")
+    taken = resumed.global_step - first.global_step
+    assert taken == (epochs - 1) * 8 // accumulate  # the checkpoint's epoch is not redone
+    assert [s["step"] for s in steps] == list(range(taken))
+    assert [s["loss"] for s in steps] == pytest.approx(
+        _window_means(module.losses, accumulate), rel=1e-5)
+    assert [e["steps"] for e in spooled(spool, "epoch")] == [8 // accumulate] * (epochs - 1)
+
+
+class BFloat16Regressor(L.LightningModule):
+    """An MLP trained in bfloat16 (``bf16-true``): each batch's loss is a bfloat16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.losses: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = ((self.net(x) - y) ** 2).mean()
+        assert loss.dtype == torch.bfloat16
+        self.losses.append(float(loss))  # a bfloat16 is exactly a float
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+@pytest.mark.parametrize("accumulate", [2, 4])
+def test_a_bfloat16_loss_is_summed_over_the_window_in_float32(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]], accumulate: int,
+) -> None:
+    # Summed in bfloat16 (8 bits of mantissa) the window's mean was off by up to ~0.4 %;
+    # dividing by 2 or 4 is exact, so the float32 sum is the mean to float32 rounding
+    spool = tmp_path / "bf16.jsonl"
+    module = BFloat16Regressor()
+    g = torch.Generator().manual_seed(3)
+    data = TensorDataset(torch.randn(96, 6, generator=g), 3 * torch.randn(96, 1, generator=g))
+    L.Trainer(
+        max_epochs=1, precision="bf16-true", accumulate_grad_batches=accumulate,
+        callbacks=[GradwatchCallback(run="pl-bf16", spool=spool, every=1)],
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    ).fit(module, DataLoader(data, batch_size=8))
+    steps = spooled(spool, "step")
+    assert len(steps) == 12 // accumulate
+    assert [s["loss"] for s in steps] == pytest.approx(
+        _window_means(module.losses, accumulate), rel=1e-6)

@@ -267,3 +267,52 @@ def test_the_graph_of_each_step_is_read_from_the_batch_loss(
         assert "loss.item()" in alerts[0]["hint"]
     else:
         assert alerts == []
+
+
+class TupleClassifier(torch.nn.Module):
+    """A plain module that returns ``(loss, logits)``, or a list of them, as models with
+    ``return_dict=False`` do: the Trainer trains on ``outputs[0]``."""
+
+    def __init__(self, as_list: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(50, 8)
+        self.rnn = torch.nn.LSTM(8, 16, batch_first=True)
+        self.head = torch.nn.Linear(16, 2)
+        self.as_list = as_list
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+        out, _ = self.rnn(self.embed(input_ids))
+        logits = self.head(out[:, -1])
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        return [loss, logits] if self.as_list else (loss, logits)
+
+
+@pytest.mark.parametrize(("as_list", "accumulate", "samples"), [(False, 2, 48), (True, 3, 40)])
+def test_a_model_returning_a_tuple_records_its_first_item_as_the_loss(
+    tmp_path: Path, spooled: Spooled, graph_size: Callable[[Any], int],
+    as_list: bool, accumulate: int, samples: int,
+) -> None:
+    # Only a ModelOutput's or a mapping's "loss" was read: such a model's steps had
+    # neither loss nor graph. 40 samples by 4, 3 at a time: windows of 3, 3, 3 and 1.
+    spool = tmp_path / "run.jsonl"
+    model = TupleClassifier(as_list)
+    sizes: list[int] = []  # each training batch's graph, counted as the model returns it
+
+    def count(module: Any, args: Any, output: Any) -> None:
+        if module.training:
+            sizes.append(graph_size(output[0].grad_fn))
+
+    model.register_forward_hook(count)
+    trainer = train(model, tmp_path / "out", GradwatchCallback(run="tuple", spool=spool, every=1),
+                    samples=samples, batch=4, accumulate=accumulate, epochs=1, lm=False)
+    steps = spooled(spool, "step")
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    batches = samples // 4
+    assert len(steps) == len(logged) == -(-batches // accumulate) and len(sizes) == batches
+    assert [s.get("loss") for s in steps] == pytest.approx(logged, abs=2e-4)
+    # each walked step's graph: the last batch of its window's
+    walked = [s for s in steps if "graph_nodes" in s]
+    assert walked and walked[0]["step"] == 0
+    last = [min((s["step"] + 1) * accumulate, batches) - 1 for s in walked]
+    assert [s["graph_nodes"] for s in walked] == [sizes[i] for i in last]

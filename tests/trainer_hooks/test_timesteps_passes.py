@@ -196,3 +196,254 @@ def test_a_fused_lstm_under_lbfgs_reports_the_last_evaluations_input_gradient(
     got = torch.tensor(record["timesteps"]["LSTM"]["input"], dtype=F64)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=0.0)
     assert record["backward_passes"] == len(states) > 1
+
+
+# -- forward calls no backward ran through, made before the step's training forward ---
+#
+# An evaluate() run without torch.no_grad() (the char-RNN tutorial's) calls the watched
+# module with grad on; no backward ever runs through that graph. Its calls are left out,
+# before zero_grad() or between zero_grad() and the training forward, as the calls after
+# the last backward are. Eval and train lengths differ (longer, shorter) on every step.
+
+EVAL_LENGTHS = (11, 2, 9)
+TRAIN_LENGTHS = (5, 6, 4)
+WHEN = ("before_zero_grad", "after_zero_grad")
+
+
+class FusedNet(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.rnn = (nn.RNN if kind == "RNN" else nn.LSTM)(3, 6, batch_first=True)
+        self.head = nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        result: torch.Tensor = self.head(out[:, -1])
+        return result
+
+
+class HandCell(nn.Module):
+    """A cell of the user's own (watched with ``cells=[...]``): h' = tanh(W [x; h])."""
+
+    def __init__(self, inputs: int, hidden: int) -> None:
+        super().__init__()
+        self.i2h = nn.Linear(inputs + hidden, hidden)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.i2h(torch.cat([x, h], 1)))
+
+
+class CellNet(nn.Module):
+    def __init__(self, kind: str, hidden: int = 6) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.cell = nn.GRUCell(3, hidden) if kind == "GRUCell" else HandCell(3, hidden)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, x: torch.Tensor, keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+        h = x.new_zeros(x.shape[0], self.hidden)
+        for t in range(x.shape[1]):
+            h = self.cell(x[:, t], h)
+            if keep is not None:
+                h.retain_grad()  # the truth: autograd's own .grad of every kept output
+                keep.append(h)
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+def input_norms(x: torch.Tensor) -> torch.Tensor:
+    """‖∂L/∂x_t‖₂ over batch and features, from autograd's own ``x.grad``."""
+    assert x.grad is not None
+    return torch.linalg.vector_norm(x.grad.to(F64), dim=(0, 2))
+
+
+def output_norms(outputs: list[torch.Tensor]) -> torch.Tensor:
+    """‖∂L/∂h_k‖₂ of every kept output, from autograd's own retained ``h.grad``."""
+    assert all(h.grad is not None for h in outputs)
+    return torch.stack([torch.linalg.vector_norm(h.grad.to(F64)) for h in outputs])  # type: ignore[union-attr]
+
+
+def train_with_evaluations(
+    model: nn.Module, path: Path, when: str, train: Any, **options: Any
+) -> list[torch.Tensor]:
+    """Three SGD steps, each with an evaluation forward under grad mode (never
+    back-propagated) before ``zero_grad()`` or between it and the training forward;
+    ``train(length)`` runs the training forward and backward and returns the truth."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = []
+    with watch(model, run="eval", every=1, spool=path, diagnose=False, **options) as monitor:
+        for evaluated, length in zip(EVAL_LENGTHS, TRAIN_LENGTHS, strict=True):
+            if when == "before_zero_grad":
+                model(torch.randn(2, evaluated, 3))  # evaluate() without torch.no_grad()
+            optimizer.zero_grad()
+            if when == "after_zero_grad":
+                model(torch.randn(2, evaluated, 3))
+            loss, truth = train(length)
+            expected.append(truth)
+            optimizer.step()
+            monitor.step(loss)
+    return expected
+
+
+def assert_series(path: Path, module: str, name: str, expected: list[torch.Tensor]) -> None:
+    records = steps_of(path)
+    assert len(records) == len(expected)
+    for record, want in zip(records, expected, strict=True):
+        got = torch.tensor(record["timesteps"][module][name], dtype=F64)
+        assert got.shape == want.shape  # the training forward's calls only
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=0.0)
+        assert "timestep_layout" not in record  # absent: every module's calls are a chain
+
+
+@pytest.mark.parametrize("when", WHEN)
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+def test_an_evaluation_forward_with_grad_on_is_left_out_of_a_fused_modules_series(
+    tmp_path: Path, kind: str, when: str
+) -> None:
+    torch.manual_seed(5)
+    model = FusedNet(kind)
+
+    def train(length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(2, length, 3, requires_grad=True)
+        loss = (model(x) - 1).pow(2).mean()
+        loss.backward()
+        return loss, input_norms(x)
+
+    path = tmp_path / "fused_eval.jsonl"
+    expected = train_with_evaluations(model, path, when, train)
+    assert_series(path, "rnn", "input", expected)
+
+
+@pytest.mark.parametrize("when", WHEN)
+@pytest.mark.parametrize("kind", ["GRUCell", "HandCell"])
+def test_an_evaluation_forward_with_grad_on_is_left_out_of_a_cell_loops_series(
+    tmp_path: Path, kind: str, when: str
+) -> None:
+    torch.manual_seed(6)
+    model = CellNet(kind)
+
+    def train(length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs: list[torch.Tensor] = []
+        loss = (model(torch.randn(2, length, 3), outputs) - 1).pow(2).mean()
+        loss.backward()
+        return loss, output_norms(outputs)
+
+    path = tmp_path / "cell_eval.jsonl"
+    options = {"cells": [model.cell]} if kind == "HandCell" else {}
+    expected = train_with_evaluations(model, path, when, train, **options)
+    assert_series(path, "cell", "hidden", expected)
+
+
+@pytest.mark.parametrize("kind", ["fused", "cell"])
+def test_an_evaluation_between_accumulated_micro_batches_is_left_out(
+    tmp_path: Path, kind: str
+) -> None:
+    torch.manual_seed(7)
+    model: nn.Module = FusedNet("LSTM") if kind == "fused" else CellNet("GRUCell")
+    micro = [torch.randn(2, n, 3, requires_grad=kind == "fused") for n in (5, 3)]
+    path = tmp_path / "accumulate_eval.jsonl"
+    outputs: list[list[torch.Tensor]] = [[], []]
+    with watch(model, run="accumulate", every=1, spool=path, diagnose=False) as monitor:
+        for i, x in enumerate(micro):
+            model(torch.randn(2, 8, 3))  # an evaluation with grad on before each micro-batch
+            out = model(x) if kind == "fused" else model(x, outputs[i])
+            (out - 1).pow(2).mean().backward()  # .grad accumulates
+        model(torch.randn(2, 4, 3))  # and one after the last backward
+        monitor.step(None)
+    (record,) = steps_of(path)
+    assert record["backward_passes"] == 2
+    if kind == "fused":
+        # fresh sequences combine per timestep: the root of the sum of squares
+        first, second = (input_norms(x) for x in micro)
+        expected = first.square()
+        expected[: second.shape[0]] += second.square()
+        got = torch.tensor(record["timesteps"]["rnn"]["input"], dtype=F64)
+        torch.testing.assert_close(got, expected.sqrt(), rtol=1e-5, atol=0.0)
+        assert "timestep_layout" not in record
+    else:
+        expected = torch.cat([output_norms(hs) for hs in outputs])
+        got = torch.tensor(record["timesteps"]["cell"]["hidden"], dtype=F64)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=0.0)
+        assert record["timestep_layout"] == {"cell": "tree"}  # two micro-batches
+
+
+@pytest.mark.parametrize("kind", ["fused", "cell"])
+def test_a_leading_call_whose_gradient_is_zero_is_kept(tmp_path: Path, kind: str) -> None:
+    """A call a gradient of zero reached is a call of the step (vanishing stays visible):
+    only the calls no gradient reached at all, before the first one, are left out."""
+    torch.manual_seed(8)
+    path = tmp_path / "zero.jsonl"
+    if kind == "fused":
+        rnn = nn.RNN(3, 4, batch_first=True)
+        first = torch.randn(2, 7, 3, requires_grad=True)
+        second = torch.randn(2, 4, 3, requires_grad=True)
+        with watch(rnn, run="zero", every=1, spool=path, diagnose=False) as monitor:
+            rnn(torch.randn(2, 9, 3))  # no backward runs through this one
+            loss = (rnn(first)[0] * 0.0).sum() + rnn(second)[0][:, -1].pow(2).sum()
+            loss.backward()
+            monitor.step(loss)
+        assert first.grad is not None and not first.grad.any()  # a gradient, all zeros
+        expected = input_norms(first).square()
+        expected[:4] += input_norms(second).square()
+        got = torch.tensor(steps_of(path)[0]["timesteps"]["RNN"]["input"], dtype=F64)
+        assert got.shape == (7,)  # the zero-gradient call's length, not the evaluation's
+        torch.testing.assert_close(got, expected.sqrt(), rtol=1e-5, atol=0.0)
+        assert (got[4:] == 0).all()
+    else:
+        cell = nn.GRUCell(3, 4)
+        x = torch.randn(6, 2, 3)
+        outputs: list[torch.Tensor] = []
+        with watch(cell, run="zero", every=1, spool=path, diagnose=False) as monitor:
+            h = torch.zeros(2, 4)
+            for _ in range(5):
+                h = cell(torch.randn(2, 3), h)  # an evaluation, never back-propagated
+            h = torch.zeros(2, 4)
+            for t in range(6):
+                h = cell(x[t], h * 0.0 if t == 2 else h)  # calls 0-1 get a zero gradient
+                h.retain_grad()
+                outputs.append(h)
+            loss = h.pow(2).sum()
+            loss.backward()
+            monitor.step(loss)
+        expected = output_norms(outputs)
+        assert (expected[:2] == 0).all() and (expected[2:] > 0).all()
+        record = steps_of(path)[0]
+        got = torch.tensor(record["timesteps"]["GRUCell"]["hidden"], dtype=F64)
+        assert got.shape == (6,)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=0.0)
+        assert "timestep_layout" not in record  # h * 0.0 still feeds the chain
+
+
+@pytest.mark.parametrize("kind", ["fused", "cell"])
+def test_a_module_no_gradient_reaches_keeps_its_zeros_and_is_named(
+    tmp_path: Path, kind: str
+) -> None:
+    """A recurrent module whose output is detached on the way to the loss gets nothing:
+    its series stays, all zeros, one per call, and no_gradient names it."""
+    torch.manual_seed(0)
+    rnn: nn.Module = nn.GRU(3, 4) if kind == "fused" else nn.GRUCell(3, 4)
+    head = nn.Linear(3 + 4, 1)
+    model = nn.ModuleDict({"rnn": rnn, "head": head})
+    path = tmp_path / "detached.jsonl"
+    lengths = [5, 7, 4, 6]
+    with watch(model, run="detached", spool=path, every=1) as monitor:
+        for length in lengths:
+            x = torch.randn(length, 2, 3, requires_grad=True)
+            if kind == "fused":
+                out, _ = rnn(x)
+                last = out[-1]
+            else:
+                h = torch.zeros(2, 4)
+                for t in range(length):
+                    h = rnn(x[t], h)
+                last = h
+            loss = head(torch.cat([x[-1], last.detach()], dim=1)).square().mean()
+            loss.backward()
+            monitor.step(loss)
+    records = [r for m in read_spool(path) if m["type"] == "batch" for r in m["records"]]
+    steps = [r for r in records if r["kind"] == "step"]
+    series = [next(iter(r["timesteps"]["rnn"].values())) for r in steps]
+    assert [len(s) for s in series] == lengths
+    assert all(v == 0.0 for s in series for v in s)
+    named = {a["subject"] for a in records if a["kind"] == "alert" and a["code"] == "no_gradient"}
+    assert "rnn" in named

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -211,21 +212,47 @@ class CellCapture:
     ) -> None:
         self._keep_one(step, k, 0, slots, (grad,))
 
-    def layout(self, start: int = 0, end: int | None = None) -> str:
-        """``"chain"`` when every call after ``start`` was fed the previous call's
-        output state (calls ``start .. end-1``), ``"tree"`` otherwise."""
-        stop = self.count if end is None else end
-        return "tree" if any(start < k < stop for k in self.unfed) else "chain"
+    def reached(self, k: int) -> bool:
+        """Whether a gradient reached call ``k``'s output h (or c) in this step: a
+        retained ``.grad`` (or a fallback hook's) that is not None, zero or not."""
+        if k >= len(self.outputs):
+            return False
+        for index, series in enumerate(SERIES):
+            kept = self.outputs[k][index]
+            if kept is not None:
+                if kept.grad is not None:
+                    return True
+            elif self.hooked[series].get(k) is not None:
+                return True
+        return False
 
-    def series(self, start: int = 0, end: int | None = None) -> dict[str, torch.Tensor]:
-        """This step's float64 series, one entry per kept call of ``start .. end-1``
-        (the calls of the backward passes the step reports; device ops, no sync).
+    def layout(self, spans: list[tuple[int, int]] | None = None) -> str:
+        """``"chain"`` when every kept call after the first was fed the previous call's
+        output state, ``"tree"`` otherwise.
+
+        ``spans`` are the kept calls, ``(a, b)`` for calls ``a .. b-1`` (all calls when
+        None). Calls left out between two spans break the chain: the call after them
+        was checked against a call the step does not report.
+        """
+        spans = [(0, self.count)] if spans is None else spans
+        if not spans:
+            return "chain"
+        if any(a > b for (_, b), (a, _) in pairwise(spans)):
+            return "tree"
+        first, stop = spans[0][0], spans[-1][1]
+        return "tree" if any(first < k < stop for k in self.unfed) else "chain"
+
+    def series(self, spans: list[tuple[int, int]] | None = None) -> dict[str, torch.Tensor]:
+        """This step's float64 series, one entry per kept call, in call order: the calls
+        ``a .. b-1`` of each span (the calls of the backward passes the step reports;
+        all calls when None; device ops, no sync).
 
         Both series are reduced together (h and c of an LSTM cell have one shape):
         one stack and one norm for the step on CPU (``norms.py``).
         """
-        outputs = self.outputs[start:end]
-        if not outputs or self.device is None:
+        spans = [(0, self.count)] if spans is None else spans
+        calls = [(k, kept) for a, b in spans for k, kept in enumerate(self.outputs[a:b], a)]
+        if not calls or self.device is None:
             return {}
         grads: dict[str, list[torch.Tensor | None]] = {}
         for index, series in enumerate(SERIES):
@@ -233,19 +260,21 @@ class CellCapture:
                 hooked = self.hooked[series]
                 grads[series] = [
                     kept[index].grad if kept[index] is not None else hooked.get(k)  # type: ignore[union-attr]
-                    for k, kept in enumerate(outputs, start)
+                    for k, kept in calls
                 ]
         # a call made during backward whose gradient never came (non-reentrant
         # checkpointing recomputes the forward only to refill saved tensors) is dropped
-        dropped = {
-            k - start for k, fired in self.recomputed.items()
-            if not fired and start <= k < start + len(outputs)
-            and all(values[k - start] is None for values in grads.values())
-        }
+        dropped: set[int] = set()
+        if self.recomputed:
+            dropped = {
+                at for at, (k, _) in enumerate(calls)
+                if self.recomputed.get(k) is False
+                and all(values[at] is None for values in grads.values())
+            }
         self._check_versions()
         if dropped:
             grads = {
-                series: [g for k, g in enumerate(values) if k not in dropped]
+                series: [g for at, g in enumerate(values) if at not in dropped]
                 for series, values in grads.items()
             }
         everything = [g for values in grads.values() for g in values]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -31,7 +32,7 @@ from gradwatch.protocol.messages import MAX_TIMESTEPS
 from gradwatch.trainer_hooks.warn import WarnOnce
 
 from .base import Quantity
-from .calls import combine_calls
+from .calls import Call, combine_calls
 from .cells import CellCapture
 from .fused import FusedCapture
 
@@ -79,6 +80,11 @@ def resolve_cells(model: nn.Module, cells: list[CellSpec]) -> dict[str, nn.Modul
             )
         found.update(hits)
     return found
+
+
+def _fired(calls: list[Call], k: int) -> bool:
+    """Whether a gradient reached fused call ``k`` (one of its hooks fired)."""
+    return calls[k].fired
 
 
 class RecurrentTimesteps(Quantity):
@@ -165,8 +171,11 @@ class RecurrentTimesteps(Quantity):
         ``.grad`` was reset. With a closure optimizer (LBFGS: forward and backward
         several times per step, ``.grad`` reset before each) the step's series are
         those of the last evaluation, as ``param_norms`` are; with gradient
-        accumulation, every micro-batch's calls (k continues); calls made after the
-        last backward pass (nothing flowed back through them) are left out.
+        accumulation, every micro-batch's calls (k continues). Calls no gradient reached
+        that come before the first call a gradient reached, within the calls of each
+        pass (a forward no backward ran through: an evaluation with grad on, a
+        discarded forward), are left out, as are the calls made after the last
+        backward pass (nothing flowed back through them).
         """
         self._passes = passes
         passes.listeners.append(self._pass_ended)
@@ -188,6 +197,33 @@ class RecurrentTimesteps(Quantity):
         if start >= end:  # no forward since the reset: a retained graph run again
             start = 0
         return start, end
+
+    def _spans(
+        self, which: int, index: int, total: int, reached: Callable[[int], bool]
+    ) -> list[tuple[int, int]]:
+        """The calls of one module that the step reports, as spans ``(a, b)``: ``a .. b-1``.
+
+        The calls of the reported passes (:meth:`_kept`), cut where a pass ended: each
+        pass's calls are those made since the pass before it ended. In each, the calls
+        before the first one a gradient reached (``reached``) are left out: forward calls
+        no backward ran through (an evaluation with grad on before the training forward,
+        a discarded forward), as the calls after the last pass are. A call that got a
+        gradient, zero or not, is kept, and so is every call after it within its pass;
+        a pass that reached none of the module's calls keeps them all (zeros: the module
+        got no gradient). Once per step, on the host; it reads the calls it leaves out
+        and one more.
+        """
+        start, end = self._kept(which, index, total)
+        cuts = sorted({cut for ends in self._ends if start < (cut := ends[which][index]) < end})
+        spans: list[tuple[int, int]] = []
+        for a, b in zip([start, *cuts], [*cuts, end], strict=True):
+            first = a
+            while first < b and not reached(first):
+                first += 1
+            # none reached: the module got no gradient in this pass (its output detached
+            # on the way to the loss), and its zeros say so (no_gradient names it)
+            spans.append((a if first == b else first, b))
+        return [(a, b) for a, b in spans if a < b]
 
     def detach(self) -> None:
         super().detach()
@@ -224,17 +260,19 @@ class RecurrentTimesteps(Quantity):
         layout: dict[str, str] = {}
         try:
             for i, fused in enumerate(self._fused):
-                start, end = self._kept(0, i, len(fused.calls))
-                if end > start:
-                    series = combine_calls(fused.calls[start:end])
+                calls = fused.calls
+                spans = self._spans(0, i, len(calls), partial(_fired, calls))
+                kept = [call for a, b in spans for call in calls[a:b]]
+                if kept:
+                    series = combine_calls(kept)
                     if series:
                         result[fused.name] = series
             for i, cell in enumerate(self._cells):
-                start, end = self._kept(1, i, cell.count)
-                series = cell.series(start, end)
+                spans = self._spans(1, i, cell.count, cell.reached)
+                series = cell.series(spans)
                 if series:
                     result[cell.name] = series
-                    layout[cell.name] = cell.layout(start, end)
+                    layout[cell.name] = cell.layout(spans)
         except Exception as e:
             self.warn_failure("timesteps payload", e)
             return {}

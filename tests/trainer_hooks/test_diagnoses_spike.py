@@ -160,3 +160,17 @@ def test_far_above_everything_in_a_wide_early_band_is_a_spike() -> None:
     assert (alert["subject"], alert["step"]) == ("loss", 25)
     assert alert["evidence"]["z"] < 6  # the z-score alone would have missed it
     assert feed(DiagnosisEngine({"spike_over_max": 1e6}), values) == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_loss_with_two_modes_spikes_only_above_both(seed: int) -> None:
+    """A seq2seq loss summed over the target with teacher forcing half the time: some
+    steps near 6.6, the others anywhere in 12-32. The band's MAD is its lower mode's,
+    so values of the upper mode had robust z-scores of 7-45 and raised spikes; only a
+    value above both modes is one."""
+    rng = random.Random(seed)
+    values = [rng.uniform(6.5, 6.7) if rng.random() < 0.55 else rng.uniform(12.0, 32.0)
+              for _ in range(300)]
+    assert feed(DiagnosisEngine(), values) == []
+    alerts = feed(DiagnosisEngine(), [*values, 75.0])
+    assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("spike", "loss", 300)]

@@ -15,7 +15,10 @@ It fires when the graph has grown to ``graph_growth_ratio`` (1.5x) its size at t
 start of the run (the smallest of the first ``graph_min_points``, 4, recorded sizes)
 and is still growing: over the last ``graph_window`` (8) recorded steps, at least
 ``graph_rising_fraction`` (0.75) of the step pairs show growth (0.6 to keep holding
-once raised). Comparing with the start of the run, not with the start of the
+once raised), and, until raised, every recorded size is above the one before: a
+graph that holds every earlier step's grows by the step's own nodes each step, while
+the graphs of sequences of random length (a character-level RNN fed one name per
+step) rise and fall. Comparing with the start of the run, not with the start of the
 window, keeps a graph that grows by the same number of nodes every step flagged
 however large it has become.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from itertools import islice
 from typing import Any
 
 from .base import (
@@ -58,6 +62,7 @@ class GraphGrowthDetector(Detector):
         self._stale: list[str] = []
         self._early: list[int] = []
         self._holding = False
+        self._streak = 0  # judgements in a row that held
 
     def note_alert(self, alert: Mapping[str, Any]) -> None:
         subject = alert.get("subject")
@@ -88,7 +93,18 @@ class GraphGrowthDetector(Detector):
         baseline = max(1, min(self._early))
         ratio = last / baseline
         needed = float(self.config["graph_rising_fraction"]) - (HYSTERESIS if self._holding else 0)
-        self._holding = ratio >= float(self.config["graph_growth_ratio"]) and rising >= needed
+        holds = ratio >= float(self.config["graph_growth_ratio"]) and rising >= needed
+        if holds and self._streak < int(self.config["raise_after"]):
+            # Until raised: a graph that holds every earlier step's grows by at least the
+            # step's own nodes from one recorded step to the next (at the walk's limit it
+            # stays); the graphs of sequences of random length rise and fall, and their
+            # rises alone looked like growth by chance
+            holds = all(
+                a[1] < b[1] or (a[1] == b[1] and b[3])
+                for a, b in zip(self._points, islice(self._points, 1, None), strict=False)
+            )
+        self._streak = self._streak + 1 if holds else 0
+        self._holding = holds
         if not self._holding:
             return {"graph": None}
         xs = [float(p[0]) for p in self._points]

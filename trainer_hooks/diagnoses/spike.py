@@ -100,7 +100,13 @@ class Band:
     """
 
     def __init__(
-        self, window: int, min_history: int, z: float, min_rise: float, over_max: float = 4.0
+        self,
+        window: int,
+        min_history: int,
+        z: float,
+        min_rise: float,
+        over_max: float = 4.0,
+        rare: float = 0.05,
     ) -> None:
         self.values: deque[float] = deque(maxlen=max(1, window))
         # the same values kept sorted (insort/remove as the window slides): the median
@@ -110,6 +116,7 @@ class Band:
         self.z = z
         self.min_rise = min_rise
         self.over_max = over_max
+        self.rare = rare
         #: whether the last value was judged (enough history and a band to judge against)
         self.judged = False
 
@@ -127,7 +134,13 @@ class Band:
             if mid != 0:
                 self.judged = True
                 rise = x - mid
-                if rise > 0 and rise >= self.min_rise * abs(mid):
+                # the rise is also asked of x over all but the band's top `rare`: a
+                # quantity with two modes (a loss) has the MAD of one, and a value of its
+                # other mode is no spike, however far it is from the median
+                ordered = self._sorted
+                top = ordered[len(ordered) - 1 - int(self.rare * len(ordered))]
+                clear = x - top >= self.min_rise * abs(top)
+                if rise > 0 and rise >= self.min_rise * abs(mid) and clear:
                     z = robust_z(x, self.values)
                     # far above everything in the band: a spike even when the band is
                     # wide because the quantity is still falling fast (early training)
@@ -175,7 +188,7 @@ class SpikeDetector(Detector):
     def _band(self, min_rise: str) -> Band:
         c = self.config
         return Band(int(c["spike_window"]), int(c["spike_min_history"]), float(c["spike_z"]),
-                    float(c[min_rise]), float(c["spike_over_max"]))
+                    float(c[min_rise]), float(c["spike_over_max"]), float(c["spike_rare"]))
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         if record.get("kind") != "step":

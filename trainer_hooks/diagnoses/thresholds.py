@@ -108,6 +108,11 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
         4.0,
         "or, for positive values, at least this many times the largest value in the band",
     ),
+    "spike_rare": (
+        0.05,
+        "and the rise is asked over all but this top fraction of the band too: a level "
+        "the band holds (a loss's second mode) is no spike",
+    ),
     "spike_clear_after": (3, "judgements in a row back in band before a spike is cleared"),
 }
 

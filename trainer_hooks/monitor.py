@@ -274,11 +274,13 @@ class Monitor:
             return None
         try:
             return float(loss)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError) as e:
+            got = f"{type(loss).__name__} beyond a float" if isinstance(
+                e, OverflowError) else type(loss).__name__
             self._once.warn(
                 "loss_type",
-                "gradwatch: step(loss) expected a tensor or a number as the loss, got "
-                f"{type(loss).__name__}: the step records no loss (pass e.g. outputs.loss)",
+                "gradwatch: step(loss) expected a tensor or a number a float can hold as "
+                f"the loss, got {got}: the step records no loss (pass e.g. outputs.loss)",
             )
             return None
 

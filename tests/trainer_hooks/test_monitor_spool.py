@@ -366,12 +366,13 @@ def test_a_loss_copied_from_a_device_is_recorded_as_its_number(tmp_path: Path) -
 
 
 def test_a_loss_that_is_no_number_costs_only_the_loss_field(tmp_path: Path) -> None:
-    """A dict of losses (or a model's whole output) passed as the loss: one warning, and
-    every step still records its time, heavy fields and the other steps' losses."""
+    """A dict of losses (or a model's whole output), or an int beyond a float, passed as
+    the loss: one warning, and every step still records its time, heavy fields and the
+    other steps' losses."""
     model = Tagger()
     path = tmp_path / "run.jsonl"
     given: list[Any] = [
-        torch.tensor(0.5), {"nll": 1.0}, 2.5, ["x"], np.float32(3.5), torch.tensor(4.5)
+        torch.tensor(0.5), {"nll": 1.0}, 2.5, ["x"], np.float32(3.5), 10**400, torch.tensor(4.5)
     ]
     warned = pytest.warns(GradwatchWarning, match="expected a tensor or a number.*got dict")
     with warned, watch(model, run="losses", spool=path, every=2) as monitor:
@@ -379,7 +380,7 @@ def test_a_loss_that_is_no_number_costs_only_the_loss_field(tmp_path: Path) -> N
             model(torch.randn(2, 4, 3)).sum().backward()
             monitor.step(loss)
     steps = [r for r in spool_records(path) if r["kind"] == "step"]
-    assert [r["step"] for r in steps] == [0, 1, 2, 3, 4, 5]
-    assert [r["loss"] for r in steps] == [0.5, None, 2.5, None, 3.5, 4.5]
+    assert [r["step"] for r in steps] == [0, 1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in steps] == [0.5, None, 2.5, None, 3.5, None, 4.5]
     assert all(r["duration_s"] > 0 for r in steps)
-    assert [r["step"] for r in steps if "param_norms" in r] == [0, 2, 4]
+    assert [r["step"] for r in steps if "param_norms" in r] == [0, 2, 4, 6]

@@ -179,12 +179,6 @@ async def steps(
     fields: Annotated[str | None, Query(description="comma separated; default all")] = None,
 ) -> Response:
     names = [f for f in fields.split(",") if f] if fields else None
-    if names is not None and len(names) * max_points > MAX_CELLS:
-        raise HTTPException(
-            422,
-            f"expected fields x max_points of at most {MAX_CELLS:,} values per answer, got "
-            f"{len(names)} x {max_points:,}; ask for fewer fields or points",
-        )
     return json_response(
         await _read(
             state.store.steps,
@@ -194,6 +188,7 @@ async def steps(
             stop=stop,
             fields=names,
             max_points=max_points,
+            max_values=MAX_CELLS,
         )
     )
 

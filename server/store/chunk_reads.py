@@ -50,8 +50,8 @@ class ChunkReads(Database):
         self, run_id: str, rank: int, names: Sequence[str], lo: int, hi: int
     ) -> dict[str, Points]:
         """(steps, values) in ``lo..hi`` of each field of ``names`` that has some, each
-        table's chunks read once for all: a plain field's in (step, uid) order (both
-        rows of a step sent twice are kept), a named one's as :meth:`named_matrix`."""
+        table's chunks read once for all, in step order, a step sent twice read from
+        the record written last (a named field's as :meth:`named_matrix`)."""
         plain = [name for name in names if name in SCALAR_FIELDS]
         out = self._plain_points(run_id, rank, plain, lo, hi) if plain else {}
         if wanted := set(names).difference(plain):
@@ -85,7 +85,10 @@ class ChunkReads(Database):
         for name, points in found.items():
             if points:
                 points.sort(key=itemgetter(0, 1))
-                out[name] = ([p[0] for p in points], [p[2] for p in points])
+                # a step sent twice (a resumed process of the run) reads as the record
+                # written last, the highest uid, as a named field's does
+                last = {step: value for step, _, value in points}
+                out[name] = (list(last), list(last.values()))
         return out
 
     def chunk_steps(self, run_id: str, rank: int, lo: int, hi: int) -> list[int]:

@@ -64,14 +64,26 @@ class HistoryReads(Reads):
         stop: int | None = None,
         fields: Sequence[str] | None = None,
         max_points: int = 2000,
+        max_values: int | None = None,
     ) -> dict[str, Any]:
         """Downsampled scalar series of one rank (docs/API.md ``/steps``): up to
         ``max_points`` rows as they are; beyond that each bucket's min and max, from
-        the rollups (a 1e6-step run reads ~1,000 rollup rows per field) where whole."""
+        the rollups (a 1e6-step run reads ~1,000 rollup rows per field) where whole.
+        ``max_values`` bounds fields x ``max_points``: fields named beyond it are a
+        ValueError; the run's own fields (``fields`` None, what the run view asks for)
+        get fewer points each instead, at least 2 (the answer's ``max_points``)."""
         if max_points < 2:
             raise ValueError(f"max_points: expected at least 2, got {max_points}")
         self.run_summary(run_id)  # 404 before any work
         names = list(fields) if fields else self.scalar_fields(run_id)
+        if max_values is not None and len(names) * max_points > max_values:
+            if fields:
+                raise ValueError(
+                    f"expected fields x max_points of at most {max_values:,} values per "
+                    f"answer, got {len(names)} x {max_points:,}; ask for fewer fields or "
+                    "points"
+                )
+            max_points = max(2, max_values // len(names))
         for name in names:
             self._check_field(name)
         lo = 0 if start is None else start
@@ -102,6 +114,7 @@ class HistoryReads(Reads):
             "to": stop,
             "total": total,
             "downsampled": downsampled,
+            "max_points": max_points,
             "fields": out,
         }
 

@@ -60,3 +60,28 @@ def test_too_many_points_are_refused_with_the_limit(
     assert status == 422 and "1000000" in str(body)
     one = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=loss&max_points=1000000")
     assert one["fields"]["loss"]["step"] == [0]
+
+
+
+def test_every_field_of_a_run_fits_the_limit_with_fewer_points_each(
+    gradwatch_server: Callable[..., Any], wire: Any
+) -> None:
+    """Without fields= (the run view's request) every field of the run comes, at most
+    1,000,000 values in all: each gets fewer points, and the answer says how many."""
+    server = gradwatch_server()
+    run_id = wire.run_id()
+    steps = 2600  # x 400-odd fields: over 1,000,000 values
+    wire.send_run(server, run_id, [[wire.step(i, params=400, length=2) for i in range(s, s + 200)]
+                                   for s in range(0, steps, 200)])
+    fits = wire.get_ok(server, f"/api/runs/{run_id}/steps?max_points=2000")
+    fields = len(fits["fields"])
+    assert fields > 400 and fits["max_points"] == 2000 and fits["downsampled"]
+    asked = 4000
+    answer = wire.get_ok(server, f"/api/runs/{run_id}/steps?max_points={asked}")
+    assert answer["max_points"] == 1_000_000 // fields < asked and answer["downsampled"]
+    assert sum(len(f["value"]) for f in answer["fields"].values()) <= 1_000_000
+    assert answer["total"] == steps and answer["fields"]["loss"]["step"][-1] == steps - 1
+    named = ",".join(fits["fields"])
+    status, body, _ = wire.get(server, f"/api/runs/{run_id}/steps?fields={named}&max_points="
+                               f"{asked}")
+    assert status == 422 and f"{fields} x {asked:,}" in body["detail"]

@@ -186,6 +186,10 @@ def test_a_step_sent_again_reads_as_its_last_version_either_way(gradwatch_server
     named = answers["records"]["fields"]["param_norms/lstm1.weight_1"]
     assert named["step"] == list(range(9))
     assert named["value"][3:] == [100.0 + s for s in range(6)]
+    loss = answers["records"]["fields"]["loss"]  # a plain field alike: once a step, the last
+    assert loss["step"] == list(range(9))
+    assert loss["value"][3:] == [9.0 + s for s in range(3, 9)]
+    assert loss["value"][:3] == [first[s]["loss"] for s in range(3)]
     for label, answer in answers.items():
         assert answer == answers["records"], label
 

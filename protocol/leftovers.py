@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .spoolfiles import upload_command
 from .warnings import WarnOnce
 
 if sys.platform != "win32":
@@ -91,7 +92,7 @@ def _resend(paths: list[Path], url: str, token: str | None, warn: WarnOnce,
     for path in paths:
         if _in_use(path):
             continue
-        command = f"gradwatch upload {path} --server {url}"
+        command = upload_command(path, url, token is not None)
         try:
             result: Any = upload(path, url, token, timeout=timeout)
         except Exception as e:

@@ -32,7 +32,7 @@ from .leftovers import leftovers, resend_in_background
 from .messages import MAX_MESSAGE_BYTES
 from .outbox import ENVELOPE_BYTES, WINDOW_BATCHES, WINDOW_BYTES, Outbox, encode_records
 from .sink import with_session
-from .spoolfiles import default_spool_path, fresh_path, rejected_path
+from .spoolfiles import default_spool_path, fresh_path, rejected_path, upload_command
 from .warnings import WarnOnce, say
 from .wsclient import abort, ingest_url
 
@@ -219,7 +219,8 @@ class WebSocketSink(ConnectionThread):
                 "undelivered",
                 f"gradwatch: {batches} batch(es) ({records} records) were not acknowledged by "
                 f"{self.url} within {limit:.1f} s; they are kept in {self.spool_path}. "
-                f"Send them later with: gradwatch upload {self.spool_path} --server {self.url}",
+                "Send them later with: "
+                + upload_command(self.spool_path, self.url, self.token is not None),
             )
 
     # -- introspection -----------------------------------------------------------------

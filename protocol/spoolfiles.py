@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +41,15 @@ def fresh_path(path: Path) -> Path:
         if not candidate.exists() or candidate.stat().st_size == 0:
             return candidate
         n += 1
+
+
+def upload_command(spool: str | os.PathLike[str], url: str, token: bool) -> str:
+    """The command that sends ``spool`` later, for a warning: with ``--token`` named (not
+    its value, a secret) where the sender used one, since the server will ask for it.
+
+    Example:
+        >>> upload_command("run.jsonl", "ws://gpu-box:8765", token=True)
+        'gradwatch upload run.jsonl --server ws://gpu-box:8765 --token <the ingest token>'
+    """
+    command = f"gradwatch upload {os.fspath(spool)} --server {url}"
+    return command + " --token <the ingest token>" if token else command

@@ -51,6 +51,8 @@ def plotly_js() -> Path:
 def _first_error(error: RequestValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "query")
+    if first.get("type") == "missing":  # pydantic's "Field required", got None
+        return f"{where}: expected a value (a required parameter), got none"[:300]
     msg = str(first.get("msg", "invalid")).removeprefix("Input should be ")
     return f"{where}: expected {msg}, got {first.get('input')!r}"[:300]
 

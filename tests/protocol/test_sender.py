@@ -119,6 +119,7 @@ def test_close_leaves_undelivered_batches_in_spool_hello_first(
     assert [batch_records(m)[0]["step"] for m in messages[1:]] == list(range(30))
     texts = [str(w.message) for w in caught]
     assert any(str(spool) in t and "gradwatch upload" in t for t in texts), texts
+    assert not any("--token" in t for t in texts), texts  # the sender had none
     assert any("cannot reach" in t for t in texts), texts
     # Each kind of trouble is reported once, however many reconnects failed.
     assert len(texts) == len(set(texts))
@@ -314,3 +315,18 @@ def test_send_after_close_is_dropped_with_a_warning(
     started = time.monotonic()
     sink.close(timeout=5)  # idempotent
     assert time.monotonic() - started < 5
+
+
+def test_the_upload_command_of_a_sender_with_a_token_asks_for_it_without_saying_it(
+    dead_port: int, hello: Any, steps: Any, tmp_path: Path
+) -> None:
+    spool = tmp_path / "run.jsonl"
+    secret = "s3cret-ingest-token-0123456789"
+    with pytest.warns(GradwatchWarning) as caught:
+        sink = WebSocketSink(f"ws://127.0.0.1:{dead_port}", hello, spool=spool, token=secret)
+        sink.send(steps(0, 1))
+        sink.close(timeout=0.5)
+    texts = [str(w.message) for w in caught]
+    command = f"gradwatch upload {spool} --server {sink.url}"
+    assert any(f"{command} --token <the ingest token>" in t for t in texts), texts
+    assert not any(secret in t for t in texts), texts

@@ -191,6 +191,11 @@ def test_unknown_run_is_404_and_bad_field_is_422(shared_gradwatch_server, wire):
     status, body, _ = wire.get(shared_gradwatch_server, f"/api/runs/{run_id}/steps?max_points=1")
     assert status == 422
     assert "max_points" in body["detail"] and "got '1'" in body["detail"]
+    for path, name in ((f"/api/runs/{run_id}/timesteps", "module"),
+                       (f"/api/runs/{run_id}/depth", "stack")):
+        status, body, _ = wire.get(shared_gradwatch_server, path)
+        assert status == 422
+        assert body["detail"] == f"{name}: expected a value (a required parameter), got none"
 
 
 def test_html_in_names_is_returned_as_plain_text(shared_gradwatch_server, wire):

@@ -3,6 +3,7 @@ order, clears back in band; healthy noise and trends raise nothing."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,17 @@ def test_a_loss_with_two_modes_spikes_only_above_both(seed: int) -> None:
     assert feed(DiagnosisEngine(), values) == []
     alerts = feed(DiagnosisEngine(), [*values, 75.0])
     assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("spike", "loss", 300)]
+
+
+def test_blips_of_a_converged_loss_near_zero_are_no_spike() -> None:
+    """A classifier that gets every example right: its loss falls from ~1 to ~1e-4,
+    with blips 10x its median now and then (tiny in nats, large on a log scale). A
+    real jump, to a few tenths, still spikes."""
+    rng = random.Random(3)
+    falling = [1.0 * 0.9**step for step in range(90)]
+    converged = [1e-4 * math.exp(rng.gauss(0, 0.3)) * (10 if step % 37 == 0 else 1)
+                 for step in range(400)]
+    values = [*falling, *converged]
+    assert feed(DiagnosisEngine(), values) == []
+    alerts = feed(DiagnosisEngine(), [*values, 0.3])
+    assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("spike", "loss", 490)]

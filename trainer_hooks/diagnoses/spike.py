@@ -183,6 +183,8 @@ class SpikeDetector(Detector):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
         self._loss = self._band("spike_min_rise")
+        self._loss_peak = 0.0  # the run's largest |loss| so far
+        self._min_share = float(config["spike_min_share"])
         self._blocks: dict[str, list[Band]] = {}
 
     def _band(self, min_rise: str) -> Band:
@@ -210,6 +212,12 @@ class SpikeDetector(Detector):
         loss = as_float(record.get("loss"))
         if loss is not None and math.isfinite(loss):
             jump = self._loss.judge(loss)
+            # A rise of a sliver of the run's losses is none: a converged loss near 0
+            # (1e-4, blips of 1e-3 when every example is right) spikes on a log scale
+            # only, and the fix the alert names would be wrong
+            if jump is not None and loss - jump.median < self._min_share * self._loss_peak:
+                jump = None
+            self._loss_peak = max(self._loss_peak, abs(loss))
             if self._loss.judged:
                 verdicts["loss"] = None if jump is None else self._loss_finding(jump, step, first)
         return verdicts

@@ -113,6 +113,11 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
         "and the rise is asked over all but this top fraction of the band too: a level "
         "the band holds (a loss's second mode) is no spike",
     ),
+    "spike_min_share": (
+        0.01,
+        "and a loss spike rises at least this fraction of the run's largest loss: a "
+        "converged loss near 0 has noise that is large on a log scale",
+    ),
     "spike_clear_after": (3, "judgements in a row back in band before a spike is cleared"),
 }
 

@@ -189,3 +189,14 @@ def test_blips_of_a_converged_loss_near_zero_are_no_spike() -> None:
     assert feed(DiagnosisEngine(), values) == []
     alerts = feed(DiagnosisEngine(), [*values, 0.3])
     assert [(a["code"], a["subject"], a["step"]) for a in alerts] == [("spike", "loss", 490)]
+
+
+def test_a_huge_spike_does_not_hide_the_next_smaller_one() -> None:
+    """The loss's level is its band's median, not its largest value: after a loss of
+    350,000 (rnn_long_batches' long batch) a later one of 150 still spikes."""
+    rng = random.Random(5)
+    values = [4.4 * math.exp(rng.gauss(0, 0.1)) for _ in range(160)]
+    values[60], values[110] = 350_000.0, 150.0
+    alerts = feed(DiagnosisEngine(), values)
+    raised = [(a["subject"], a["step"]) for a in alerts if a["state"] == "raised"]
+    assert raised == [("loss", 60), ("loss", 110)]

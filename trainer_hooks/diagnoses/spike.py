@@ -183,7 +183,7 @@ class SpikeDetector(Detector):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
         self._loss = self._band("spike_min_rise")
-        self._loss_peak = 0.0  # the run's largest |loss| so far
+        self._loss_level = 0.0  # the largest |median| the loss's band has had
         self._min_share = float(config["spike_min_share"])
         self._blocks: dict[str, list[Band]] = {}
 
@@ -212,12 +212,15 @@ class SpikeDetector(Detector):
         loss = as_float(record.get("loss"))
         if loss is not None and math.isfinite(loss):
             jump = self._loss.judge(loss)
-            # A rise of a sliver of the run's losses is none: a converged loss near 0
+            # A rise of a sliver of the loss's level is none: a converged loss near 0
             # (1e-4, blips of 1e-3 when every example is right) spikes on a log scale
-            # only, and the fix the alert names would be wrong
-            if jump is not None and loss - jump.median < self._min_share * self._loss_peak:
+            # only, and the fix the alert names would be wrong. The level is a median,
+            # so earlier spikes do not raise it.
+            if jump is not None and loss - jump.median < self._min_share * self._loss_level:
                 jump = None
-            self._loss_peak = max(self._loss_peak, abs(loss))
+            band = self._loss
+            if len(band.values) >= band.min_history:
+                self._loss_level = max(self._loss_level, abs(band.median()))
             if self._loss.judged:
                 verdicts["loss"] = None if jump is None else self._loss_finding(jump, step, first)
         return verdicts

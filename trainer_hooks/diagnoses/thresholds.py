@@ -115,8 +115,8 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     ),
     "spike_min_share": (
         0.01,
-        "and a loss spike rises at least this fraction of the run's largest loss: a "
-        "converged loss near 0 has noise that is large on a log scale",
+        "and a loss spike rises at least this fraction of the loss's level (the largest "
+        "median its band had): a converged loss near 0 has noise large on a log scale",
     ),
     "spike_clear_after": (3, "judgements in a row back in band before a spike is cleared"),
 }

@@ -204,6 +204,7 @@ class WebSocketSink(ConnectionThread):
             abort(ws)
         if self._thread.is_alive():
             self._thread.join(1.0)
+        self._close_leftovers()
         with self._cond:
             self._closed = True
             self.delivered = self._box.empty
@@ -221,6 +222,26 @@ class WebSocketSink(ConnectionThread):
                 f"{self.url} within {limit:.1f} s; they are kept in {self.spool_path}. "
                 "Send them later with: "
                 + upload_command(self.spool_path, self.url, self.token is not None),
+            )
+
+    def _close_leftovers(self) -> None:
+        """Give an earlier process's spools still being sent what is left of close()'s
+        time; if that is not enough, say so: the process may end before they are sent
+        (they stay where they are, and nothing else would tell)."""
+        resender = self._resender
+        if resender is None or not resender.is_alive():
+            return
+        resender.join(max(0.0, self._deadline - time.monotonic()))
+        pending = [path for path in self.leftovers if path.exists()]
+        if resender.is_alive() and pending:
+            commands = "; ".join(
+                upload_command(path, self.url, self.token is not None) for path in pending
+            )
+            self._warn.warn(
+                "leftovers_unsent",
+                f"gradwatch: the undelivered spool(s) of an earlier process were still being "
+                f"sent to {self.url} when this one closed; what was not acknowledged stays "
+                f"in them. Send them with: {commands}",
             )
 
     # -- introspection -----------------------------------------------------------------

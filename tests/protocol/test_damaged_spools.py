@@ -120,3 +120,33 @@ def test_a_restarted_trainer_sends_the_spool_the_process_before_it_left(
         assert not spool.exists()
     finally:
         second.close(timeout=10)
+
+
+def test_closing_while_an_earlier_spool_is_still_being_sent_says_so(
+    ack_server: Any, tmp_path: Path, dead_port: int
+) -> None:
+    """A restarted trainer that ends before its predecessor's spool is acknowledged:
+    close() waits what is left of its time for it, then names the spool and the
+    command (the process may end before the background upload does)."""
+    run_id = str(uuid.uuid4())
+    spool = tmp_path / "trainer.jsonl"
+    hello_message = {"type": "hello", "protocol": 1, "run_id": run_id, "rank": 0}
+    with pytest.warns(UserWarning):  # the first process cannot reach its server
+        first = WebSocketSink(f"ws://127.0.0.1:{dead_port}", hello_message, spool=spool,
+                              connect_timeout=0.2)
+        for step in range(120):
+            first.send([{"kind": "step", "step": step, "loss": 0.5}])
+        first.close(timeout=0.5)
+    ack_server.acks_held.set()  # takes the batches, acknowledges none yet
+    with pytest.warns(UserWarning) as caught:
+        second = WebSocketSink(ack_server.url, hello_message, spool=spool)
+        assert second.leftovers == [spool]
+        second.close(timeout=0.5)
+        said = [str(w.message) for w in caught]
+        ack_server.release()  # now the upload finishes and removes the spool
+        assert second._resender is not None
+        second._resender.join(30)
+    assert any("still being sent" in t and f"gradwatch upload {spool} --server" in t
+               for t in said), said
+    assert not second._resender.is_alive() and not spool.exists()
+    assert sorted({r["step"] for r in ack_server.records()}) == list(range(120))

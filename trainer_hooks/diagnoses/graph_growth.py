@@ -47,6 +47,7 @@ from .base import (
     sig,
     theil_sen,
 )
+from .thresholds import THRESHOLDS
 from .trend import SlidingTrend
 
 #: recorded sizes before growth in two interleaved sequences (two kinds of batch
@@ -73,6 +74,8 @@ class GraphGrowthDetector(Detector):
         self._early: list[int] = []
         self._holding = False
         self._streak = 0  # judgements in a row that held
+        # the engine's: until then a judgement holds only on sizes that grew
+        self._raise_after = int(config.get("raise_after", THRESHOLDS["raise_after"][0]))
 
     def note_alert(self, alert: Mapping[str, Any]) -> None:
         subject = alert.get("subject")
@@ -104,7 +107,7 @@ class GraphGrowthDetector(Detector):
         ratio = last / baseline
         needed = float(self.config["graph_rising_fraction"]) - (HYSTERESIS if self._holding else 0)
         holds = ratio >= float(self.config["graph_growth_ratio"]) and rising >= needed
-        if holds and self._streak < int(self.config["raise_after"]):
+        if holds and self._streak < self._raise_after:
             # Until raised: a graph that holds an earlier step's grows by at least the
             # step's own nodes (at the walk's limit it stays), from one recorded step to
             # the next, or from each to the one after next where two kinds of batch take

@@ -125,6 +125,14 @@ class Band:
         mid = n // 2
         return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0
 
+    def _clears_top(self, x: float) -> bool:
+        """Whether ``x`` rises ``min_rise`` over all but the band's top ``rare`` too: a
+        quantity with two modes (a loss) has the MAD of one, and a value of its other
+        mode is no spike, however far it is from the median."""
+        ordered = self._sorted
+        top = ordered[len(ordered) - 1 - int(self.rare * len(ordered))]
+        return x - top >= self.min_rise * abs(top)
+
     def judge(self, x: float) -> Jump | None:
         """The jump when ``x`` spikes, else None; then ``x`` joins the band."""
         jump = None
@@ -134,13 +142,7 @@ class Band:
             if mid != 0:
                 self.judged = True
                 rise = x - mid
-                # the rise is also asked of x over all but the band's top `rare`: a
-                # quantity with two modes (a loss) has the MAD of one, and a value of its
-                # other mode is no spike, however far it is from the median
-                ordered = self._sorted
-                top = ordered[len(ordered) - 1 - int(self.rare * len(ordered))]
-                clear = x - top >= self.min_rise * abs(top)
-                if rise > 0 and rise >= self.min_rise * abs(mid) and clear:
+                if rise > 0 and rise >= self.min_rise * abs(mid) and self._clears_top(x):
                     z = robust_z(x, self.values)
                     # far above everything in the band: a spike even when the band is
                     # wide because the quantity is still falling fast (early training)

@@ -78,6 +78,10 @@ class FusedCapture:
         self._pending = None
         self._end_split()  # a forward that raised never reached the forward hook
 
+    def reached(self, k: int) -> bool:
+        """Whether a gradient reached call ``k`` in this step (one of its hooks fired)."""
+        return self.calls[k].fired
+
     def _end_split(self) -> None:
         split, self._split = self._split, None
         if split is not None and not split.close():

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -32,7 +31,7 @@ from gradwatch.protocol.messages import MAX_TIMESTEPS
 from gradwatch.trainer_hooks.warn import WarnOnce
 
 from .base import Quantity
-from .calls import Call, combine_calls
+from .calls import combine_calls
 from .cells import CellCapture
 from .fused import FusedCapture
 
@@ -80,11 +79,6 @@ def resolve_cells(model: nn.Module, cells: list[CellSpec]) -> dict[str, nn.Modul
             )
         found.update(hits)
     return found
-
-
-def _fired(calls: list[Call], k: int) -> bool:
-    """Whether a gradient reached fused call ``k`` (one of its hooks fired)."""
-    return calls[k].fired
 
 
 class RecurrentTimesteps(Quantity):
@@ -260,9 +254,8 @@ class RecurrentTimesteps(Quantity):
         layout: dict[str, str] = {}
         try:
             for i, fused in enumerate(self._fused):
-                calls = fused.calls
-                spans = self._spans(0, i, len(calls), partial(_fired, calls))
-                kept = [call for a, b in spans for call in calls[a:b]]
+                spans = self._spans(0, i, len(fused.calls), fused.reached)
+                kept = [call for a, b in spans for call in fused.calls[a:b]]
                 if kept:
                     series = combine_calls(kept)
                     if series:

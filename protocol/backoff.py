@@ -25,13 +25,16 @@ class Backoff:
         self,
         base: float = 0.05,
         cap: float = 5.0,
-        rng: Callable[[float, float], float] = random.uniform,
+        rng: Callable[[float, float], float] | None = None,
     ) -> None:
         if base <= 0 or cap < base:
             raise ValueError(f"expected 0 < base <= cap, got base={base!r}, cap={cap!r}")
         self.base = base
         self.cap = cap
-        self._rng = rng
+        # A generator of its own: drawing from the `random` module's would move the
+        # training program's own random stream (shuffles, dropout seeds of its own) from
+        # a background thread, whenever the server is away
+        self._rng = rng or random.Random().uniform  # noqa: S311 - jitter, not a secret
         self.attempts = 0
 
     def bound(self) -> float:

@@ -51,6 +51,7 @@ class ConnectionThread:
     repaired_batches: int
     _box: Outbox
     _backoff: Backoff
+    failed_connects: int
     _warn: WarnOnce
     _cond: threading.Condition
     _connected: bool
@@ -82,6 +83,9 @@ class ConnectionThread:
                     f"training goes on, records wait in {self.spool_path} and "
                     "are sent when the server is back",
                 )
+                with self._cond:
+                    self.failed_connects += 1
+                    self._cond.notify_all()
                 self._pause()
                 continue
             outcome = "lost"

@@ -122,6 +122,7 @@ class WebSocketSink(ConnectionThread):
         self._stop = False
         self._deadline = float("inf")
         self.connections = 0
+        self.failed_connects = 0  # attempts to connect that failed
         self.resent_batches = 0
         self.rejected_batches = 0
         self.dropped_records = 0
@@ -269,5 +270,6 @@ class WebSocketSink(ConnectionThread):
                 "repaired_batches": self.repaired_batches,
                 "dropped_records": self.dropped_records,
                 "connections": self.connections,
+                "failed_connects": self.failed_connects,
             }
 

@@ -84,20 +84,27 @@ def test_server_down_at_start_spools_with_bounded_memory_then_delivers(
     dead_port: int, start_ack_server: Any, hello: Any, steps: Any, tmp_path: Path
 ) -> None:
     spool = tmp_path / "run.jsonl"
-    with pytest.warns(GradwatchWarning, match="cannot reach"):
-        sink = WebSocketSink(
-            f"ws://127.0.0.1:{dead_port}", hello, spool=spool, window_batches=4, backoff_cap=0.2
-        )
-        for i in range(500):  # all return: nothing waits on the network
-            sink.send(steps(i, 1))
-        stats = sink.stats()
-        assert stats["memory_batches"] == 0 and stats["spooled_batches"] == 500
-        # Durable before any close: what a crash right now would leave behind.
-        messages = list(read_spool(spool))
-        assert messages[0] == sink.hello and [m["seq"] for m in messages[1:]] == list(range(500))
-        server = start_ack_server(dead_port)
-        assert sink.flush(timeout=60)
-    sink.close(timeout=5)
+    sink = WebSocketSink(
+        f"ws://127.0.0.1:{dead_port}", hello, spool=spool, window_batches=4, backoff_cap=0.2
+    )
+    try:
+        with pytest.warns(GradwatchWarning, match="cannot reach"):
+            for i in range(500):  # all return: nothing waits on the network
+                sink.send(steps(i, 1))
+            stats = sink.stats()
+            assert stats["memory_batches"] == 0 and stats["spooled_batches"] == 500
+            # Durable before any close: what a crash right now would leave behind.
+            messages = list(read_spool(spool))
+            assert messages[0] == sink.hello
+            assert [m["seq"] for m in messages[1:]] == list(range(500))
+            # the server comes up only once the sender has found it down
+            with sink._cond:
+                assert sink._cond.wait_for(lambda: sink.failed_connects >= 1, timeout=30)
+            server = start_ack_server(dead_port)
+            assert sink.flush(timeout=60)
+        assert sink.stats()["failed_connects"] >= 1
+    finally:
+        sink.close(timeout=5)  # a failed assertion must not leave its thread reconnecting
     assert [r["step"] for r in server.records()] == list(range(500))
     assert server.seqs() == list(range(500))
     assert not spool.exists()  # all acknowledged: the spool is gone

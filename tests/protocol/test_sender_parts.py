@@ -34,6 +34,18 @@ def test_backoff_is_exponential_full_jitter_and_capped() -> None:
     assert long.bound() == 5.0
 
 
+def test_backoff_leaves_the_programs_random_stream_alone() -> None:
+    """Reconnect jitter draws from a generator of its own: a training program that
+    seeds `random` gets the same numbers whether or not gradwatch reconnected."""
+    random.seed(11)
+    expected = [random.random() for _ in range(3)]
+    random.seed(11)
+    backoff = Backoff(base=0.1, cap=2.0)
+    delays = [backoff.next_delay() for _ in range(6)]
+    assert [random.random() for _ in range(3)] == expected
+    assert all(0.0 <= d <= 2.0 for d in delays) and len(set(delays)) == 6
+
+
 def test_backoff_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="expected 0 < base <= cap, got base=0, cap=1"):
         Backoff(base=0, cap=1)

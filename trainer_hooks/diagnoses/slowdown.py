@@ -21,6 +21,10 @@ step times (±50%) make no trend however the pairs happen to fall; and it must h
 for ``slowdown_sustain`` (15) steps in a row before it is raised, longer than a burst
 of load from other processes (10 steps at 2-20x, seen on a shared 2-core machine).
 
+A second look judges the lows of 30-step blocks over 360-1,440 steps
+(``long_trend.py``): a slowdown too slow per step for the window to see beside its
+jitter, and one raised that bursts of slow steps would clear while it goes on.
+
 Then it says what grew alongside since the start of the run: the autograd graph
 (``graph_nodes``, 1.2x or more), process memory (``rss_bytes``, 1.1x or more), and
 with ``profile=True`` the module whose time grew most. The subject is always
@@ -55,6 +59,7 @@ from .base import (
     theil_sen,
     trend,
 )
+from .long_trend import LongTrend, StepTimeLows
 from .profiles import module_rows
 from .trend import SlidingTrend
 
@@ -88,6 +93,10 @@ _HALF_RISING = 0.6
 #: such record, so that a slowdown's run of trend() calls keeps them.
 KEEP_SLOPES = 2
 
+#: block judgements in a row the long horizon must hold before a new slowdown counts,
+#: and miss before a raised one stops holding
+LONG_CONFIRM = 2
+
 
 class SlowdownDetector(Detector):
     code = "slowdown"
@@ -112,6 +121,19 @@ class SlowdownDetector(Detector):
         self._min_window = int(config["slowdown_min_window"])
         self._sustain = int(config["slowdown_sustain"])
         self._rising = float(config["slowdown_rising_fraction"])
+        # the long horizon: lows of 30-step blocks (long_trend.py)
+        self._lows = StepTimeLows(
+            block=window,
+            blocks=int(config["slowdown_long_blocks"]),
+            ratio=float(config["slowdown_ratio"]),
+            rising=float(config["slowdown_long_rising"]),
+            growth=float(config["slowdown_long_growth"]),
+            noise=float(config["slowdown_noise"]),
+            even=float(config["slowdown_long_even"]),
+        )
+        self._long: LongTrend | None = None  # the last block's judgement
+        self._long_streak = 0  # block judgements in a row that held
+        self._long_misses = 0  # and in a row that did not
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
         duration = as_float(record.get("duration_s"))
@@ -135,6 +157,8 @@ class SlowdownDetector(Detector):
             }
         )
         self._trend.push(float(record["step"]), duration)
+        if self._lows.push(float(record["step"]), duration):
+            self._judge_long(raised=self._streak >= self._sustain)
         if len(self._early) < self._min_points:
             self._early.append(duration)
             for field in _GREW:
@@ -143,11 +167,32 @@ class SlowdownDetector(Detector):
                     self._early_fields.setdefault(field, []).append(value)
         if len(self._early) < self._min_points or len(self._rows) < self._min_window:
             return {}
-        # Strict until raised: the full rising fraction, a rise clear of the noise and
-        # both halves rising, for slowdown_sustain judgements in a row (the engine
-        # raises after as many). Once raised, the looser rising fraction alone keeps
-        # it (a late linear slowdown rises little per window).
         raised = self._streak >= self._sustain
+        finding = self._short(raised)
+        if finding is None and self._long is not None and (
+            raised or self._long_streak >= LONG_CONFIRM
+        ):
+            finding = self._long_finding(self._long)
+        self._streak = self._streak + 1 if finding is not None else 0
+        self._holding = finding is not None
+        return {"step_time": finding}
+
+    def _judge_long(self, raised: bool) -> None:
+        """A closed block's judgement of the long horizon. Each stands for the block's
+        30 records, so it takes LONG_CONFIRM in a row to start holding, and as many
+        misses in a row to stop once raised: one noisy block must not clear it."""
+        seen = self._lows.judge(raised=raised)
+        if seen is not None:
+            self._long, self._long_streak, self._long_misses = seen, self._long_streak + 1, 0
+            return
+        self._long_misses += 1
+        if not (raised and self._long is not None and self._long_misses < LONG_CONFIRM):
+            self._long, self._long_streak = None, 0
+
+    def _short(self, raised: bool) -> Finding | None:
+        """The 30-step window's judgement: strict until raised (the full rising
+        fraction, a rise clear of the noise, both halves rising), then the looser
+        rising fraction alone keeps it (a late linear slowdown rises little per window)."""
         needed = self._rising - (HYSTERESIS if raised else 0)
         if self._trend.rising() < needed:
             # Cannot hold, whatever the slope: most records of a steady run end here,
@@ -156,8 +201,7 @@ class SlowdownDetector(Detector):
             self._cold += 1
             if self._cold >= KEEP_SLOPES:
                 self._trend.release()
-            self._streak, self._holding = 0, False
-            return {"step_time": None}
+            return None
         self._cold = 0
         slope, last, rising = self._trend.trend()
         baseline = median(self._early)
@@ -170,11 +214,19 @@ class SlowdownDetector(Detector):
             holds = slope * (xs[-1] - xs[0]) >= float(
                 self.config["slowdown_noise"]
             ) * jitter and _both_halves_rise(xs, ys)
-        self._streak = self._streak + 1 if holds else 0
-        self._holding = holds
         if not holds:
-            return {"step_time": None}
-        return {"step_time": self._finding(xs, ys, slope, ratio, rising, baseline, jitter)}
+            return None
+        return self._finding(xs, ys, slope, ratio, rising, baseline, jitter)
+
+    def _long_finding(self, seen: LongTrend) -> Finding:
+        """The long horizon's judgement as a finding: its lows stand for the steps."""
+        finding = self._finding(
+            seen.xs, seen.ys, seen.slope, seen.last / seen.base, seen.rising, seen.base,
+            seen.jitter, last=seen.last,
+            over=f"Theil–Sen on the fastest tenth of each {self._lows.block} steps",
+        )
+        finding.evidence["horizon_steps"] = int(seen.xs[-1] - seen.xs[0])
+        return finding
 
     def _correlates(self) -> dict[str, float]:
         """How much graph size and memory grew: trend now over their start-of-run size."""
@@ -222,8 +274,11 @@ class SlowdownDetector(Detector):
         rising: float,
         first: float,
         jitter: float,
+        last: float | None = None,
+        over: str = "Theil–Sen",
     ) -> Finding:
-        last = ys[-1] if len(ys) < 3 else sorted(ys[-3:])[1]
+        if last is None:
+            last = ys[-1] if len(ys) < 3 else sorted(ys[-3:])[1]
         grown = self._correlates()
         explained = [f for f, r in grown.items() if r >= _GREW[f]]
         evidence: dict[str, Any] = {
@@ -241,7 +296,7 @@ class SlowdownDetector(Detector):
         message = (
             f"steps are getting slower: {fmt(first * 1e3)} ms at the start of the run, "
             f"{fmt(last * 1e3)} ms at step {int(xs[-1])} (+{fmt(slope * 1e3)} ms per step over "
-            f"steps {int(xs[0])}–{int(xs[-1])}, Theil–Sen)"
+            f"steps {int(xs[0])}–{int(xs[-1])}, {over})"
         )
         if "graph_nodes" in explained:
             message += f"; the autograd graph grew {grown['graph_nodes']:.1f}x alongside"

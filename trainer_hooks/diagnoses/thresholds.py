@@ -85,6 +85,17 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
         3.0,
         "and the trend's rise over the window is this many times the run's step-time jitter",
     ),
+    "slowdown_long_blocks": (
+        12,
+        "the long horizon: blocks of slowdown_window steps judged by their fastest tenth "
+        "(and twice and four times as many, in pairs and fours)",
+    ),
+    "slowdown_long_rising": (0.8, "fraction of the blocks' pairs that got slower"),
+    "slowdown_long_growth": (1.2, "the long horizon's trend grew this many times over it"),
+    "slowdown_long_even": (
+        0.33,
+        "each half of the long horizon rises at least this share of its whole slope",
+    ),
     # hotspot
     "hotspot_share": (0.4, "a module is a hotspot when it takes this fraction of the forward pass"),
     "hotspot_min_calls": (4, "and runs at least this many times per step (a Python loop)"),

@@ -21,7 +21,7 @@ from gradwatch.trainer_hooks.diagnoses import DiagnosisEngine
 from .light_sequences import SCENARIOS, scenario
 
 #: sha256 of the alerts of every scenario x seeds 0-2 (see the module docstring)
-PINNED = "e38a85ee17a1235dcff6285d3a52d1bb33a6030428ae67bd95210bb6007f014d"
+PINNED = "8d44034a316623fcfea251fed04831569b7f82d3fc81626d2d23422c6a0db5c0"
 
 
 def alerts_of(records: Any) -> list[dict[str, Any]]:

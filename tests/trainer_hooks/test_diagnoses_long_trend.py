@@ -1,30 +1,42 @@
-"""slowdown's long horizon: steady slowdowns too slow per step for its 30-step window,
-kept through bursts, and silent when another process starts sharing the core."""
+"""slowdown's second look, epoch by epoch: steady slowdowns too slow per step for its
+30-step window, kept through bursts, and silent when another process starts sharing
+the core or when batches sorted by length make every epoch slow down and speed up."""
 
 from __future__ import annotations
 
 import random
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from gradwatch.trainer_hooks.diagnoses import DiagnosisEngine
-from gradwatch.trainer_hooks.diagnoses.long_trend import LOW_QUANTILE, StepTimeLows
+from gradwatch.trainer_hooks.diagnoses.long_trend import CHUNK, LOW_QUANTILE, StepTimeLows
 
-#: the long horizon switched off: its rising fraction can never be reached
+#: the second look switched off: its rising fraction can never be reached
 SHORT_ONLY = {"slowdown_long_rising": 1.01}
 
 
-def slowdown_states(durations: list[float], config: dict[str, Any] | None = None) -> list[
-    tuple[str, int]
-]:
+def slowdown_alerts(
+    durations: list[float], epoch: int | None = 64, config: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The slowdown alerts of a run with these step times and an epoch record every
+    ``epoch`` steps (None: a loop that never calls ``Monitor.epoch()``)."""
     engine = DiagnosisEngine(config)
-    states = []
+    alerts = []
     for n, seconds in enumerate(durations):
-        for alert in engine.observe({"kind": "step", "step": n, "duration_s": seconds}):
-            if alert["code"] == "slowdown" and alert["state"] != "updated":
-                states.append((alert["state"], alert["step"]))
-    return states
+        alerts += engine.observe({"kind": "step", "step": n, "duration_s": seconds})
+        if epoch is not None and (n + 1) % epoch == 0:
+            alerts += engine.observe({"kind": "epoch", "epoch": n // epoch, "step": n,
+                                      "duration_s": 1.0, "steps": epoch})
+    return [a for a in alerts if a["code"] == "slowdown"]
+
+
+def states(durations: list[float], epoch: int | None = 64,
+           config: dict[str, Any] | None = None) -> list[tuple[str, int]]:
+    return [(a["state"], a["step"]) for a in slowdown_alerts(durations, epoch, config)
+            if a["state"] != "updated"]
 
 
 def with_bursts(rng: random.Random, durations: list[float], every: int = 150) -> list[float]:
@@ -36,6 +48,12 @@ def with_bursts(rng: random.Random, durations: list[float], every: int = 150) ->
     return out
 
 
+def ms(rng: random.Random, steps: int, level: Callable[[int], float],
+       jitter: float = 1.0) -> list[float]:
+    """Step times of ``level(n)`` ms, each slowed by up to ``jitter`` x itself."""
+    return [1e-3 * level(n) * rng.uniform(1.0, 1.0 + jitter) for n in range(steps)]
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize(("start_ms", "end_ms"), [(2.6, 7.3), (3.2, 13.0)])
 def test_a_steady_slowdown_too_slow_for_the_window_is_raised_once_and_kept(
@@ -44,35 +62,33 @@ def test_a_steady_slowdown_too_slow_for_the_window_is_raised_once_and_kept(
     # a list that grows every step, under ±50% jitter and bursts of load: each 30-step
     # window rises too little beside the jitter to be a trend
     rng = random.Random(seed)
-    steps = 2000
-    durations = with_bursts(rng, [
-        1e-3 * (start_ms + (end_ms - start_ms) * n / steps) * rng.uniform(1.0, 2.0)
-        for n in range(steps)
-    ])
-    assert slowdown_states(durations, SHORT_ONLY) == []  # the premise: the window misses it
-    states = slowdown_states(durations)
-    assert [s for s, _ in states] == ["raised"]
-    # raised about when the steps are 1.5x slower (a trend fitted on noisy lows
-    # reaches it a little early or late), long before the end
-    ratio_reached = int(steps * (0.5 * start_ms) / (end_ms - start_ms))
-    assert 0.8 * ratio_reached < states[0][1] < ratio_reached + 800
+    durations = with_bursts(rng, ms(rng, 2000, lambda n: start_ms + (end_ms - start_ms) * n / 2000))
+    assert states(durations, config=SHORT_ONLY) == []  # the premise: the window misses it
+    found = states(durations)
+    assert [s for s, _ in found] == ["raised"]
+    # raised after the steps are 1.5x slower (the second look needs six blocks of
+    # epochs), long before the end
+    assert int(2000 * 0.5 * start_ms / (end_ms - start_ms)) < found[0][1] < 1500
 
 
-def test_the_long_horizon_says_what_it_measured() -> None:
+def test_the_second_look_says_what_it_measured() -> None:
     rng = random.Random(7)
     engine = DiagnosisEngine()
     alerts = []
-    for n in range(1500):
-        seconds = 1e-3 * (3 + 6 * n / 1500) * rng.uniform(1.0, 2.0)
+    for n in range(3000):
+        seconds = 1e-3 * (3 + 6 * n / 3000) * rng.uniform(1.0, 2.0)
         alerts += engine.observe({"kind": "step", "step": n, "duration_s": seconds,
                                   "graph_nodes": 400, "rss_bytes": 10**9})
+        if (n + 1) % 200 == 0:
+            alerts += engine.observe({"kind": "epoch", "epoch": n // 200, "step": n,
+                                      "duration_s": 0.9, "steps": 200})
     (raised,) = [a for a in alerts if a["code"] == "slowdown" and a["state"] == "raised"]
-    assert "fastest tenth of each 30 steps" in raised["message"]
+    assert "fastest tenth of each epoch's steps" in raised["message"]
     assert "neither the graph size nor memory grew" in raised["message"]
     evidence = raised["evidence"]
-    assert evidence["horizon_steps"] >= 330  # 12 blocks of 30: centres 330 steps apart
-    # the starting time is the first block's fastest tenth: ~3 ms, not the noisy median
-    assert 2.9e-3 <= evidence["first_s"] <= 3.4e-3
+    assert evidence["horizon_steps"] >= 5 * 200  # six epochs at least, centre to centre
+    # the start is the fastest tenth of the first epochs: ~3.3 ms, not a noisy median
+    assert 3.0e-3 <= evidence["first_s"] <= 3.6e-3
     assert evidence["growth"] >= 1.5
 
 
@@ -81,32 +97,47 @@ def test_a_raised_slowdown_is_not_cleared_by_bursts_while_it_grows(seed: int) ->
     # 3 ms to 30 ms over 1,000 steps; bursts of slow steps at a window's start used to
     # hold its rising fraction down until the alert cleared, never to come back
     rng = random.Random(seed)
-    durations = with_bursts(
-        rng, [1e-3 * (3 + 27 * n / 1000) * rng.uniform(1.0, 1.6) for n in range(1000)], 60
-    )
-    states = slowdown_states(durations)
-    assert [s for s, _ in states] == ["raised"]
+    durations = with_bursts(rng, ms(rng, 1000, lambda n: 3 + 27 * n / 1000, 0.6), 60)
+    assert [s for s, _ in states(durations)] == ["raised"]
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_a_long_slowdown_that_levels_off_clears_once(seed: int) -> None:
+def test_a_cost_that_grows_once_an_epoch_is_raised_and_kept_while_it_grows(seed: int) -> None:
+    # each epoch adds work that runs on every step (a frozen teacher per epoch)
     rng = random.Random(seed)
-    durations = [
-        1e-3 * (2.5 + 5 * min(n, 1500) / 1500) * rng.uniform(1.0, 2.0) for n in range(4000)
-    ]
-    states = slowdown_states(durations)
-    assert [s for s, _ in states] == ["raised", "cleared"]
-    assert states[1][1] > 1500  # cleared after it levelled off, not while it grew
+    durations = with_bursts(rng, ms(rng, 8000, lambda n: 3 + 1.5 * (n // 1000), 0.5))
+    assert states(durations, epoch=1000, config=SHORT_ONLY) == []  # the premise
+    assert [s for s, _ in states(durations, epoch=1000)] == ["raised"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_slowdown_that_levels_off_clears_once(seed: int) -> None:
+    rng = random.Random(seed)
+    durations = ms(rng, 6000, lambda n: 2.5 + 5 * min(n, 1500) / 1500)
+    found = states(durations)
+    assert [s for s, _ in found] == ["raised", "cleared"]
+    assert found[1][1] > 1500  # cleared after it levelled off, not while it grew
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("epoch", [400, 800])
+def test_batches_sorted_by_length_in_each_epoch_are_no_slowdown(seed: int, epoch: int) -> None:
+    # longer sequences towards each epoch's end: steps 1.8x slower, then fast again at
+    # the next epoch; nothing grows from one epoch to the next
+    rng = random.Random(seed)
+    durations = with_bursts(rng, ms(rng, 6000, lambda n: 3 * (1 + 0.8 * (n % epoch) / epoch), 0.5))
+    assert states(durations, epoch=epoch) == []
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("shared", ["every step", "some steps", "over 60 steps"])
+@pytest.mark.parametrize("shared", ["every step", "some steps", "over 60 steps", "twice"])
 def test_another_process_sharing_the_core_from_some_step_on_is_no_slowdown(
     seed: int, shared: str
 ) -> None:
     # Steps longer than the scheduler's slice all slow down at once ("every step");
     # steps of a few ms are slowed when a slice lands in them ("some steps"); a burner
-    # that starts its work gradually slows them over 60 steps.
+    # that starts its work gradually slows them over 60 steps; a second one starts
+    # 360 steps after the first
     rng = random.Random(seed)
     at = rng.randrange(500, 1500)
     durations = []
@@ -118,28 +149,60 @@ def test_another_process_sharing_the_core_from_some_step_on_is_no_slowdown(
             seconds *= rng.uniform(1.5, 4.0)
         elif shared == "over 60 steps" and n >= at:
             seconds *= 1 + min((n - at) / 60, 1.0)
+        elif shared == "twice" and n >= at:
+            seconds *= 1.6 if n < at + 360 else 2.2
         durations.append(seconds)
-    assert slowdown_states(with_bursts(rng, durations)) == []
+    assert states(with_bursts(rng, durations)) == []
 
 
-def test_block_lows_are_the_fastest_tenth_and_the_base_the_first_block() -> None:
-    lows = StepTimeLows(block=30, blocks=4, ratio=1.5, rising=0.8, growth=1.2,
+def test_a_loop_that_never_ends_an_epoch_gets_no_second_look() -> None:
+    rng = random.Random(2)
+    durations = with_bursts(rng, ms(rng, 2000, lambda n: 2.6 + 4.7 * n / 2000))
+    assert states(durations, epoch=64) != []
+    assert states(durations, epoch=None) == []  # documented: the window alone
+
+
+def test_epoch_lows_are_the_fastest_tenth_and_the_start_the_fastest_first_epoch() -> None:
+    lows = StepTimeLows(min_block=30, blocks=6, ratio=1.5, rising=0.8, growth=1.2,
                         noise=3.0, even=0.33)
     rng = random.Random(1)
-    first = [float(v) for v in range(100, 130)]
-    rng.shuffle(first)
-    closed = [lows.push(float(n), v) for n, v in enumerate(first)]
-    assert closed == [False] * 29 + [True]
-    assert lows.base == sorted(first)[int(LOW_QUANTILE * 29)] == 102.0
-    second = [v * 3 for v in first]
-    rng.shuffle(second)
-    for n, v in enumerate(second, start=30):
-        lows.push(float(n), v)
-    assert lows.base == 102.0  # the run's start stays the first block's
-    assert lows.judge(raised=False) is None  # two blocks: no horizon yet
+    epochs = []
+    for scale in (3.0, 2.0, 2.5, 4.0):  # a slow first epoch (caching), then faster
+        times = [scale * v for v in range(100, 140)]
+        rng.shuffle(times)
+        epochs.append(times)
+    step = 0
+    for times in epochs:
+        for seconds in times:
+            lows.push(float(step), seconds)
+            step += 1
+        assert lows.epoch_ended()
+    low = sorted(range(100, 140))[int(LOW_QUANTILE * 39)]  # 103
+    assert [y for _, y in lows._lows] == [3.0 * low, 2.0 * low, 2.5 * low, 4.0 * low]
+    assert lows.base == 2.0 * low  # the fastest of the first three epochs
 
 
-def test_block_lows_refuse_a_horizon_too_short_to_judge() -> None:
-    with pytest.raises(ValueError, match="expected block >= 1 and blocks >= 4, got 30, 3"):
-        StepTimeLows(block=30, blocks=3, ratio=1.5, rising=0.8, growth=1.2,
+def test_short_epochs_are_joined_and_long_ones_taken_in_chunks() -> None:
+    lows = StepTimeLows(min_block=30, blocks=6, ratio=1.5, rising=0.8, growth=1.2,
+                        noise=3.0, even=0.33)
+    for n in range(20):
+        lows.push(float(n), 1.0 + n)
+    assert not lows.epoch_ended()  # 20 steps: it goes on into the next epoch
+    for n in range(20, 40):
+        lows.push(float(n), 1.0 + n)
+    assert lows.epoch_ended()
+    assert lows._lows[-1] == (19.5, sorted(1.0 + n for n in range(40))[3])
+    # an epoch of 3 chunks and a rest: the median of the chunks' lows (and the rest's)
+    values = [float(v) for v in range(3 * CHUNK + 40)]
+    for n, seconds in enumerate(values, start=40):
+        lows.push(float(n), seconds)
+    assert lows.epoch_ended()
+    chunk_lows = [values[k * CHUNK + int(LOW_QUANTILE * (CHUNK - 1))] for k in range(3)]
+    rest_low = values[3 * CHUNK + int(LOW_QUANTILE * 39)]
+    assert lows._lows[-1][1] == statistics.median([*chunk_lows, rest_low])
+
+
+def test_epoch_lows_refuse_a_horizon_too_short_to_judge() -> None:
+    with pytest.raises(ValueError, match="expected min_block >= 1 and blocks >= 6, got 30, 4"):
+        StepTimeLows(min_block=30, blocks=4, ratio=1.5, rising=0.8, growth=1.2,
                      noise=3.0, even=0.33)

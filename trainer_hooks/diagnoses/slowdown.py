@@ -21,9 +21,9 @@ step times (±50%) make no trend however the pairs happen to fall; and it must h
 for ``slowdown_sustain`` (15) steps in a row before it is raised, longer than a burst
 of load from other processes (10 steps at 2-20x, seen on a shared 2-core machine).
 
-A second look judges the lows of 30-step blocks over 360-1,440 steps
-(``long_trend.py``): a slowdown too slow per step for the window to see beside its
-jitter, and one raised that bursts of slow steps would clear while it goes on.
+A second look judges the lows of whole epochs, the last 12 to 48 (``long_trend.py``):
+a slowdown too slow per step for the window to see beside its jitter, and one raised
+that bursts of slow steps would clear while it goes on.
 
 Then it says what grew alongside since the start of the run: the autograd graph
 (``graph_nodes``, 1.2x or more), process memory (``rss_bytes``, 1.1x or more), and
@@ -93,9 +93,11 @@ _HALF_RISING = 0.6
 #: such record, so that a slowdown's run of trend() calls keeps them.
 KEEP_SLOPES = 2
 
-#: block judgements in a row the long horizon must hold before a new slowdown counts,
-#: and miss before a raised one stops holding
+#: epoch judgements in a row the long horizon must hold before a new slowdown counts
 LONG_CONFIRM = 2
+#: and miss before a raised one stops holding: an epoch's low is noisier than a trend
+#: that has held for epochs
+LONG_RELEASE = 3
 
 
 class SlowdownDetector(Detector):
@@ -121,9 +123,11 @@ class SlowdownDetector(Detector):
         self._min_window = int(config["slowdown_min_window"])
         self._sustain = int(config["slowdown_sustain"])
         self._rising = float(config["slowdown_rising_fraction"])
-        # the long horizon: lows of 30-step blocks (long_trend.py)
+        # the second look: the lows of whole epochs (long_trend.py)
         self._lows = StepTimeLows(
-            block=window,
+            # an epoch's low from fewer steps is noisier than a slow trend's rise over
+            # 12 of them: shorter epochs are joined (a 64-step epoch flapped 1 run in 4)
+            min_block=4 * window,
             blocks=int(config["slowdown_long_blocks"]),
             ratio=float(config["slowdown_ratio"]),
             rising=float(config["slowdown_long_rising"]),
@@ -131,11 +135,15 @@ class SlowdownDetector(Detector):
             noise=float(config["slowdown_noise"]),
             even=float(config["slowdown_long_even"]),
         )
-        self._long: LongTrend | None = None  # the last block's judgement
-        self._long_streak = 0  # block judgements in a row that held
+        self._long: LongTrend | None = None  # the last epoch's judgement
+        self._long_streak = 0  # epoch judgements in a row that held
         self._long_misses = 0  # and in a row that did not
 
     def observe(self, record: Mapping[str, Any]) -> Verdicts:
+        if record.get("kind") == "epoch":
+            if self._seen > self._skip_first and self._lows.epoch_ended():
+                self._judge_long(raised=self._streak >= self._sustain)
+            return {}
         duration = as_float(record.get("duration_s"))
         if (
             record.get("kind") != "step"
@@ -157,8 +165,7 @@ class SlowdownDetector(Detector):
             }
         )
         self._trend.push(float(record["step"]), duration)
-        if self._lows.push(float(record["step"]), duration):
-            self._judge_long(raised=self._streak >= self._sustain)
+        self._lows.push(float(record["step"]), duration)
         if len(self._early) < self._min_points:
             self._early.append(duration)
             for field in _GREW:
@@ -178,15 +185,15 @@ class SlowdownDetector(Detector):
         return {"step_time": finding}
 
     def _judge_long(self, raised: bool) -> None:
-        """A closed block's judgement of the long horizon. Each stands for the block's
-        30 records, so it takes LONG_CONFIRM in a row to start holding, and as many
-        misses in a row to stop once raised: one noisy block must not clear it."""
+        """An ended epoch's judgement of the long horizon. Each stands for the epoch's
+        records, so it takes LONG_CONFIRM in a row to start holding, and LONG_RELEASE
+        misses in a row to stop once raised: one noisy epoch must not clear it."""
         seen = self._lows.judge(raised=raised)
         if seen is not None:
             self._long, self._long_streak, self._long_misses = seen, self._long_streak + 1, 0
             return
         self._long_misses += 1
-        if not (raised and self._long is not None and self._long_misses < LONG_CONFIRM):
+        if not (raised and self._long is not None and self._long_misses < LONG_RELEASE):
             self._long, self._long_streak = None, 0
 
     def _short(self, raised: bool) -> Finding | None:
@@ -223,7 +230,7 @@ class SlowdownDetector(Detector):
         finding = self._finding(
             seen.xs, seen.ys, seen.slope, seen.last / seen.base, seen.rising, seen.base,
             seen.jitter, last=seen.last,
-            over=f"Theil–Sen on the fastest tenth of each {self._lows.block} steps",
+            over="Theil–Sen on the fastest tenth of each epoch's steps",
         )
         finding.evidence["horizon_steps"] = int(seen.xs[-1] - seen.xs[0])
         return finding

@@ -87,10 +87,10 @@ THRESHOLDS: dict[str, tuple[float | int, str]] = {
     ),
     "slowdown_long_blocks": (
         12,
-        "the long horizon: blocks of slowdown_window steps judged by their fastest tenth "
+        "the second look: the last this many epochs judged by their fastest tenth "
         "(and twice and four times as many, in pairs and fours)",
     ),
-    "slowdown_long_rising": (0.8, "fraction of the blocks' pairs that got slower"),
+    "slowdown_long_rising": (0.8, "fraction of the epochs' pairs that got slower"),
     "slowdown_long_growth": (1.2, "the long horizon's trend grew this many times over it"),
     "slowdown_long_even": (
         0.33,

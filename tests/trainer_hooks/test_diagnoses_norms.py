@@ -158,3 +158,42 @@ def test_nonfinite_remembers_the_first_step_while_it_holds() -> None:
     (update,) = engine.observe(step(4, nonfinite={"parameters": ["enc.lstm.weight_hh_l0"]}))
     assert update["subject"] == "enc.lstm" and update["state"] == "updated"
     assert update["evidence"]["first_step"] == 3 and "(first at step 3)" in update["message"]
+
+
+def test_light_steps_between_captured_ones_never_clear_a_nonfinite_gradient() -> None:
+    # A parameter whose gradient is inf on every step (sqrt at 0) while the loop skips
+    # its update: the loss stays finite. Under the default budget one step in 20-90
+    # is captured; the light ones carry a loss and no gradient.
+    engine = DiagnosisEngine()
+    alerts = []
+    for n in range(300):
+        captured = n % 25 == 0
+        fields: dict[str, Any] = {"loss": 2.0 - n / 1000, "duration_s": 0.003}
+        if captured:
+            fields.update(total_norm=float("inf"), param_norms={"gain": "inf", "fc.weight": 0.4},
+                          nonfinite={"parameters": ["gain"]})
+        alerts += engine.observe(step(n, **fields))
+    states = [(a["subject"], a["state"]) for a in alerts if a["code"] == "nonfinite"]
+    assert states[0] == ("gain", "raised")
+    assert ("gain", "cleared") not in states
+    # a captured step with finite gradients does judge it: clear_after of them clear it
+    later = []
+    for n in range(300, 600):
+        fields = {"loss": 1.5, "duration_s": 0.003}
+        if n % 25 == 0:
+            fields.update(total_norm=0.5, param_norms={"gain": 0.1, "fc.weight": 0.4})
+        later += engine.observe(step(n, **fields))
+    (cleared,) = [a for a in later if a["code"] == "nonfinite"]
+    assert (cleared["subject"], cleared["state"]) == ("gain", "cleared")
+    assert cleared["step"] == 300 + 25 * (engine.config["clear_after"] - 1)
+
+
+def test_a_nan_loss_is_cleared_by_the_light_steps_that_follow_it() -> None:
+    # every record carries the loss: light steps judge it, unlike the gradients
+    engine = DiagnosisEngine({"clear_after": 3})
+    alerts = []
+    for n in range(20):
+        loss = float("nan") if n == 5 else 1.0
+        alerts += engine.observe(step(n, loss=loss, duration_s=0.003))
+    assert [(a["subject"], a["state"], a["step"]) for a in alerts if a["code"] == "nonfinite"] == [
+        ("loss", "raised", 5), ("loss", "cleared", 8)]

@@ -33,6 +33,11 @@ _HINT = (
 )
 
 
+#: a record with any of these carries the step's gradients (a captured step): one
+#: without (a light step) says nothing of them, and must not clear their alerts
+_GRADIENT_FIELDS = ("nonfinite", "total_norm", "param_norms", "timesteps")
+
+
 def owner(parameter: str) -> str:
     """The module that owns a parameter: ``lstm.weight_hh_l0`` -> ``lstm``."""
     return parameter.rpartition(".")[0] or parameter
@@ -52,9 +57,10 @@ class NonfiniteDetector(Detector):
         if "nonfinite" not in record:
             loss_value = record.get("loss")
             if loss_value is None or (type(loss_value) is float and math.isfinite(loss_value)):
-                # most records (every light step): nothing bad, every subject fine now;
-                # what the full reading below gives them, without its dicts and lists
-                return dict.fromkeys(self._subjects)
+                # most records (every light step): nothing bad, every subject it has
+                # data for fine now; what the full reading below gives them, without
+                # its dicts and lists
+                return self._judged(record)
         step = step_of(record)
         bad = record.get("nonfinite")
         bad = bad if isinstance(bad, Mapping) else {}
@@ -76,8 +82,8 @@ class NonfiniteDetector(Detector):
             subject = next(iter(timesteps))
         elif loss_bad:
             subject = "loss"
-        # Judge every subject seen so far: those not bad on this step are fine now.
-        verdicts: Verdicts = {s: None for s in self._subjects}
+        # Judge every subject this record has data for: those not bad on it are fine now.
+        verdicts = self._judged(record)
         if subject is None:
             return verdicts
         self._subjects.add(subject)
@@ -107,3 +113,12 @@ class NonfiniteDetector(Detector):
             message += f" (first at step {first})"
         verdicts[subject] = Finding("error", message, _HINT, evidence, immediate=True)
         return verdicts
+
+    def _judged(self, record: Mapping[str, Any]) -> Verdicts:
+        """The subjects ``record`` judges, all fine until found bad: the loss wherever
+        there is one, the gradients' subjects only on a captured step."""
+        if any(field in record for field in _GRADIENT_FIELDS):
+            return dict.fromkeys(self._subjects)
+        if "loss" in self._subjects and record.get("loss") is not None:
+            return {"loss": None}
+        return {}

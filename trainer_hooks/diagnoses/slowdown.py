@@ -113,7 +113,13 @@ class SlowdownDetector(Detector):
         self._trend = SlidingTrend(window)
         self._seen = 0
         self._early: list[float] = []
+        # the first values of the graph size and memory, whenever they came, and the
+        # last ones: the graph is measured on captured steps only, 0-2 of a 30-step
+        # window under the default budget
         self._early_fields: dict[str, list[int]] = {}
+        self._measured: dict[str, deque[tuple[float, float]]] = {
+            field: deque(maxlen=window) for field in _GREW
+        }
         self._holding = False
         self._streak = 0  # judgements in a row that held
         self._cold = 0  # judgements in a row that ended at the rising fraction
@@ -151,6 +157,15 @@ class SlowdownDetector(Detector):
             or not isinstance(record.get("step"), int)
         ):
             return {}
+        # what grows alongside, from the first step on: the warm-up skipped below is
+        # the step time's, the graph and memory are what they are
+        for field, points in self._measured.items():
+            value = record.get(field)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                points.append((float(record["step"]), float(value)))
+                early = self._early_fields.setdefault(field, [])
+                if len(early) < self._min_points:
+                    early.append(value)
         self._seen += 1
         if self._seen <= self._skip_first:
             return {}
@@ -158,8 +173,6 @@ class SlowdownDetector(Detector):
             {
                 "step": record["step"],
                 "duration_s": duration,
-                "graph_nodes": record.get("graph_nodes"),
-                "rss_bytes": record.get("rss_bytes"),
                 # parsed only when a slowdown holds (_module), not on every step
                 "profile": record.get("profile"),
             }
@@ -168,10 +181,6 @@ class SlowdownDetector(Detector):
         self._lows.push(float(record["step"]), duration)
         if len(self._early) < self._min_points:
             self._early.append(duration)
-            for field in _GREW:
-                value = record.get(field)
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    self._early_fields.setdefault(field, []).append(value)
         if len(self._early) < self._min_points or len(self._rows) < self._min_window:
             return {}
         raised = self._streak >= self._sustain
@@ -236,18 +245,18 @@ class SlowdownDetector(Detector):
         return finding
 
     def _correlates(self) -> dict[str, float]:
-        """How much graph size and memory grew: trend now over their start-of-run size."""
+        """How much graph size and memory grew: trend now (over their last
+        ``slowdown_window`` measurements) over their start-of-run size."""
         grown: dict[str, float] = {}
-        for field in _GREW:
-            pts = [
-                (float(r["step"]), float(r[field]))
-                for r in self._rows
-                if isinstance(r[field], int) and r[field] > 0
-            ]
+        for field, points in self._measured.items():
             early = self._early_fields.get(field)
-            if len(pts) >= 3 and early:
-                last = fitted_last([p[0] for p in pts], [p[1] for p in pts])[1]
-                grown[field] = last / min(early)
+            if len(points) < 2 or not early:
+                continue  # one measurement says nothing of growth
+            if len(points) >= 3:
+                last = fitted_last([p[0] for p in points], [p[1] for p in points])[1]
+            else:
+                last = points[-1][1]
+            grown[field] = last / min(early)
         return grown
 
     def _module(self, xs: list[float]) -> tuple[str, float] | None:
@@ -321,7 +330,13 @@ class SlowdownDetector(Detector):
                 "detach or drop them"
             )
         else:
-            message += "; neither the graph size nor memory grew with it"
+            message += "; " + {
+                2: "neither the graph size nor memory grew with it",
+                1: ("memory did not grow with it (the graph size is not measured yet)"
+                    if "rss_bytes" in grown else
+                    "the graph size did not grow with it (memory is not measured)"),
+                0: "the graph size and memory are not measured",
+            }[len(grown)]
             hint = (
                 "Look for work that grows with time outside the graph (growing lists, "
                 "data loading, logging); watch(..., profile=True) shows which module's "

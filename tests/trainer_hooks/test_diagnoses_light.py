@@ -21,7 +21,7 @@ from gradwatch.trainer_hooks.diagnoses import DiagnosisEngine
 from .light_sequences import SCENARIOS, scenario
 
 #: sha256 of the alerts of every scenario x seeds 0-2 (see the module docstring)
-PINNED = "8d44034a316623fcfea251fed04831569b7f82d3fc81626d2d23422c6a0db5c0"
+PINNED = "89e09e26749b55495c64756b52ac1393a84cac15f165b0ef13dc11ef5f998696"
 
 
 def alerts_of(records: Any) -> list[dict[str, Any]]:

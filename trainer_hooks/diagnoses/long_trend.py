@@ -88,6 +88,8 @@ class LongTrend:
     jitter: float
     #: the run's starting speed the ratio is measured against (see the module)
     base: float
+    #: the last step of the epoch that set it
+    base_end: float
 
 
 def _rising(ys: list[float]) -> float:
@@ -130,6 +132,9 @@ class StepTimeLows:
         self._lows: deque[tuple[float, float]] = deque(maxlen=blocks * SCALES[-1])
         self._early: list[float] = []
         self.base: float | None = None
+        self.base_end = 0.0
+        self._base_index = 0  # the base epoch's number among the closed ones
+        self._closed = 0  # epochs closed so far
 
     def push(self, step: float, seconds: float) -> None:
         """Add one step's time to the open epoch."""
@@ -153,12 +158,22 @@ class StepTimeLows:
         self._open, self._chunks, self._count = [], [], 0
         if len(self._early) < BASE_BLOCKS:
             self._early.append(low)
-            self.base = min(self._early)
+            if self.base is None or low < self.base:
+                self.base, self.base_end = low, self._last_step
+                self._base_index = self._closed
+        self._closed += 1
         return True
 
     def judge(self, raised: bool) -> LongTrend | None:
         """The shortest horizon that holds (its tests loosened once ``raised``), else None."""
-        base, n = self.base, len(self._lows)
+        base = self.base
+        # epochs before the one that set the start, when one of them was ``growth``
+        # times slower (a first epoch that fills a cache), are no part of a horizon
+        lows = list(self._lows)
+        first = self._base_index - (self._closed - len(lows))  # its place in the deque
+        if first > 0 and max(y for _, y in lows[:first]) >= self.growth * (base or 0.0):
+            lows = lows[first:]
+        n = len(lows)
         # a raised slowdown is kept from the first epochs on (bursts can clear the
         # 30-step window of a young run while it goes on)
         if base is None or n < (BASE_BLOCKS if raised else MIN_BLOCKS):
@@ -167,9 +182,8 @@ class StepTimeLows:
         # a trend line that puts the newest epoch there far above its own recent lows
         # is no trend to trust.
         floor = RECENT_SHARE * (self.ratio - HYSTERESIS) * base
-        if max(self._lows[k][1] for k in range(n - 3, n)) < floor:
+        if max(y for _, y in lows[-3:]) < floor:
             return None
-        lows = list(self._lows)
         for scale in SCALES[:HOLD_SCALES] if raised else SCALES:
             span = min(self.blocks, n) * scale if scale == 1 else self.blocks * scale
             if n < span:
@@ -200,7 +214,7 @@ class StepTimeLows:
         if rise < self.noise * jitter:
             return None
         if raised:
-            return LongTrend(xs, ys, slope, last, rising, jitter, base)
+            return LongTrend(xs, ys, slope, last, rising, jitter, base, self.base_end)
         first = last - rise
         half = len(xs) // 2
         if (
@@ -210,7 +224,7 @@ class StepTimeLows:
             or self._uneven(xs, ys, slope)
         ):
             return None
-        return LongTrend(xs, ys, slope, last, rising, jitter, base)
+        return LongTrend(xs, ys, slope, last, rising, jitter, base, self.base_end)
 
     def _uneven(self, xs: list[float], ys: list[float], slope: float) -> bool:
         """Whether one half of the horizon rises at less than ``even`` times the other's

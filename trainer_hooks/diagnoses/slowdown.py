@@ -99,6 +99,11 @@ LONG_CONFIRM = 2
 #: that has held for epochs
 LONG_RELEASE = 3
 
+#: the graph size and memory are kept every this many steps (their value when a
+#: judged span began), the last MARKS of them: 16,384 steps
+MARK_EVERY = 32
+MARKS = 512
+
 
 class SlowdownDetector(Detector):
     code = "slowdown"
@@ -113,12 +118,15 @@ class SlowdownDetector(Detector):
         self._trend = SlidingTrend(window)
         self._seen = 0
         self._early: list[float] = []
-        # the first values of the graph size and memory, whenever they came, and the
-        # last ones: the graph is measured on captured steps only, 0-2 of a 30-step
-        # window under the default budget
-        self._early_fields: dict[str, list[int]] = {}
+        self._early_end = 0.0  # the step that completed the starting speed
+        # the graph size and memory: their last measurements (the graph is measured on
+        # captured steps only, 0-2 of a 30-step window under the default budget), and
+        # one every MARK_EVERY steps, so the value when a judged span began is known
         self._measured: dict[str, deque[tuple[float, float]]] = {
             field: deque(maxlen=window) for field in _GREW
+        }
+        self._marks: dict[str, deque[tuple[float, float]]] = {
+            field: deque(maxlen=MARKS) for field in _GREW
         }
         self._holding = False
         self._streak = 0  # judgements in a row that held
@@ -162,10 +170,11 @@ class SlowdownDetector(Detector):
         for field, points in self._measured.items():
             value = record.get(field)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                points.append((float(record["step"]), float(value)))
-                early = self._early_fields.setdefault(field, [])
-                if len(early) < self._min_points:
-                    early.append(value)
+                point = (float(record["step"]), float(value))
+                points.append(point)
+                marks = self._marks[field]
+                if not marks or point[0] >= marks[-1][0] + MARK_EVERY:
+                    marks.append(point)
         self._seen += 1
         if self._seen <= self._skip_first:
             return {}
@@ -181,6 +190,13 @@ class SlowdownDetector(Detector):
         self._lows.push(float(record["step"]), duration)
         if len(self._early) < self._min_points:
             self._early.append(duration)
+            self._early_end = float(record["step"])
+            if len(self._early) == self._min_points:
+                # the values when the starting speed was complete, what grew is read from
+                for field, points in self._measured.items():
+                    marks = self._marks[field]
+                    if points and (not marks or marks[-1] != points[-1]):
+                        marks.append(points[-1])
         if len(self._early) < self._min_points or len(self._rows) < self._min_window:
             return {}
         raised = self._streak >= self._sustain
@@ -239,24 +255,39 @@ class SlowdownDetector(Detector):
         finding = self._finding(
             seen.xs, seen.ys, seen.slope, seen.last / seen.base, seen.rising, seen.base,
             seen.jitter, last=seen.last,
-            over="Theil–Sen on the fastest tenth of each epoch's steps",
+            over="Theil–Sen on the fastest tenth of each epoch's steps", since=seen.base_end,
         )
         finding.evidence["horizon_steps"] = int(seen.xs[-1] - seen.xs[0])
         return finding
 
-    def _correlates(self) -> dict[str, float]:
-        """How much graph size and memory grew: trend now (over their last
-        ``slowdown_window`` measurements) over their start-of-run size."""
+    def _correlates(self, since: float) -> dict[str, float]:
+        """How much graph size and memory grew since the starting speed was measured:
+        their trend now (over their last ``slowdown_window`` measurements) over their
+        value when it was complete (the last one measured by step ``since``, else the
+        first kept). Not from step 0: memory grows in warm-up, and a first epoch may
+        build a smaller graph than all the later ones."""
         grown: dict[str, float] = {}
         for field, points in self._measured.items():
-            early = self._early_fields.get(field)
-            if len(points) < 2 or not early:
+            marks = self._marks[field]
+            before = [p for p in marks if p[0] <= since]
+            then = before[-1] if before else (marks[0] if marks else None)
+            if then is None or (len(points) < 2 and points[-1] == then):
                 continue  # one measurement says nothing of growth
-            if len(points) >= 3:
-                last = fitted_last([p[0] for p in points], [p[1] for p in points])[1]
+            # the trend of the measurements since then (the graph's are few: its walk
+            # is paced by what it finds), else of the last two
+            recent = [p for p in points if p[0] >= since]
+            recent = recent if len(recent) >= 2 else list(points)[-2:]
+            xs, ys = [p[0] for p in recent], [p[1] for p in recent]
+            if len(recent) >= 3:
+                slope, last = fitted_last(xs, ys)
             else:
-                last = points[-1][1]
-            grown[field] = last / min(early)
+                slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs[-1] != xs[0] else 0.0
+                last = ys[-1]
+            # A graph still growing, or it explains nothing: one built larger once (a
+            # module added at an epoch) and flat since is not what slows each step.
+            # (Memory grows in jumps: a flat stretch between two says nothing.)
+            still = slope > 0 or field != "graph_nodes"
+            grown[field] = last / then[1] if still else min(last / then[1], 1.0)
         return grown
 
     def _module(self, xs: list[float]) -> tuple[str, float] | None:
@@ -292,10 +323,11 @@ class SlowdownDetector(Detector):
         jitter: float,
         last: float | None = None,
         over: str = "Theil–Sen",
+        since: float | None = None,
     ) -> Finding:
         if last is None:
             last = ys[-1] if len(ys) < 3 else sorted(ys[-3:])[1]
-        grown = self._correlates()
+        grown = self._correlates(since=self._early_end if since is None else since)
         explained = [f for f, r in grown.items() if r >= _GREW[f]]
         evidence: dict[str, Any] = {
             "steps": [int(xs[0]), int(xs[-1])],
@@ -348,6 +380,10 @@ class SlowdownDetector(Detector):
             message += (
                 f"; most of the added time is in {module[0]} (+{fmt(module[1] * 1e3)} ms per step)"
             )
+        hint += (
+            ". If the work grows by design (a curriculum of longer sequences, layers "
+            "unfrozen epoch by epoch), this is expected"
+        )
         return Finding(
             "warning", message, hint, evidence, sustain=int(self.config["slowdown_sustain"])
         )

@@ -53,32 +53,41 @@ export function historySeries(steps, epochs) {
     const rm = new RollingMedian();
     fields.trend = { step: dur.step.slice(), value: dur.value.map((v) => rm.push(v)) };
   }
-  const nf = { step: [], value: [] };
+  // One marker a step, however many of its fields are non-finite (as live: nonFiniteNote).
+  const nf = new Set();
   for (const name of ["total_norm", "loss"]) {
     const s = fields[name];
     if (!s) continue;
-    s.value.forEach((v, i) => { if (isNonFinite(v)) { nf.step.push(s.step[i]); nf.value.push(1); } });
+    s.value.forEach((v, i) => { if (isNonFinite(v)) nf.add(s.step[i]); });
   }
-  if (nf.step.length) {
-    const order = nf.step.map((s, i) => [s, i]).sort((a, b) => a[0] - b[0]);
-    fields.nonfinite = { step: order.map(([s]) => s), value: order.map(() => 1) };
+  if (nf.size) {
+    const steps = [...nf].sort((a, b) => a - b);
+    fields.nonfinite = { step: steps, value: steps.map(() => 1) };
   }
   if (epochs.length) fields.epoch_time = { step: epochs.map((e) => e.epoch), value: epochs.map((e) => e.duration_s) };
   return fields;
 }
 
-/** The latest value of each stat from history, as a step record (null when none). */
+// The fields of the stats row (runheader.js) that history has.
+export const STAT_FIELDS = ["loss", "total_norm", "duration_s", "graph_nodes", "rss_bytes", "overhead"];
+
+/**
+ * The stats row's record of the last step in `fields` (null when none): that step's
+ * own values, a field it has none of left out. Give it an answer at full resolution
+ * (a range of the last steps): in a min/max-downsampled one the last point of a field
+ * is its bucket's min or max, often of another step.
+ */
 export function latestFromHistory(fields, lastEpoch) {
-  const rec = {};
   let step = -1;
-  for (const name of ["loss", "total_norm", "duration_s", "graph_nodes", "rss_bytes", "overhead"]) {
+  for (const name of STAT_FIELDS) {
     const s = fields[name];
-    if (!s || !s.step.length) continue;
-    rec[name] = s.value[s.value.length - 1];
-    step = Math.max(step, s.step[s.step.length - 1]);
+    if (s && s.step.length) step = Math.max(step, s.step[s.step.length - 1]);
   }
   if (step < 0) return null;
-  rec.step = step;
-  rec.epoch = lastEpoch;
+  const rec = { step, epoch: lastEpoch };
+  for (const name of STAT_FIELDS) {
+    const s = fields[name];
+    if (s && s.step[s.step.length - 1] === step) rec[name] = s.value[s.value.length - 1];
+  }
   return rec;
 }

@@ -6,6 +6,7 @@
 // figure bench/overhead.py holds against an A/B without gradwatch.
 
 import { fmt, num } from "./num.js";
+import { placeIn } from "./series.js";
 
 // Enough steps to hold several heavy steps at the default budget's usual intervals.
 export const OVERHEAD_WINDOW = 500;
@@ -13,18 +14,26 @@ export const OVERHEAD_WINDOW = 500;
 export class OverheadShare {
   constructor(size = OVERHEAD_WINDOW) {
     this.size = size;
-    this.points = []; // [step, overhead, duration_s], steps rising
+    this.steps = []; // rising
+    this.costs = []; // [overhead, duration_s] of each step
   }
 
-  /** One step record's fields; a step at or before the last one replaces nothing. */
+  /**
+   * One step record's fields, put at its step: records may come out of step order
+   * (history's tail after the first live ones, a late live record). A step there
+   * already counts once; one older than the window's steps counts not at all.
+   */
   push(step, overhead, duration) {
     const o = num(overhead);
     const d = num(duration);
     if (!Number.isFinite(o) || !Number.isFinite(d) || d <= 0 || !Number.isFinite(step)) return;
-    const last = this.points[this.points.length - 1];
-    if (last && step <= last[0]) return;
-    this.points.push([step, o, d]);
-    if (this.points.length > this.size * 2) this.points = this.points.slice(-this.size);
+    const n = this.steps.length;
+    if (n >= this.size && step < this.steps[n - this.size]) return;
+    if (!placeIn(this.steps, this.costs, step, [o, d])) return;
+    if (this.steps.length > this.size * 2) {
+      this.steps = this.steps.slice(-this.size);
+      this.costs = this.costs.slice(-this.size);
+    }
   }
 
   /** The last points of the history's `overhead` and `duration_s`, matched by step. */
@@ -41,15 +50,15 @@ export class OverheadShare {
 
   /** {share, steps}: the weighted share over the last `size` steps, or null. */
   share() {
-    const window = this.points.slice(-this.size);
-    if (!window.length) return null;
+    const steps = this.steps.slice(-this.size);
+    if (!steps.length) return null;
     let cost = 0;
     let time = 0;
-    for (const [, o, d] of window) {
+    for (const [o, d] of this.costs.slice(-this.size)) {
       cost += o * d;
       time += d;
     }
-    return { share: cost / time, steps: window.length, first: window[0][0], last: window[window.length - 1][0] };
+    return { share: cost / time, steps: steps.length, first: steps[0], last: steps[steps.length - 1] };
   }
 }
 

@@ -100,13 +100,20 @@ export class RollingMedian {
   constructor(size = 25) {
     this.size = size;
     this.values = [];
+    this.steps = []; // the values' steps, where given
   }
 
-  push(v) {
+  /** The median with `v`, or null for no value or a `step` in the window already (sent twice). */
+  push(v, step = null) {
     const n = num(v);
     if (n === null || !Number.isFinite(n)) return null;
+    if (step !== null && this.steps.includes(step)) return null;
     this.values.push(n);
-    if (this.values.length > this.size) this.values.shift();
+    this.steps.push(step);
+    if (this.values.length > this.size) {
+      this.values.shift();
+      this.steps.shift();
+    }
     const sorted = this.values.slice().sort((a, b) => a - b);
     const mid = sorted.length >> 1;
     return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;

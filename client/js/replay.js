@@ -4,20 +4,18 @@
 import { api } from "./api.js";
 import { el, replaceChildren } from "./dom.js";
 import { setServerUp } from "./live.js";
+import { num } from "./num.js";
+import { OVERHEAD_WINDOW } from "./overhead.js";
 import { SCALARS } from "./series.js";
 import { RunView } from "./run.js";
 
 const KIND_ORDER = { step: 0, epoch: 1, alert: 2, end: 3 };
 
-/** History answers -> [{rank, rec}] in step order, records shaped like the wire's. */
-export function historyRecords(history, heatmapKeys, rank = 0) {
-  const steps = new Map();
-  const rec = (step) => {
-    if (!steps.has(step)) steps.set(step, { kind: "step", step });
-    return steps.get(step);
-  };
-  for (const [name, s] of Object.entries((history.steps && history.steps.fields) || {})) {
+/** Put the scalar series `fields` (REST names) into the records of `rec(step)`, of the steps `keep` takes. */
+function addScalars(rec, fields, keep) {
+  for (const [name, s] of Object.entries(fields || {})) {
     s.step.forEach((step, i) => {
+      if (!keep(step)) return;
       const r = rec(step);
       const v = s.value[i];
       if (SCALARS.includes(name)) r[name] = v;
@@ -31,6 +29,26 @@ export function historyRecords(history, heatmapKeys, rank = 0) {
       }
     });
   }
+}
+
+/**
+ * History answers -> [{rank, rec, partial}] in step order, records shaped like the
+ * wire's. The scalars of the steps from `history.tail.from` on come from `tail` (the
+ * last steps one by one), the others from `history.steps`. A record whose scalars come
+ * from a min/max-downsampled answer is `partial`: it holds only the fields whose
+ * bucket min or max fell on its step.
+ */
+export function historyRecords(history, heatmapKeys, rank = 0) {
+  const steps = new Map();
+  const rec = (step) => {
+    if (!steps.has(step)) steps.set(step, { kind: "step", step });
+    return steps.get(step);
+  };
+  const tail = history.tail && Number.isFinite(history.tail.from) ? history.tail : null;
+  const cut = tail ? tail.from : Infinity;
+  addScalars(rec, history.steps && history.steps.fields, (step) => step < cut);
+  if (tail) addScalars(rec, tail.fields, (step) => step >= cut);
+  const partial = (step) => Boolean(step < cut ? history.steps && history.steps.downsampled : tail.downsampled);
   history.matrices.forEach((m, i) => {
     if (!m || !Array.isArray(m.steps)) return;
     const { module, series } = heatmapKeys[i];
@@ -53,7 +71,7 @@ export function historyRecords(history, heatmapKeys, rank = 0) {
     while (e < ends.length && ends[e].step < r.step) e += 1;
     if (ends.length) r.epoch = e < ends.length ? ends[e].epoch : ends[ends.length - 1].epoch + 1;
   }
-  const items = [...steps.values()].map((r) => ({ rank, rec: r }));
+  const items = [...steps.values()].map((r) => ({ rank, rec: r, partial: partial(r.step) }));
   for (const e of history.epochs || []) items.push({ rank, rec: { kind: "epoch", ...e } });
   for (const a of history.alerts || []) items.push({ rank: a.rank ?? 0, rec: { kind: "alert", ...a } });
   items.sort((x, y) => (x.rec.step ?? 0) - (y.rec.step ?? 0) || KIND_ORDER[x.rec.kind] - KIND_ORDER[y.rec.kind]);
@@ -64,8 +82,11 @@ export function historyRecords(history, heatmapKeys, rank = 0) {
 export async function fetchHistory(view) {
   const id = encodeURIComponent(view.runId);
   const stacks = [...view.depth.heatmaps.keys()];
-  const [steps, epochs, alerts, ratios, ...matrices] = await Promise.all([
+  const tailFrom = Math.max(0, (num(view.summary.last_step) ?? 0) - OVERHEAD_WINDOW + 1);
+  const [steps, tail, epochs, alerts, ratios, ...matrices] = await Promise.all([
     api(`/api/runs/${id}/steps`, { rank: view.rank, max_points: 2000 }),
+    // the last steps one by one: the replay ends on their true figures (historyRecords)
+    api(`/api/runs/${id}/steps`, { rank: view.rank, from: tailFrom, max_points: 4 * OVERHEAD_WINDOW }),
     api(`/api/runs/${id}/epochs`, { rank: view.rank }),
     api(`/api/runs/${id}/alerts`),
     api(`/api/runs/${id}/update_ratios`, { rank: view.rank, max_steps: 2000 }),
@@ -74,7 +95,7 @@ export async function fetchHistory(view) {
     ...stacks.map((stack) => api(`/api/runs/${id}/depth`, { stack, rank: view.rank, max_steps: 500 })),
   ]);
   const depth = matrices.splice(matrices.length - stacks.length, stacks.length);
-  return { steps, epochs, alerts, matrices, depth, ratios };
+  return { steps, tail, epochs, alerts, matrices, depth, ratios };
 }
 
 const HEALTH_EVERY_MS = 10000;

@@ -7,6 +7,7 @@ import { Heatmap, heatScale } from "./heatmap.js";
 import { SCALES } from "./heatscale.js";
 import { fmt, fmtSeconds, num } from "./num.js";
 import { heatmapPanelId, panel, slope } from "./panels.js";
+import { placeIn } from "./series.js";
 
 export const CHART_INFO = [
   ["norms", "Gradient norms per layer", "L2 norm of each parameter's gradient and the total; ✕ marks steps with NaN or Inf."],
@@ -94,11 +95,12 @@ export class TrendNote {
     this.render();
   }
 
+  /** One (step, median), put at its step (history may come after the first live ones). */
   add(step, median) {
     const v = num(median);
     if (v === null || !Number.isFinite(v)) return;
-    this.steps.push(step);
-    this.values.push(v);
+    if (this.steps.length >= TREND_WINDOW && step < this.steps[0]) return; // before the window
+    if (!placeIn(this.steps, this.values, step, v)) return;
     if (this.steps.length > TREND_WINDOW) {
       this.steps.shift();
       this.values.shift();

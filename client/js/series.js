@@ -28,6 +28,35 @@ const TOP_K = 8;
 export const MAX_TRACES = 64;
 export const MAX_MATCHES = 24;
 
+/** The first index of the rising `steps` whose step is at or after `step`. */
+export function stepIndex(steps, step) {
+  let lo = 0;
+  let hi = steps.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (steps[mid] < step) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/**
+ * Put `value` at its step in the rising `steps` and its `values`; false (nothing
+ * changed) when that step is there already: a record sent twice counts once.
+ */
+export function placeIn(steps, values, step, value) {
+  const at = stepIndex(steps, step);
+  if (steps[at] === step) return false;
+  steps.splice(at, 0, step);
+  values.splice(at, 0, value);
+  return true;
+}
+
+/** Points [{key, step, value}] in step order (a new array; equal steps keep their order). */
+export function byStep(points) {
+  return points.slice().sort((a, b) => a.step - b.step);
+}
+
 /** A step record's scalar fields as [name, value] pairs named like the REST API. */
 export function recordFields(rec) {
   const out = [];
@@ -78,7 +107,10 @@ export class LineChart extends OnScreen {
     this.div = div;
     this.spec = spec;
     this.index = new Map(); // key -> trace index
-    this.lastStep = new Map(); // key -> last step drawn (drops replayed/duplicate points)
+    this.lastStep = new Map(); // key -> last step drawn: a point at or before it is late
+    // key -> the history's last step: a late point at or before it is the history's
+    // (drawn, or left out by the server's downsampling), not drawn again.
+    this.historyEnd = new Map();
     this.historyHasData = false;
     // Grouped charts keep every line's points as given (spec.value not applied), so
     // that a bounded chart (more than MAX_TRACES lines) can draw any of them later.
@@ -126,7 +158,7 @@ export class LineChart extends OnScreen {
       for (const key of keys) {
         const s = series[key];
         this.kept.set(key, { step: s.step.slice(), value: s.value.slice() });
-        this.lastStep.set(key, s.step.length ? s.step[s.step.length - 1] : -1);
+        this.fromHistory(key, s);
       }
       if (this.groupedKeys().length > MAX_TRACES) {
         this.bounded = true;
@@ -139,13 +171,25 @@ export class LineChart extends OnScreen {
     for (const key of keys) {
       const s = series[key];
       this.index.set(key, traces.length);
-      this.lastStep.set(key, s.step.length ? s.step[s.step.length - 1] : -1);
+      this.fromHistory(key, s);
       traces.push(this._trace(key, s.step.slice(), s.value));
     }
     await plot(this.div, traces, layout({ ...this.spec.layout, ...(this.spec.group ? { legend: GROUPED } : {}) }));
     this.drawn = true;
     this.showTop();
     fitLogTicks(this.div);
+  }
+
+  /** Where a line's history ends: its last step drawn, and the history's. */
+  fromHistory(key, s) {
+    const end = s.step.length ? s.step[s.step.length - 1] : -1;
+    this.lastStep.set(key, end);
+    this.historyEnd.set(key, end);
+  }
+
+  /** A point before the line's last step that history does not cover: to be placed. */
+  isLate(key, step) {
+    return step > (this.historyEnd.get(key) ?? -1);
   }
 
   /** Which traces are drawn: those whose name contains `text`, or the top ones. */
@@ -220,16 +264,21 @@ export class LineChart extends OnScreen {
     return this.index.size > 0 || this.backlog.length > 0 || this.historyHasData;
   }
 
-  /** Append live points [{key, step, value}] now, one extendTraces for the whole batch. */
+  /**
+   * Live points [{key, step, value}] now, one extendTraces for the whole batch. A point
+   * for a step before the line's last one (records do not always come in step order)
+   * is put at its step; one for a step the line has already is left out.
+   */
   append(points) {
-    if (this.spec.group) this.keep(points);
+    const ordered = byStep(points);
+    const placed = this.spec.group ? this.keep(ordered) : false;
     if (this.bounded) {
-      this.appendBounded(points);
+      this.appendBounded(ordered, placed);
       return;
     }
     if (this.spec.group && this.groupedKeys().length > MAX_TRACES) {
       // grown past MAX_TRACES (a live run's first records): bounded from now on
-      for (const { key, step } of points) if (this.spec.match(key)) this.lastStep.set(key, Math.max(step, this.lastStep.get(key) ?? -1));
+      for (const { key, step } of ordered) if (this.spec.match(key)) this.lastStep.set(key, Math.max(step, this.lastStep.get(key) ?? -1));
       this.bounded = true;
       this.render();
       if (this.onFirstData) this.onFirstData();
@@ -237,10 +286,15 @@ export class LineChart extends OnScreen {
     }
     const byTrace = new Map();
     const fresh = new Map();
-    for (const { key, step, value } of points) {
+    const late = [];
+    for (const point of ordered) {
+      const { key, step, value } = point;
       if (!this.spec.match(key)) continue;
       const last = this.lastStep.get(key);
-      if (last !== undefined && step <= last) continue;
+      if (last !== undefined && step <= last) {
+        if (this.isLate(key, step)) late.push(point);
+        continue;
+      }
       this.lastStep.set(key, step);
       const idx = this.index.get(key);
       if (idx === undefined) {
@@ -270,33 +324,75 @@ export class LineChart extends OnScreen {
       this.showTop();
       if (this.onFirstData) this.onFirstData();
     }
+    this.placeLate(late);
     fitLogTicks(this.div);
   }
 
-  /** A grouped chart's record of every point given (the last MAX_LIVE_POINTS per line). */
+  /**
+   * Late points put at their steps in the drawn traces: one restyle of each trace that
+   * changed (extendTraces only appends). Rare: ingest sends a batch's records in step
+   * order (server/live.py); a resent batch's points are all there already.
+   */
+  placeLate(points) {
+    const traces = new Map(); // trace index -> {x, y, changed}
+    for (const { key, step, value } of points) {
+      const idx = this.index.get(key);
+      if (idx === undefined) continue;
+      if (!traces.has(idx)) {
+        const t = this.div.data[idx];
+        traces.set(idx, { x: Array.from(t.x), y: Array.from(t.y), changed: false });
+      }
+      const t = traces.get(idx);
+      if (t.x.length >= MAX_LIVE_POINTS && step < t.x[0]) continue; // before the points kept
+      if (!placeIn(t.x, t.y, step, this.spec.value(value, key))) continue;
+      t.changed = true;
+      if (t.x.length > MAX_LIVE_POINTS) {
+        t.x.shift();
+        t.y.shift();
+      }
+    }
+    const changed = [...traces].filter(([, t]) => t.changed);
+    if (!changed.length) return;
+    window.Plotly.restyle(this.div, { x: changed.map(([, t]) => t.x), y: changed.map(([, t]) => t.y) },
+      changed.map(([i]) => i));
+  }
+
+  /**
+   * A grouped chart's record of every point given (the last MAX_LIVE_POINTS per line),
+   * in step order; true when a late point was put before a line's last one.
+   */
   keep(points) {
+    let placed = false;
     for (const { key, step, value } of points) {
       if (!this.spec.match(key)) continue;
       let s = this.kept.get(key);
       if (!s) this.kept.set(key, (s = { step: [], value: [] }));
-      if (s.step.length && step <= s.step[s.step.length - 1]) continue; // replayed or duplicate
-      s.step.push(step);
-      s.value.push(value);
+      if (s.step.length && step <= s.step[s.step.length - 1]) {
+        // late: at its step; a step there already (sent twice, or the history's) is not
+        if (this.isLate(key, step) && placeIn(s.step, s.value, step, value)) placed = true;
+      } else {
+        s.step.push(step);
+        s.value.push(value);
+      }
       if (s.step.length > MAX_LIVE_POINTS) {
         s.step.splice(0, s.step.length - MAX_LIVE_POINTS);
         s.value.splice(0, s.value.length - MAX_LIVE_POINTS);
       }
     }
+    return placed;
   }
 
-  /** Live points for a bounded chart: appended to the drawn lines, or a redraw when the top ones changed. */
-  appendBounded(points) {
+  /**
+   * Live points for a bounded chart: appended to the drawn lines, or a redraw from the
+   * kept points when the top ones changed or a late point was `placed` among them.
+   */
+  appendBounded(points, placed = false) {
     const fresh = points.some(({ key }) => this.spec.match(key) && !this.lastStep.has(key));
     const byTrace = new Map();
     for (const { key, step, value } of points) {
       if (!this.spec.match(key)) continue;
       const last = this.lastStep.get(key);
-      if (last !== undefined && step <= last) continue;
+      if (last !== undefined && step <= last) continue; // placed in the kept points (keep)
       this.lastStep.set(key, step);
       const idx = this.index.get(key);
       if (idx === undefined) continue;
@@ -304,8 +400,8 @@ export class LineChart extends OnScreen {
       byTrace.get(idx).x.push(step);
       byTrace.get(idx).y.push(this.spec.value(value, key));
     }
-    if (this.choose().join("\n") !== this.chosen) {
-      this.render(); // the largest lines changed: drawn again from the kept points
+    if (placed || this.choose().join("\n") !== this.chosen) {
+      this.render(); // drawn again from the kept points
     } else if (byTrace.size) {
       const indices = [...byTrace.keys()];
       extend(this.div, { x: indices.map((i) => byTrace.get(i).x), y: indices.map((i) => byTrace.get(i).y) },

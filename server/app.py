@@ -28,7 +28,7 @@ from starlette.types import Scope
 from .api import require_viewer, router, version
 from .depth_api import depth_router
 from .ingest import ingest_endpoint
-from .metrics import metrics_router, watch_stalls
+from .metrics import metrics_router
 from .security import SecurityMiddleware, cookie_secure, token_cookie
 from .settings import Settings
 from .state import AppState
@@ -96,11 +96,12 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
                     await asyncio.to_thread(opened.close)
                 raise
         state.replicas = feed
-        stalls = asyncio.create_task(watch_stalls(state))  # pushes "stalled" to viewers
+        # pushes every status change to viewers: live, stalled, stale, finished, crashed
+        statuses = asyncio.create_task(state.statuses.run())
         try:
             yield
         finally:
-            stalls.cancel()
+            statuses.cancel()
             if feed is not None:
                 await feed.stop()
             if own:

@@ -88,7 +88,6 @@ class LiveRuns:
         self.latest: dict[tuple[str, int], Latest] = {}
         # run_id -> (rank, code, subject) -> the alert record (raised or updated)
         self.problems: dict[str, dict[tuple[int, str, str], Any]] = {}
-        self.stalled: set[str] = set()
 
     def observe(self, hello: Hello, batch: Batch) -> None:
         """One stored batch of ``hello``'s trainer: steps, alerts, the end."""
@@ -143,7 +142,6 @@ class LiveRuns:
         for key in [k for k in self.latest if k[0] == run_id]:
             del self.latest[key]
         self.problems.pop(run_id, None)
-        self.stalled.discard(run_id)
 
     def ranks(self, run_id: str) -> Iterator[tuple[int, Latest]]:
         for (rid, rank), latest in self.latest.items():

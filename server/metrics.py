@@ -18,8 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,29 +29,7 @@ if TYPE_CHECKING:
 
 from .live_runs import MAX_TRACKED, Latest, LiveRuns
 
-__all__ = ["MAX_TRACKED", "Latest", "LiveRuns", "metrics_router", "watch_stalls"]
-
-async def watch_stalls(state: AppState, every_s: float = 1.0) -> None:
-    """Tell viewers when a run becomes or stops being stalled (no batch says so)."""
-    from gradwatch.protocol.codec import dumps
-
-    from .live import RUNS_CHANNEL
-
-    while True:
-        await asyncio.sleep(every_s)  # the tick of a periodic check, not synchronisation
-        runs = state.live_runs
-        for run_id in {rid for rid, _ in runs.latest}:
-            settings = state.settings
-            now = runs.is_stalled(run_id, settings.stalled_factor, settings.stalled_min_s)
-            if now == (run_id in runs.stalled):
-                continue
-            (runs.stalled.add if now else runs.stalled.discard)(run_id)
-            with contextlib.suppress(Exception):
-                summary = await asyncio.to_thread(state.store.run_summary, run_id)
-                text = dumps({"type": "run", "run": state.public(summary)})
-                state.hub.publish(RUNS_CHANNEL, text)
-                state.hub.publish(run_id, text)
-
+__all__ = ["MAX_TRACKED", "Latest", "LiveRuns", "metrics_router"]
 
 def _registry(state: AppState) -> Any:
     from prometheus_client import CollectorRegistry

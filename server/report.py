@@ -26,7 +26,7 @@ from typing import Any
 from gradwatch.protocol.names import visible
 
 from .report_alerts import alerts_html, problem_cards
-from .report_charts import heatmap_figure, line_figures, number, profile_figure
+from .report_charts import heatmap_figure, line_figures, profile_figure
 from .settings import Settings
 from .store import RunNotFound, Store, open_store
 from .store.tables import SchemaMismatch
@@ -143,14 +143,8 @@ def render_report(store: Store, ref: str, rank: int = 0) -> str:
     for k, module in enumerate(silent):  # named in the hello, never a row: say so
         heat_panels.append(_note(f"heatmap-none-{k}", f"Gradient flow through time: {module}",
                                  NO_ROWS.format(module=module)))
-    horizons: dict[str, int] = {}
-    for a in alerts:
-        raw = a.get("evidence")
-        h = number(raw.get("horizon")) if isinstance(raw, dict) else None
-        if a.get("code") == "vanishing" and h is not None and a.get("subject"):
-            horizons[str(a["subject"])] = int(h)
     if profiles:
-        figures["chart-profile"] = profile_figure(profiles, horizons)
+        figures["chart-profile"] = profile_figure(profiles)
     lines = line_figures(steps["fields"], epochs)
     line_panels = []
     for key, fig in lines.items():

@@ -135,8 +135,12 @@ def heatmap_figure(module: str, series: str, matrix: dict[str, Any]) -> Figure:
     }
 
 
-def profile_figure(profiles: list[tuple[str, list[Any]]], horizons: dict[str, int]) -> Figure:
-    """The latest per-timestep profile per module, log y, horizon and exploding band."""
+def profile_figure(profiles: list[tuple[str, list[Any]]]) -> Figure:
+    """The latest per-timestep profile per module, log y, horizon and exploding band.
+
+    Each dashed line is the horizon of the profile it is drawn over, never an alert's:
+    an alert judged an older step, and a cleared one no longer holds.
+    """
     traces: list[dict[str, Any]] = []
     top, bottom, width = EXPLODING_NORM * 10, 1.0, 1
     for label, values in profiles:
@@ -160,7 +164,7 @@ def profile_figure(profiles: list[tuple[str, list[Any]]], horizons: dict[str, in
         "hoverinfo": "skip",
     })  # fmt: skip
     for label, values in profiles:
-        h = horizons.get(label, horizon(values))
+        h = horizon(values)
         if h:
             traces.append({
                 "type": "scatter", "mode": "lines", "name": plot_text(f"horizon {label}: t = {h}"),

@@ -111,6 +111,8 @@ async def live_endpoint(ws: WebSocket) -> None:
         return
     viewer = state.hub.subscribe(run_id if run_id is not None else RUNS_CHANNEL)
     try:
+        if run_id is not None:
+            await state.statuses.viewer_joins(run_id)  # its status changes reach it from now
         if run_id is not None and state.replicas is not None:
             # Before "subscribed" (after which the viewer reads history): other replicas'
             # batches reach it live from here on, or are in that history (replicas.py).

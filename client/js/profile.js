@@ -35,7 +35,11 @@ export function seriesSymbol(series) {
   return "‖∂L/∂x_t‖";
 }
 
-/** Traces for profiles = [{label, values, series?, horizon?}] (shared with the HTML report). */
+/**
+ * Traces for profiles = [{label, values, series?}] (the HTML report draws the same,
+ * server/report_charts.py). Each dashed line is the horizon of the values it is drawn
+ * over, never a figure from elsewhere (an alert's horizon is that of an older step).
+ */
 export function profileTraces(profiles, colorsErr) {
   const traces = [];
   let top = EXPLODING_NORM * 10;
@@ -70,8 +74,8 @@ export function profileTraces(profiles, colorsErr) {
     hoverinfo: "skip",
   });
   for (const p of profiles) {
-    const h = p.horizon !== undefined ? p.horizon : horizon(p.values);
-    if (h === null || h === undefined || h <= 0) continue;
+    const h = horizon(p.values);
+    if (h === null || h <= 0) continue;
     traces.push({
       type: "scatter", mode: "lines", name: plotText(`horizon ${p.label}: t = ${h}`),
       x: [h, h], y: [Math.min(bottom, 1e-12), top], line: { dash: "dash", width: 1.5, color: colorsErr },
@@ -93,7 +97,6 @@ export class Profile {
   constructor(div) {
     this.div = div;
     this.latest = new Map(); // "module · series" -> {step, values}
-    this.horizons = new Map(); // module -> horizon from a vanishing alert
     this.drawn = false;
     this.visible = true; // until an observer says otherwise (the view tells, run.js)
     this.stale = false; // new profiles arrived while off screen
@@ -113,7 +116,7 @@ export class Profile {
   }
 
   profiles() {
-    return [...this.latest].map(([label, p]) => ({ label, values: p.values, series: p.series, horizon: this.horizons.get(label) }));
+    return [...this.latest].map(([label, p]) => ({ label, values: p.values, series: p.series }));
   }
 
   async draw() {

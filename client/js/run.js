@@ -13,7 +13,7 @@ import { purgeAll } from "./charts.js";
 import { drawAll } from "./lazy.js";
 import { connect } from "./live.js";
 import { DepthPanels } from "./depth.js";
-import { heatmapKeys, historySeries, latestFromHistory } from "./history.js";
+import { heatmapKeys, historySeries, latestFromHistory, STAT_FIELDS } from "./history.js";
 import { num, seriesValues } from "./num.js";
 import { OVERHEAD_WINDOW, OverheadShare } from "./overhead.js";
 import { panel, RollingMedian, specs } from "./panels.js";
@@ -22,6 +22,20 @@ import { RanksView } from "./ranks.js";
 import { CHART_INFO, heatmapPanel, lineSearch, NO_DATA, scalePicker, TrendNote } from "./runparts.js";
 import { LineChart, nonFiniteNote, recordFields } from "./series.js";
 import { state, stats } from "./state.js";
+
+/**
+ * Live items [{rank, rec}] with the step records in step order, among their own places
+ * (a stable sort; alerts and epochs stay where they are): the stats, the overhead
+ * window and the step-time median take them in that order.
+ */
+export function inStepOrder(items) {
+  const slots = [];
+  items.forEach(({ rec }, i) => { if (rec.kind === "step" && Number.isFinite(rec.step)) slots.push(i); });
+  const steps = slots.map((i) => items[i]).sort((a, b) => a.rec.step - b.rec.step);
+  const out = items.slice();
+  slots.forEach((i, j) => { out[i] = steps[j]; });
+  return out;
+}
 
 export class RunView {
   constructor(root, runId, { rank = 0, replay = false } = {}) {
@@ -184,12 +198,16 @@ export class RunView {
     const scalars = this.replay ? Promise.resolve([{ fields: {} }, []]) : Promise.all([
       api(`/api/runs/${id}/steps`, { rank: this.rank, max_points: 2000 }),
       api(`/api/runs/${id}/epochs`, { rank: this.rank }),
-      // the overhead stat's window, step by step (the series above may be downsampled)
-      api(`/api/runs/${id}/steps`, { rank: this.rank, fields: "overhead,duration_s",
+      // the last steps one by one (the series above may be downsampled): the overhead
+      // stat's window, and the stats row's last step with its own values
+      api(`/api/runs/${id}/steps`, { rank: this.rank, fields: STAT_FIELDS.join(","),
         from: Math.max(0, (num(this.summary.last_step) ?? 0) - OVERHEAD_WINDOW + 1), max_points: 4 * OVERHEAD_WINDOW }),
     ]);
     const fields = scalars.then(([steps, epochs, tail]) => {
-      if (tail) this.overhead.fromHistory(tail.fields || {});
+      if (tail) {
+        this.overhead.fromHistory(tail.fields || {});
+        this.historyLatest = latestFromHistory(tail.fields || {}, this.summary.last_epoch);
+      }
       return historySeries(steps, epochs);
     });
     // every line chart but the ratios, whose history comes from /update_ratios (depth.js)
@@ -237,7 +255,7 @@ export class RunView {
   scalarsArrived(fields) {
     if (this.closed) return;
     if (!this.trend.values.length && fields.duration_s) for (const v of fields.duration_s.value.slice(-25)) this.trend.push(v);
-    const latest = latestFromHistory(fields, this.summary.last_epoch);
+    const latest = this.historyLatest;
     if (!this.statsStep || (latest && latest.step >= this.statsStep)) renderStats(this, latest);
     this.updateNoData();
     this.trendNote.fromHistory(fields.trend);
@@ -273,15 +291,14 @@ export class RunView {
   addAlert(alert, rank) {
     this.problemsOpened += opensProblem(alert);
     this.alertsPanel.add(alert, rank);
-    const h = alert.evidence && num(alert.evidence.horizon);
-    if (alert.code === "vanishing" && alert.subject && h !== null && Number.isFinite(h)) this.profile.view.horizons.set(alert.subject, h);
   }
 
   /**
    * Pending live records: the numbers (stats, header, alerts, trend note) now; the
    * charts' points are kept for drawCharts, at the charts' pace.
    */
-  flush(items) {
+  flush(pending) {
+    const items = inStepOrder(pending);
     const points = [];
     const rows = new Map();
     let lastStep = null;
@@ -289,14 +306,16 @@ export class RunView {
     let profileChanged = false;
     let trendChanged = false;
     if (this.ranksView) this.rankItems.push(...items);
-    for (const { rank, rec } of items) {
+    for (const { rank, rec, partial } of items) {
       if (rank !== this.rank && rec.kind !== "alert") continue; // drawn by ranksView above
       if (rec.kind === "step") {
         lastStep = rec;
-        this.overhead.push(rec.step, rec.overhead, rec.duration_s);
+        // A replay's record rebuilt from downsampled history holds a few of its step's
+        // fields, picked as its bucket's min or max: no part of a window of steps.
+        if (!partial) this.overhead.push(rec.step, rec.overhead, rec.duration_s);
         for (const [key, value] of recordFields(rec)) points.push({ key, step: rec.step, value });
         if (nonFiniteNote(rec)) points.push({ key: "nonfinite", step: rec.step, value: 1 });
-        const m = this.trend.push(rec.duration_s);
+        const m = this.trend.push(rec.duration_s, rec.step);
         if (m !== null) {
           points.push({ key: "trend", step: rec.step, value: m });
           // A median of a full window only: a run's first steps do not tilt the trend.
@@ -338,7 +357,8 @@ export class RunView {
     if (trendChanged) this.trendNote.render();
     if (alertsChanged) this.alertsPanel.render();
     if (lastStep) {
-      renderStats(this, lastStep);
+      // a late record (an older step than the stats show) changes the charts only
+      if (!(lastStep.step < this.statsStep)) renderStats(this, lastStep);
       this.summary.last_step = Math.max(num(this.summary.last_step) ?? -1, lastStep.step);
     }
     if (lastStep || alertsChanged) renderHeader(this);

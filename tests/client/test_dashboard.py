@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gradwatch.protocol.codec import packed_series
+from gradwatch.server.report_charts import horizon
 
 from .conftest import (
     alert_record,
@@ -22,6 +23,7 @@ from .conftest import (
     end_record,
     scroll_to,
     step_record,
+    vanishing_profile,
     wait_js,
     wait_points,
 )
@@ -196,9 +198,9 @@ def test_alert_shows_message_evidence_fix_and_links_to_its_step(
     assert "gradient reaches back only 20 of 121 timesteps" in text
     assert "truncated BPTT" in w.page.inner_text("#alerts-list .fix")
     assert "suggested_truncation" in text
-    # The profile takes the horizon from the alert's evidence.
-    wait_js(w.page, """() => document.getElementById('chart-profile').data
-        .some(t => t.name.startsWith('horizon') && t.x[0] === 101)""")
+    # The profile's line is the drawn profile's own horizon (93), not the alert's (101).
+    lines = "d.data.filter(t => t.name.startsWith('horizon')).map(t => t.x[0])"
+    assert chart(w.page, "chart-profile", lines) == [horizon(vanishing_profile())]
     w.page.click("#alerts-list button.goto")
     panel = "#panel-heatmap-lstm-input"
     w.page.wait_for_selector(f"{panel}[data-marked='6']")

@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, cast
 
 from gradwatch.protocol.codec import dumps
 from gradwatch.protocol.column_shapes import FLOAT_COLUMNS
@@ -74,12 +74,35 @@ def block_records(block: StepColumns) -> list[dict[str, Any]]:
 
 
 def records_json(batch: Batch) -> str:
-    """The JSON array of a batch's records, its blocks' records after them."""
-    text = RECORDS.dump_json(batch.records, exclude_unset=True).decode()
+    """The JSON array of a batch's records, its step records in step order.
+
+    The trainer hands its sender records in step order, but a batch carries its step
+    records in two parts (docs/PROTOCOL.md, ``columns``): those a block cannot hold (a
+    heavy step's) in ``records``, the others in blocks grouped by shape. Listed part by
+    part, a heavy step came before the light steps just before it (steps 3, 2, 4, 5),
+    and a live chart draws in arrival order. So the step records are put back in step
+    order among their own places (a stable sort: two records of one step keep their
+    order); alerts, epochs and ends stay where they are. A batch without blocks is in
+    the trainer's order already and is dumped as one list.
+    """
     if not batch.columns:
-        return text
-    extra = [record for block in batch.columns for record in block_records(block)]
-    more = dumps(extra)  # non-finite floats as "NaN"/"Infinity" strings
-    if text == "[]":
-        return more
-    return text[:-1] + "," + more[1:]
+        return RECORDS.dump_json(batch.records, exclude_unset=True).decode()
+    # (step or None, its JSON): records one by one, then the blocks' records
+    items: list[tuple[int | None, str]] = [
+        (
+            record.step if record.kind == "step" else None,
+            RECORDS.dump_json([record], exclude_unset=True).decode()[1:-1],
+        )
+        for record in batch.records
+    ]
+    # dumps: non-finite floats as "NaN"/"Infinity" strings
+    items += [
+        (record["step"], dumps(record))
+        for block in batch.columns
+        for record in block_records(block)
+    ]
+    slots = [i for i, (step, _) in enumerate(items) if step is not None]
+    ordered = sorted((items[i] for i in slots), key=lambda item: cast(int, item[0]))
+    for i, item in zip(slots, ordered, strict=True):
+        items[i] = item
+    return "[" + ",".join(text for _, text in items) + "]"

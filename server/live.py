@@ -11,7 +11,7 @@ n, "closed": true}`` if the socket still takes it, then is aborted
 (server/viewers.py), so a viewer that never reads pins a bounded amount of memory.
 
 A ``records`` message reaches viewers with its step records in step order
-(:func:`in_step_order`, once per message, not per viewer).
+(``server/columns.records_json`` builds it so).
 
 Example:
     >>> import asyncio
@@ -30,65 +30,9 @@ Example:
 from __future__ import annotations
 
 import asyncio
-from itertools import pairwise
-from operator import itemgetter
-from typing import Any
-
-from pydantic_core import from_json
-
-from gradwatch.protocol.codec import dumps
 
 # The channel of viewers that watch the run list rather than one run.
 RUNS_CHANNEL = ""
-# How ingest and the replica feed begin a batch's live message (codec.dumps, compact).
-_RECORDS_HEAD = '{"type":"records",'
-
-
-def _step_slots(records: list[Any]) -> list[int]:
-    """Where the step records with an integer step are in ``records``."""
-    return [
-        i
-        for i, r in enumerate(records)
-        if isinstance(r, dict) and r.get("kind") == "step" and type(r.get("step")) is int
-    ]
-
-
-def in_step_order(text: str) -> str:
-    """A ``records`` message with its step records in step order; any other message,
-    or one already in order, unchanged.
-
-    The trainer hands its sender records in step order, but a batch carries its step
-    records in two parts (docs/PROTOCOL.md, ``columns``): those a block cannot hold
-    (a heavy step's) in ``records``, the others in blocks grouped by shape, and the
-    message rebuilt for viewers lists ``records`` first. So a heavy step came before
-    the light steps just before it (steps 3, 2, 4, 5), and a chart that draws in
-    arrival order drew them out of order. Only the step records move, among their own
-    places (a stable sort: two records of one step keep their stored order); alerts,
-    epochs and ends stay where they are.
-
-    Done here, where ingest and the replica feed both publish, while the run has
-    viewers: a parse of each message (~4 ms a MB on a 2-core VM), and an encode only
-    of one out of order.
-
-    >>> in_step_order('{"type":"records","records":[{"kind":"step","step":3},'
-    ...               '{"kind":"alert","step":3},{"kind":"step","step":2}]}')
-    '{"type":"records","records":[{"kind":"step","step":2},{"kind":"alert","step":3},{"kind":"step","step":3}]}'
-    """
-    if not text.startswith(_RECORDS_HEAD):
-        return text
-    try:
-        message = from_json(text)
-        records = message["records"]
-        slots = _step_slots(records)
-    except (ValueError, KeyError, TypeError):  # not ours to judge: passed on as it came
-        return text
-    steps = [records[i]["step"] for i in slots]
-    if all(a <= b for a, b in pairwise(steps)):
-        return text  # in order already: not encoded again
-    ordered = sorted((records[i] for i in slots), key=itemgetter("step"))
-    for i, record in zip(slots, ordered, strict=True):
-        records[i] = record
-    return dumps(message)
 
 
 class Viewer:
@@ -188,12 +132,8 @@ class Hub:
         self.publish(channel, '{"type":"lagged","dropped":1}')
 
     def publish(self, channel: str, text: str) -> None:
-        """Hand ``text`` to every viewer of ``channel`` (a ``records`` message in step
-        order); never waits."""
-        viewers = tuple(self._channels.get(channel, ()))
-        if viewers:
-            text = in_step_order(text)
-        for viewer in viewers:
+        """Hand ``text`` to every viewer of ``channel``; never waits."""
+        for viewer in tuple(self._channels.get(channel, ())):
             viewer.offer(text)
             if viewer.out:
                 self.unsubscribe(viewer)

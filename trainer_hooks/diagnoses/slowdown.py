@@ -128,6 +128,8 @@ class SlowdownDetector(Detector):
         self._marks: dict[str, deque[tuple[float, float]]] = {
             field: deque(maxlen=MARKS) for field in _GREW
         }
+        # the same, as one tuple to walk on every record
+        self._tracked = tuple((f, self._measured[f], self._marks[f]) for f in _GREW)
         self._holding = False
         self._streak = 0  # judgements in a row that held
         self._cold = 0  # judgements in a row that ended at the rising fraction
@@ -167,12 +169,11 @@ class SlowdownDetector(Detector):
             return {}
         # what grows alongside, from the first step on: the warm-up skipped below is
         # the step time's, the graph and memory are what they are
-        for field, points in self._measured.items():
+        for field, points, marks in self._tracked:
             value = record.get(field)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            if type(value) is int and value > 0:  # not a bool, not a float
                 point = (float(record["step"]), float(value))
                 points.append(point)
-                marks = self._marks[field]
                 if not marks or point[0] >= marks[-1][0] + MARK_EVERY:
                     marks.append(point)
         self._seen += 1

@@ -130,7 +130,6 @@ class SlowdownDetector(Detector):
         }
         # the same, as one tuple to walk on every record
         self._tracked = tuple((f, self._measured[f], self._marks[f]) for f in _GREW)
-        self._holding = False
         self._streak = 0  # judgements in a row that held
         self._cold = 0  # judgements in a row that ended at the rising fraction
         # the thresholds as numbers once (this runs on every step record)
@@ -207,7 +206,6 @@ class SlowdownDetector(Detector):
         ):
             finding = self._long_finding(self._long)
         self._streak = self._streak + 1 if finding is not None else 0
-        self._holding = finding is not None
         return {"step_time": finding}
 
     def _judge_long(self, raised: bool) -> None:

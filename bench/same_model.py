@@ -25,7 +25,11 @@ times the blocks by the wall clock instead of process CPU (what training waits f
 the background thread's CPU then counts only where it holds training up). The
 budget learns its interval over its first steps, so ``default`` warms up
 ``--default-warm`` steps, and its timed blocks should hold several heavy steps
-(``--steps 200``).
+(``--steps 200``). Monitors here write spool files, which nobody watches live, so their
+records are handed over at the quiet pace (every 0.5 s, trainer_hooks/pipeline.py); an
+arm with ``-live`` after its name (``light-live``, ``default-live``) is paced as a run
+someone watches is (every 50 ms). Each block ends with a flush, timed: whatever the
+background thread has not done yet is done inside the block.
 
     .venv/bin/python bench/same_model.py --only cells --every 1 --rounds 20 --self
     .venv/bin/python bench/same_model.py --only long_lstm --every light parked --self \
@@ -35,6 +39,8 @@ budget learns its interval over its first steps, so ``default`` warms up
         --self --wall --rounds 40 --steps 64   # where a light step's cost goes
     .venv/bin/python bench/same_model.py --only long_lstm --every bare hooked parked light \
         --self --wall --rounds 40 --steps 64 --processes 2   # hooks or step()?
+    .venv/bin/python bench/same_model.py --only long_lstm --every light light-live default \
+        default-live --self --wall --rounds 20 --steps 640 --processes 2   # watched or not
 """
 
 from __future__ import annotations
@@ -145,13 +151,16 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 if arm == "bare":
                     found[arm].append(block(step, args.steps, Bare(), wall=wall))
                     continue
-                schedule = {} if arm == "default" else {
-                    "every": LIGHT if arm in ("light", "parked", "unhooked", "hooked")
-                    else int(arm)}
-                warm = args.default_warm if arm == "default" else args.warm
+                kind, live = arm.removesuffix("-live"), arm.endswith("-live")
+                schedule = {} if kind == "default" else {
+                    "every": LIGHT if kind in ("light", "parked", "unhooked", "hooked")
+                    else int(kind)}
+                warm = args.default_warm if kind == "default" else args.warm
                 spool = os.path.join(tmp, f"{arm}-{r}.jsonl")
                 monitor = watch(model, run=arm, spool=spool, quiet=True, **schedule,
                                 **work.options)
+                if live:  # paced as while a viewer watches the run (pipeline.py)
+                    monitor._pipeline.sink.viewed = True
                 block(step, warm, monitor)
                 if arm == "hooked":  # its hooks on the model, its steps never closed
                     found[arm].append(block(step, args.steps, Bare(), wall=wall))
@@ -202,7 +211,8 @@ def main() -> None:
     parser.add_argument("--only", default="cells", choices=workloads.WORKLOADS)
     parser.add_argument("--every", nargs="*", default=["1", "light"],
                         help="schedules to measure: an interval, 'light', 'parked', 'unhooked', "
-                        "'bare', 'hooked' or 'default'")
+                        "'bare', 'hooked' or 'default'; '-live' after one of them: handed "
+                        "over at the pace of a watched run")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=32, help="timed steps a block")
     parser.add_argument("--warm", type=int, default=70, help="untimed steps after watch()")

@@ -55,6 +55,9 @@ class ConnectionThread:
     _warn: WarnOnce
     _cond: threading.Condition
     _connected: bool
+    #: whether someone watches the run live, as the server's last ack said (True until
+    #: a server says: one older than the ``live`` field never does)
+    viewed: bool
     _session: int
     _ws: ClientConnection | None
     _server_error: tuple[int, str] | None
@@ -124,6 +127,7 @@ class ConnectionThread:
             self._session += 1
             session = self._session
             self._ws = ws
+            self.viewed = True  # another server, maybe an older one: until it says
             self._server_error = None
             self._error_seq = None
             self.resent_batches += sum(1 for b in self._box.memory if b.sent)
@@ -226,6 +230,9 @@ class ConnectionThread:
                 except ValueError:
                     kind = None
                 if kind == "ack" and isinstance(message.get("seq"), int):
+                    live = message.get("live")
+                    if isinstance(live, bool):
+                        self.viewed = live  # one bool, read by the monitor: no lock
                     notice = message.get("notice")
                     with self._cond:
                         if self._box.ack(message["seq"]) and notice:

@@ -128,6 +128,8 @@ class Ack(TypedDict):
     seq: int
     #: what the server left out of the batch it stored (a bad field), when anything
     notice: NotRequired[str]
+    #: whether anyone watches the run live now (the trainer paces its hand-over by it)
+    live: NotRequired[bool]
 
 
 class Error(TypedDict):

@@ -113,6 +113,9 @@ class WebSocketSink(ConnectionThread):
         self._warn = WarnOnce()
         self._cond = threading.Condition()
         self._connected = False
+        # whether the run has a live viewer, as the last ack said; True until one
+        # does (the monitor then hands records over at the live pace)
+        self.viewed = True
         self._session = 0
         self._ws = None
         self._server_error = None

@@ -25,6 +25,13 @@ from .spool import SpoolWriter
 
 
 class Sink(Protocol):
+    """What the background thread hands batches to.
+
+    A sink may also have a ``viewed`` attribute: False while nobody can be watching
+    the run live, which lets the background thread hand records over less often
+    (``trainer_hooks/pipeline.py``); a sink without it is taken as viewed.
+    """
+
     def send(self, records: list[dict[str, Any]]) -> None:
         """Take one batch of records; never raises, never blocks for long."""
 
@@ -50,7 +57,10 @@ class SpoolSink:
 
     The file is exactly what the websocket would have carried, so ``gradwatch
     upload`` can send it later and the server stores it once, whatever the retries.
+    Nobody watches a spool file live, so it is never ``viewed``.
     """
+
+    viewed = False
 
     def __init__(self, path: str | os.PathLike[str], hello: dict[str, Any]) -> None:
         self.path = path

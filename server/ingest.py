@@ -211,11 +211,13 @@ class IngestConnection:
                 continue
             self.window.release()
             if self.failure is None:
-                ack = f'{{"type":"ack","seq":{batch.seq}}}'
+                live = self.state.watched(batch.run_id)
+                ack = f'{{"type":"ack","seq":{batch.seq},"live":{"true" if live else "false"}}}'
                 if notices:
                     log.warning("run %.80r batch %d: %s", batch.run_id, batch.seq,
                                 "; ".join(notices)[:500])
-                    ack = dumps({"type": m.ACK, "seq": batch.seq, "notice": "; ".join(notices)})
+                    ack = dumps({"type": m.ACK, "seq": batch.seq, "live": live,
+                                 "notice": "; ".join(notices)})
                 with contextlib.suppress(Exception):
                     await self.ws.send_text(ack)
             if stored:

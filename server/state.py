@@ -48,6 +48,13 @@ class AppState:
         if self.webhooks is not None:
             self.webhooks.notify(hello, batch)
 
+    def watched(self, run_id: str) -> bool:
+        """Whether anyone may be watching ``run_id`` live: a viewer of its live feed
+        here, or (replicas sharing a PostgreSQL store) another replica with viewers of
+        any run at the last write. Acks carry it: a trainer nobody watches hands its
+        records over less often, which costs its training less."""
+        return self.hub.has_viewers(run_id) or bool(getattr(self.store, "others_watching", False))
+
     def is_stalled(self, run_id: str) -> bool:
         s = self.settings
         return self.live_runs.is_stalled(run_id, s.stalled_factor, s.stalled_min_s)

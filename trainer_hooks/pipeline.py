@@ -22,13 +22,20 @@ A wake costs more than the records' own work, and more on a loaded box: on this
 repository's 2-core VM, while a cell loop trains, a wake with nothing to do took
 ~220 µs of this thread's CPU and a 2 µs read of ``/proc/self/statm`` ~90 µs
 (BENCHMARKS.md, "The background thread's wakes"), and each wake makes the training
-thread wait for the GIL. So the gap between wakes is ``MIN_GAP_S`` = 50 ms, the most
-a live viewer may wait for it: with 5-25 ms gaps the wakes alone cost a light
-cell-loop step 3-6 % of CPU on the 2-core box, with 50 ms about 1 %. A smaller
-``min_gap`` (tests) adapts: at least ``BUSY_RATIO`` times the CPU the recent wakes
-took, at most ``MAX_GAP_S``. Records carry this thread's CPU for them in their
-``overhead`` (their own work plus their share of the wake and the send). Memory is
-read once per wake (the records of one wake are milliseconds apart).
+thread wait for the GIL. So while someone watches the run live the gap between wakes
+is ``MIN_GAP_S`` = 50 ms, the most a live viewer may wait for it: with 5-25 ms gaps
+the wakes alone cost a light cell-loop step 3-6 % of CPU on the 2-core box, with 50
+ms about 1 %. While nobody does (the sink's ``viewed`` is False: the server's acks
+say the run has no live viewer, or a spool file that no one can watch), the gap is
+``QUIET_GAP_S`` = 0.5 s: a light ``long_lstm`` step then costs ~1 point less
+(BENCHMARKS.md, "Nobody watching"), and a viewer who opens the run waits at most one
+quiet gap, plus an ack, for the 50 ms pace. A sink that does not say is taken as
+viewed. However long the gap, ``BACKLOG_WAKE`` queued items wake the thread, so the
+queue never fills for want of a wake. A smaller ``min_gap`` (tests) adapts: at least
+``BUSY_RATIO`` times the CPU the recent wakes took, at most ``MAX_GAP_S``. Records
+carry this thread's CPU for them in their ``overhead`` (their own work plus their
+share of the wake and the send). Memory is read once per wake (the records of one
+wake are milliseconds apart).
 
 Light step records in a row (no heavy capture, nothing to copy from the device) go
 as one run of up to ``LIGHT_RUN`` (``records.finish_light``): two clock reads for the
@@ -99,6 +106,10 @@ MIN_GAP_S = 0.05
 BUSY_RATIO = 50
 #: ...but never longer than this (seconds): what it may add to the live latency
 MAX_GAP_S = 0.05
+#: the gap while nobody watches the run live (the sink's ``viewed`` is False)
+QUIET_GAP_S = 0.5
+#: this many queued items wake the thread whatever the gap (the queue holds ``maxsize``)
+BACKLOG_WAKE = 1024
 #: this thread's CPU seconds of record work between two yields of the GIL
 YIELD_AFTER_S = 50e-6
 #: weight of the newest observation in the CPU-time running means
@@ -132,6 +143,7 @@ class Pipeline:
         maxsize: int = 4096,
         flush_interval: float = 1.0,
         min_gap: float = MIN_GAP_S,
+        quiet_gap: float = QUIET_GAP_S,
         max_batch: int = 1000,
         max_bytes: int = MAX_MESSAGE_BYTES // 2,
     ) -> None:
@@ -142,6 +154,7 @@ class Pipeline:
         self.maxsize = maxsize
         self.flush_interval = flush_interval
         self.min_gap = min_gap
+        self.quiet_gap = quiet_gap
         self.max_batch = min(max_batch, MAX_RECORDS_PER_BATCH)
         self.max_bytes = max_bytes
         self.dropped = 0
@@ -178,8 +191,9 @@ class Pipeline:
                 "up); records are dropped until it catches up",
             )
             return False
-        self._items.append(item)
-        if urgent or self._idle:
+        items = self._items
+        items.append(item)
+        if urgent or self._idle or len(items) == BACKLOG_WAKE:
             self._idle = False  # one wake per idle spell, however many steps come
             self._wake.set()
         return True
@@ -218,7 +232,10 @@ class Pipeline:
 
     def gap(self) -> float:
         """Seconds from one wake to the next while steps keep coming (see above)."""
-        return max(self.min_gap, min(BUSY_RATIO * self._wake_cpu, MAX_GAP_S))
+        gap = max(self.min_gap, min(BUSY_RATIO * self._wake_cpu, MAX_GAP_S))
+        if getattr(self.sink, "viewed", True) is False:
+            return max(gap, self.quiet_gap)
+        return gap
 
     def _wait(self) -> None:
         """Sleep for the gap (only epoch, flush and close cut it short), then until a

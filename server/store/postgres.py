@@ -148,7 +148,15 @@ class PostgresStore(Store):
         self._pruned = 0.0
         # (run_id, rank, seq, urgent, frame or None) of the open transaction's batches.
         self._live_pending: list[tuple[Any, ...]] = []
+        # whether the last write transaction saw another replica registered watching
+        self._frames = False
         super().__init__(settings)
+
+    @property
+    def others_watching(self) -> bool:
+        """Whether another replica had live viewers at the last write (it then reads
+        this replica's batches back for them): acks tell trainers so."""
+        return self._frames
 
     # ----- live viewers here: other replicas' writers store frames ---------------------
     # Each runs in a transaction of its own on this thread's read connection.

@@ -190,7 +190,7 @@ def test_many_blocks_are_summed_up_searchable_and_names_stay_text(gradwatch_serv
                             "config": {"depth": [HOSTILE], "depth_blocks": {HOSTILE: names}}}))
         ws.send(json.dumps({"type": "batch", "run_id": run_id, "rank": 0, "seq": 0,
                             "records": records}))
-        assert json.loads(ws.recv(timeout=30)) == {"type": "ack", "seq": 0}
+        assert json.loads(ws.recv(timeout=30)) == {"type": "ack", "seq": 0, "live": False}
 
     w = open_page(server, f"#/run/{run_id}")
     w.page.wait_for_selector("body[data-painted='1']")

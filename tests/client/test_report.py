@@ -103,7 +103,7 @@ def test_a_recurrent_module_without_rows_is_named_with_why(
                             "model": {"recurrent": ["lstm", frozen]}}))
         ws.send(json.dumps({"type": "batch", "run_id": "silent", "rank": 0, "seq": 0,
                             "records": [step_record(s) for s in range(3)] + [end_record(2)]}))
-        assert json.loads(ws.recv(timeout=30)) == {"type": "ack", "seq": 0}
+        assert json.loads(ws.recv(timeout=30)) == {"type": "ack", "seq": 0, "live": False}
     out = tmp_path / "silent.html"
     done = report("silent", "-o", str(out), "--db", server.db)
     assert done.returncode == 0, done.stderr

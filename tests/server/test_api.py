@@ -162,7 +162,7 @@ def test_alerts_of_one_rank_are_that_ranks_only(gradwatch_server, gradwatch_db, 
         with wire.connect(server) as ws:
             ws.send(json.dumps(wire.hello(run_id, rank=rank, world_size=2)))
             ws.send(json.dumps(wire.batch(run_id, seq, records, rank=rank)))
-            assert wire.recv(ws) == {"type": "ack", "seq": seq}
+            assert wire.recv(ws) == {"type": "ack", "seq": seq, "live": False}
     every = wire.get_ok(server, f"/api/runs/{run_id}/alerts")
     assert [(a["rank"], a["step"], a["subject"]) for a in every] == [
         (1, 7, "cell1"),

@@ -216,7 +216,8 @@ def test_errors_that_always_recur_are_refused_with_their_reason(
     assert status == 200
     # The server is fine afterwards: a good run on a fresh connection is stored.
     good = wire.run_id()
-    assert wire.send_run(server, good, [[wire.step(0)]]) == [{"type": "ack", "seq": 0}]
+    acks = wire.send_run(server, good, [[wire.step(0)]])
+    assert acks == [{"type": "ack", "seq": 0, "live": False}]
 
 
 def test_a_sender_and_a_monitor_say_when_the_server_left_something_out(

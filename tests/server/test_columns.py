@@ -135,10 +135,10 @@ def test_columns_read_back_as_the_same_records(gradwatch_server, gradwatch_db, w
         heavy, light = _shuffled(heavy), _shuffled(light)
     by_records, by_columns = wire.run_id(), wire.run_id()
     ack = _send(wire, server, by_records, wire.batch(by_records, 0, heavy + light))
-    assert ack == {"type": "ack", "seq": 0}
+    assert ack == {"type": "ack", "seq": 0, "live": False}
     blocks = [as_block(heavy), as_block(light)]
     ack = _send(wire, server, by_columns, {**wire.batch(by_columns, 0, []), "columns": blocks})
-    assert ack == {"type": "ack", "seq": 0}
+    assert ack == {"type": "ack", "seq": 0, "live": False}
 
     expected, got = _reads(wire, server, by_records), _reads(wire, server, by_columns)
     assert got["steps"]["total"] == 40
@@ -200,7 +200,7 @@ def test_a_batch_may_mix_records_and_blocks(gradwatch_server, wire):
     run_id = wire.run_id()
     end = {"kind": "end", "status": "finished", "step": 39}
     batch = {**wire.batch(run_id, 0, [*light, end]), "columns": [as_block(heavy)]}
-    assert _send(wire, server, run_id, batch) == {"type": "ack", "seq": 0}
+    assert _send(wire, server, run_id, batch) == {"type": "ack", "seq": 0, "live": False}
     steps = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=loss,rss_bytes")
     assert steps["total"] == 40
     assert steps["fields"]["loss"]["step"] == list(range(40))
@@ -318,7 +318,7 @@ def test_a_bad_block_is_refused_and_nothing_of_it_is_stored(
     assert steps["total"] == 0
     # The same block made right is taken on a new connection: the server carries on.
     good = {**wire.batch(run_id, 0, []), "columns": [_good()]}
-    assert _send(wire, server, run_id, good) == {"type": "ack", "seq": 0}
+    assert _send(wire, server, run_id, good) == {"type": "ack", "seq": 0, "live": False}
 
 
 def test_too_many_records_across_records_and_columns_are_refused(shared_gradwatch_server, wire):

@@ -37,7 +37,7 @@ def send_rank(server, wire, run_id: str, rank: int, session: str | None) -> list
 def test_two_ranks_with_one_session_keep_every_step(gradwatch_server, gradwatch_db, wire, session):
     server = gradwatch_server(db=gradwatch_db)
     run_id = wire.run_id()
-    acks = [{"type": "ack", "seq": seq} for seq in range(BATCHES)]
+    acks = [{"type": "ack", "seq": seq, "live": False} for seq in range(BATCHES)]
     for rank in (0, 1):
         assert send_rank(server, wire, run_id, rank, session) == acks
     # A resend of everything, rank 1 first: acknowledged again, stored no second time.

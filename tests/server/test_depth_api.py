@@ -176,7 +176,7 @@ def test_depth_answers_need_the_view_token(gradwatch_server, wire):
     with wire.connect(server, token="ingest-secret") as ws:
         ws.send(json.dumps(hello(run_id)))
         ws.send(json.dumps(wire.batch(run_id, 0, records(random.Random(1), range(2)))))
-        assert wire.recv(ws) == {"type": "ack", "seq": 0}
+        assert wire.recv(ws) == {"type": "ack", "seq": 0, "live": False}
     for path in (f"/api/runs/{run_id}/depth?stack=layers", f"/api/runs/{run_id}/update_ratios"):
         status, body, _ = wire.get(server, path)
         assert status == 401 and "expected a view token" in body["detail"], path

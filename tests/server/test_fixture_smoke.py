@@ -42,7 +42,7 @@ def test_acknowledged_batches_survive_kill_9_and_restart(gradwatch_server, gradw
                 )
             )
         acks = [json.loads(ws.recv(timeout=30)) for _ in range(3)]
-    assert acks == [{"type": "ack", "seq": s} for s in range(3)]
+    assert acks == [{"type": "ack", "seq": s, "live": False} for s in range(3)]
     server.kill()
     assert not server.running
     server.restart()

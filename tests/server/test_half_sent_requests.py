@@ -53,7 +53,7 @@ def test_half_sent_requests_are_closed_and_the_server_keeps_serving(
                 assert closed_by_server(sock, deadline), "a half-sent request is still open"
             assert server.health() is not None
             trainer.send(json.dumps(wire.batch(run_id, 0, [wire.step(0)])))
-            assert wire.recv(trainer) == {"type": "ack", "seq": 0}
+            assert wire.recv(trainer) == {"type": "ack", "seq": 0, "live": False}
         finally:
             for sock in socks:
                 sock.close()

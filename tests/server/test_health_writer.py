@@ -82,7 +82,7 @@ def test_health_answers_503_while_the_writer_is_frozen_and_200_after(
     with wire.connect(server) as ws:
         ws.send(json.dumps(wire.hello(run_id)))
         ws.send(json.dumps(wire.batch(run_id, 0, [wire.step(0)])))
-        assert wire.recv(ws) == {"type": "ack", "seq": 0}
+        assert wire.recv(ws) == {"type": "ack", "seq": 0, "live": False}
         status, body = _health(wire, server)
         assert status == 200 and body["status"] == "ok" and body["pending_writes"] == 0, body
         frozen = (_stopped(_writer_pid(server)) if freeze.startswith("sigstop")
@@ -96,7 +96,7 @@ def test_health_answers_503_while_the_writer_is_frozen_and_200_after(
             # REST reads still answer: only the writer is stuck
             steps = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=loss")
             assert steps["fields"]["loss"]["step"] == [0]
-        assert wire.recv(ws) == {"type": "ack", "seq": 1}  # the write went through
+        assert wire.recv(ws) == {"type": "ack", "seq": 1, "live": False}  # the write went through
     body = _until_health(wire, server, 200)
     assert body["status"] == "ok" and body["pending_writes"] == 0
     steps = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=loss")

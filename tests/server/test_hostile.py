@@ -99,7 +99,7 @@ def _stored(server, wire):
 
 def _good_trainer_still_served(server, wire, run_id, seq):
     acks = wire.send_run(server, run_id, [[wire.step(seq)]], first_seq=seq)
-    assert acks == [{"type": "ack", "seq": seq}]
+    assert acks == [{"type": "ack", "seq": seq, "live": False}]
     steps = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=graph_nodes")
     assert steps["fields"]["graph_nodes"]["step"] == list(range(seq + 1))
 

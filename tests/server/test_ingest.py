@@ -15,7 +15,7 @@ def test_batches_are_acknowledged_in_order_and_stored(gradwatch_server, gradwatc
     run_id = wire.run_id()
     batches = [[wire.step(s * 5 + i) for i in range(5)] for s in range(8)]
     acks = wire.send_run(server, run_id, batches)
-    assert acks == [{"type": "ack", "seq": s} for s in range(8)]
+    assert acks == [{"type": "ack", "seq": s, "live": False} for s in range(8)]
     steps = wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=loss,graph_nodes")
     assert steps["total"] == 40
     assert steps["fields"]["graph_nodes"]["step"] == list(range(40))
@@ -115,7 +115,7 @@ def test_refused_batch_stores_nothing_and_earlier_batches_stay(gradwatch_server,
         # The second batch is bad in its last record only: none of it may be stored.
         bad = wire.batch(run_id, 1, [wire.step(2), wire.step(3), {"kind": "step", "step": -1}])
         ws.send(json.dumps(bad))
-        assert wire.recv(ws) == {"type": "ack", "seq": 0}
+        assert wire.recv(ws) == {"type": "ack", "seq": 0, "live": False}
         error, code, _ = wire.expect_error(ws)
     assert code == 1007
     assert error["message"].startswith("records[2].step: expected greater than or equal to 0")
@@ -134,7 +134,7 @@ def test_a_refused_connection_does_not_disturb_another_trainer(gradwatch_server,
             bad.send("definitely not json")
             assert wire.expect_error(bad)[1] == 1007
         good.send(json.dumps(wire.batch(good_run, 1, [wire.step(1)])))
-        assert wire.recv(good) == {"type": "ack", "seq": 1}
+        assert wire.recv(good) == {"type": "ack", "seq": 1, "live": False}
     assert wire.get_ok(server, f"/api/runs/{good_run}")["last_step"] == 1
 
 

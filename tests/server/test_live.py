@@ -30,7 +30,7 @@ def test_viewer_receives_stored_records_after_the_ack(gradwatch_server, gradwatc
         assert wire.recv(viewer) == {"type": "subscribed", "run_id": run_id}
         records = [wire.step(0, loss="NaN"), {"kind": "epoch", "epoch": 0, "step": 0}]
         acks = wire.send_run(server, run_id, [records])
-        assert acks == [{"type": "ack", "seq": 0}]
+        assert acks == [{"type": "ack", "seq": 0, "live": True}]
         message = wire.recv(viewer)
     assert message["type"] == "records"
     assert (message["run_id"], message["rank"], message["seq"]) == (run_id, 0, 0)
@@ -84,7 +84,8 @@ def test_slow_viewer_loses_oldest_and_is_told_while_others_get_everything(gradwa
             for seq in range(batches):
                 records = [wire.step(seq * 10 + i, length=100) for i in range(10)]
                 trainer.send(json.dumps(wire.batch(run_id, seq, records)))
-                assert wire.recv(trainer) == {"type": "ack", "seq": seq}  # ingest never waited
+                # ingest never waited (and the run has viewers: "live")
+                assert wire.recv(trainer) == {"type": "ack", "seq": seq, "live": True}
         reader.join(timeout=90)
         assert not reader.is_alive()
         assert [m["seq"] for m in fast_got] == list(range(batches))  # nothing lost, in order

@@ -43,9 +43,9 @@ def test_a_batch_of_records_and_columns_reaches_viewers_in_step_order(gradwatch_
         with wire.connect(server) as trainer:
             trainer.send(json.dumps(wire.hello(run_id)))
             trainer.send(json.dumps(batch))
-            assert wire.recv(trainer) == {"type": "ack", "seq": 0}
+            assert wire.recv(trainer) == {"type": "ack", "seq": 0, "live": True}
             trainer.send(json.dumps(wire.batch(run_id, 1, [wire.step(6), alert, wire.step(7)])))
-            assert wire.recv(trainer) == {"type": "ack", "seq": 1}
+            assert wire.recv(trainer) == {"type": "ack", "seq": 1, "live": True}
         mixed = wire.recv(viewer)
         in_order = wire.recv(viewer)
     assert _step_order(mixed) == [2, 3, 4, 5]

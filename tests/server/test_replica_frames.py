@@ -52,7 +52,7 @@ def test_single_replica_stores_no_frames_and_its_viewer_gets_every_batch(
     db, _ = shared_schema
     a = gradwatch_server(db=db)
     acks = wire.send_run(a, wire.run_id(), [[wire.step(2 * i)] for i in range(5)])
-    assert [ack["seq"] for ack in acks] == list(range(5))
+    assert [(ack["seq"], ack["live"]) for ack in acks] == [(seq, False) for seq in range(5)]
     assert _sql(db, "SELECT count(*) FROM live_batches") == 0  # no viewer anywhere
     run_id = wire.run_id()
     batches = [[wire.step(2 * i), wire.step(2 * i + 1)] for i in range(8)]
@@ -63,7 +63,7 @@ def test_single_replica_stores_no_frames_and_its_viewer_gets_every_batch(
             trainer.send(json.dumps(wire.hello(run_id)))
             for seq, records in enumerate(batches):
                 trainer.send(json.dumps(wire.batch(run_id, seq, records)))
-                assert wire.recv(trainer) == {"type": "ack", "seq": seq}
+                assert wire.recv(trainer) == {"type": "ack", "seq": seq, "live": True}
                 message = wire.recv(viewer)
                 assert (message["type"], message["seq"]) == ("records", seq)
                 assert message["records"] == records
@@ -85,6 +85,7 @@ def test_viewer_joining_on_b_mid_run_gets_history_and_live_without_a_gap(
     run_id = wire.run_id()
     total = 40
     begun, failed = threading.Event(), []
+    told: list[bool] = []  # each ack's "live": does anyone watch the run?
 
     def train() -> None:
         try:
@@ -93,7 +94,9 @@ def test_viewer_joining_on_b_mid_run_gets_history_and_live_without_a_gap(
                 for seq in range(total):
                     records = [wire.step(2 * seq), wire.step(2 * seq + 1)]
                     trainer.send(json.dumps(wire.batch(run_id, seq, records)))
-                    assert wire.recv(trainer, timeout=60) == {"type": "ack", "seq": seq}
+                    ack = wire.recv(trainer, timeout=60)
+                    assert (ack["type"], ack["seq"]) == ("ack", seq)
+                    told.append(ack["live"])
                     if seq == 4:
                         begun.set()
         except BaseException as error:
@@ -138,6 +141,9 @@ def test_viewer_joining_on_b_mid_run_gets_history_and_live_without_a_gap(
         assert seqs == list(range(seqs[0], total))
         assert sorted(set(history) | set(live)) == list(range(2 * total))
         assert _sql(db, "SELECT count(*) FROM live_batches") >= len(seqs)
+        # A's acks told its trainer when a viewer on B began to watch: not before
+        # (no viewer anywhere), from the batch B's viewer first got live on
+        assert told[:5] == [False] * 5 and told[seqs[0]:] == [True] * (total - seqs[0]), told
     finally:
         trainer.join(timeout=60)
 

@@ -71,7 +71,8 @@ def test_viewer_on_replica_b_sees_live_each_batch_sent_to_replica_a(
         assert (first["run"]["id"], first["run"]["name"]) == (run_id, "across-replicas")
         for seq, records in enumerate(batches):
             trainer.send(json.dumps(wire.batch(run_id, seq, records)))
-            assert wire.recv(trainer) == {"type": "ack", "seq": seq}
+            # A's acks say the run is watched: its viewer is on B
+            assert wire.recv(trainer) == {"type": "ack", "seq": seq, "live": True}
             # Live: B's viewer has this batch before the trainer sends the next one.
             message = wire.recv(viewer, timeout=30)
             assert message == {
@@ -109,7 +110,7 @@ def test_viewer_on_replica_a_gets_each_batch_once(gradwatch_server, shared_schem
         with wire.connect(b) as other:
             other.send(json.dumps(wire.hello(run_id, rank=1, world_size=2)))
             other.send(json.dumps(wire.batch(run_id, 0, [wire.step(0)], rank=1)))
-            assert wire.recv(other) == {"type": "ack", "seq": 0}
+            assert wire.recv(other) == {"type": "ack", "seq": 0, "live": True}
         for viewer in (on_a, on_b):
             seen: list[tuple[int, int]] = []
             deadline = time.monotonic() + 30

@@ -33,13 +33,13 @@ def test_ingest_needs_the_ingest_token(locked, wire):
         assert says in error["message"]
     run_id = wire.run_id()
     assert wire.send_run(locked, run_id, [[wire.step(0)]], token=INGEST) == [
-        {"type": "ack", "seq": 0}
+        {"type": "ack", "seq": 0, "live": False}
     ]
     # ?token= works too: browsers and some proxies cannot set headers.
     with connect(f"{locked.url}/ws/ingest?token={INGEST}") as ws:
         ws.send(json.dumps(wire.hello(run_id)))
         ws.send(json.dumps(wire.batch(run_id, 1, [wire.step(1)])))
-        assert wire.recv(ws) == {"type": "ack", "seq": 1}
+        assert wire.recv(ws) == {"type": "ack", "seq": 1, "live": False}
 
 
 def test_view_token_reads_but_cannot_write(locked, wire):

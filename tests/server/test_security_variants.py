@@ -46,12 +46,12 @@ def test_ingest_refuses_every_near_miss_of_the_ingest_token(locked, wire):
             assert code == 1008, (token, query)
             assert error["message"].startswith("expected the ingest token"), (token, error)
     assert wire.send_run(locked, run_id, [[wire.step(0)]], token=INGEST) == [
-        {"type": "ack", "seq": 0}
+        {"type": "ack", "seq": 0, "live": False}
     ]
     with connect(f"{locked.url}/ws/ingest?token={quote(INGEST)}") as ws:
         ws.send(json.dumps(wire.hello(run_id)))
         ws.send(json.dumps(wire.batch(run_id, 1, [wire.step(1)])))
-        assert wire.recv(ws) == {"type": "ack", "seq": 1}
+        assert wire.recv(ws) == {"type": "ack", "seq": 1, "live": False}
 
 
 def test_live_and_rest_refuse_every_near_miss_of_either_token(locked, wire):
@@ -132,7 +132,7 @@ def test_websockets_from_another_port_on_the_same_host_are_refused(shared_gradwa
             if path == "/ws/ingest":
                 ws.send(json.dumps(wire.hello(run_id)))
                 ws.send(json.dumps(wire.batch(run_id, 0, [wire.step(0)])))
-                assert wire.recv(ws) == {"type": "ack", "seq": 0}
+                assert wire.recv(ws) == {"type": "ack", "seq": 0, "live": False}
             else:
                 assert wire.recv(ws)["type"] == "subscribed"
 

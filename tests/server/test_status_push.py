@@ -45,13 +45,14 @@ def _api_says(wire: Any, server: Any, run_id: str, want: str, timeout_s: float =
         time.sleep(0.1)  # between two polls of the condition
 
 
-def _train(wire: Any, server: Any, run_id: str, first_seq: int = 0) -> None:
-    """A trainer connects, stores a few steps and goes away."""
+def _train(wire: Any, server: Any, run_id: str, first_seq: int = 0, live: bool = False) -> None:
+    """A trainer connects, stores a few steps and goes away; ``live``: the run has a
+    viewer, which its acks say."""
     with wire.connect(server) as trainer:
         trainer.send(json.dumps(wire.hello(run_id)))
         steps = [wire.step(first_seq * 5 + s) for s in range(5)]
         trainer.send(json.dumps(wire.batch(run_id, first_seq, steps)))
-        assert wire.recv(trainer) == {"type": "ack", "seq": first_seq}
+        assert wire.recv(trainer) == {"type": "ack", "seq": first_seq, "live": live}
 
 
 @contextlib.contextmanager
@@ -68,7 +69,7 @@ def test_a_run_whose_trainer_went_away_is_pushed_stale_to_its_viewers(
     server = gradwatch_server(db=gradwatch_db, env=STALLS)
     run_id = wire.run_id()
     with _subscribe(wire, server, run_id) as view, _subscribe(wire, server, None) as runs:
-        _train(wire, server, run_id)
+        _train(wire, server, run_id, live=True)
         # Told stalled (unless its 2 s fall between two ticks), then stale: on both.
         _statuses_until(wire, view, run_id, "stale")
         _statuses_until(wire, runs, run_id, "stale")
@@ -86,7 +87,7 @@ def test_a_stale_run_whose_trainer_comes_back_is_pushed_live_to_its_run_view(
     with _subscribe(wire, server, run_id) as view, wire.connect(server) as trainer:
         trainer.send(json.dumps(wire.hello(run_id)))
         trainer.send(json.dumps(wire.batch(run_id, 1, [wire.step(5)])))
-        assert wire.recv(trainer) == {"type": "ack", "seq": 1}
+        assert wire.recv(trainer) == {"type": "ack", "seq": 1, "live": True}
         _statuses_until(wire, view, run_id, "live")
         assert wire.get_ok(server, f"/api/runs/{run_id}")["status"] == "live"
 
@@ -100,7 +101,7 @@ def test_a_viewer_on_another_replica_is_pushed_stale(
     b = gradwatch_server(db=db, env=QUICK)
     run_id = wire.run_id()
     with _subscribe(wire, b, run_id) as view, _subscribe(wire, b, None) as runs:
-        _train(wire, a, run_id)
+        _train(wire, a, run_id, live=True)
         # B counts no trainer of its own and has no step times: never stalled there.
         assert _statuses_until(wire, view, run_id, "stale") == ["stale"]
         assert _statuses_until(wire, runs, run_id, "stale")[-1] == "stale"

@@ -141,7 +141,7 @@ def test_serve_writer_thread_keeps_writes_in_the_server_process(gradwatch_server
     assert writers_of(server.process.pid) == []
     run_id = wire.run_id()
     assert wire.send_run(server, run_id, [[wire.step(0), wire.step(1)]]) == [
-        {"type": "ack", "seq": 0}
+        {"type": "ack", "seq": 0, "live": False}
     ]
     assert wire.get_ok(server, f"/api/runs/{run_id}/steps?fields=loss")["total"] == 2
 

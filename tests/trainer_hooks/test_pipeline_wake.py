@@ -9,7 +9,14 @@ from typing import Any
 
 from gradwatch.protocol import read_spool
 from gradwatch.protocol.sink import SpoolSink
-from gradwatch.trainer_hooks.pipeline import MAX_GAP_S, Item, Pipeline
+from gradwatch.trainer_hooks.pipeline import (
+    BACKLOG_WAKE,
+    MAX_GAP_S,
+    MIN_GAP_S,
+    QUIET_GAP_S,
+    Item,
+    Pipeline,
+)
 
 
 class CountingSpool(SpoolSink):
@@ -88,7 +95,10 @@ def test_step_records_carry_the_background_threads_cpu_in_their_overhead(tmp_pat
 
 
 class BusySpool(CountingSpool):
-    """A real spool whose send also burns CPU (as a slow encoder on a busy box would)."""
+    """A real spool whose send also burns CPU (as a slow encoder on a busy box would),
+    taken as watched live (the pace a live viewer gets)."""
+
+    viewed = True
 
     def send(self, records: list[dict[str, Any]]) -> None:
         started = time.thread_time()
@@ -113,3 +123,71 @@ def test_the_gap_between_wakes_grows_with_the_cpu_a_wake_takes(tmp_path: Path) -
     finally:
         assert pipeline.close(timeout=30)
     assert sum(sink.batches) == 5
+
+
+class Viewed(CountingSpool):
+    """A real spool whose ``viewed`` the test sets, as a server's acks would."""
+
+    def __init__(self, path: Path, viewed: bool) -> None:
+        super().__init__(path)
+        self.viewed = viewed
+
+
+def test_nobody_watching_stretches_the_gap_and_a_viewer_brings_it_back(tmp_path: Path) -> None:
+    sink = Viewed(tmp_path / "viewed.jsonl", viewed=False)
+    pipeline = Pipeline(sink, quantities=[])
+    try:
+        assert pipeline.gap() == QUIET_GAP_S
+        sink.viewed = True
+        assert pipeline.gap() == MIN_GAP_S
+        pipeline.quiet_gap = 2.0
+        sink.viewed = False
+        assert pipeline.gap() == 2.0
+        del sink.viewed  # the class's own: a spool file nobody can watch live
+        assert pipeline.gap() == 2.0
+    finally:
+        assert pipeline.close(timeout=30)
+
+
+class ListSink:
+    """The smallest sink (the Sink protocol alone): says nothing of viewers."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def send(self, records: list[dict[str, Any]]) -> None:
+        self.records.extend(records)
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_a_sink_that_does_not_say_is_taken_as_watched() -> None:
+    sink = ListSink()
+    pipeline = Pipeline(sink, quantities=[])
+    try:
+        assert pipeline.gap() == MIN_GAP_S
+        pipeline.put(Item({"kind": "step", "step": 0}))
+        assert pipeline.flush(timeout=30)
+    finally:
+        assert pipeline.close(timeout=30)
+    assert [r["step"] for r in sink.records] == [0]
+
+
+def test_a_backlog_wakes_the_thread_however_long_the_gap(tmp_path: Path) -> None:
+    sink = Viewed(tmp_path / "backlog.jsonl", viewed=False)
+    pipeline = Pipeline(sink, quantities=[], flush_interval=600.0)
+    try:
+        pipeline.quiet_gap = 600.0  # from its next wake on, no step wakes it for 10 min
+        pipeline.put(Item({"kind": "step", "step": 0}), urgent=True)
+        assert sink.first.wait(30)
+        sink.first.clear()
+        for i in range(1, BACKLOG_WAKE + 1):
+            pipeline.put(Item({"kind": "step", "step": i}))
+        # the BACKLOG_WAKE-th queued item woke it: no flush, no close
+        assert sink.first.wait(30), "a full backlog did not wake the thread"
+    finally:
+        assert pipeline.close(timeout=30)
+    records = [r for m in read_spool(tmp_path / "backlog.jsonl") if m["type"] == "batch"
+               for r in m["records"]]
+    assert [r["step"] for r in records] == list(range(BACKLOG_WAKE + 1))

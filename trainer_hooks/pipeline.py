@@ -162,6 +162,11 @@ class Pipeline:
         # and per record handed to the sink: the schedule's budget counts them.
         self._cpu = {True: 0.0, False: 0.0}
         self._shared_cpu = 0.0  # per record: the wake and the send, spread
+        # the wakes' CPU beyond their records' own and the records they handled, both
+        # decayed by _SMOOTHING a wake: their ratio is a mean per record, so a wake
+        # for one record (a flush, the first step after a pause) weighs as one record
+        self._shared_total = 0.0
+        self._shared_records = 0.0
         self._wake_cpu = 0.0  # per wake that handled records
         # deque.append/popleft are atomic: the training thread takes no lock and wakes
         # nobody on an ordinary step.
@@ -325,8 +330,10 @@ class Pipeline:
             if handled:
                 whole = time.thread_time() - cycle
                 self._wake_cpu += _SMOOTHING * (whole - self._wake_cpu)
-                shared = max(whole - own, 0.0) / handled
-                self._shared_cpu += _SMOOTHING * (shared - self._shared_cpu)
+                keep = 1.0 - _SMOOTHING
+                self._shared_total = keep * self._shared_total + max(whole - own, 0.0)
+                self._shared_records = keep * self._shared_records + handled
+                self._shared_cpu = self._shared_total / self._shared_records
 
     @staticmethod
     def _size(record: dict[str, Any]) -> int:

@@ -191,3 +191,34 @@ def test_a_backlog_wakes_the_thread_however_long_the_gap(tmp_path: Path) -> None
     records = [r for m in read_spool(tmp_path / "backlog.jsonl") if m["type"] == "batch"
                for r in m["records"]]
     assert [r["step"] for r in records] == list(range(BACKLOG_WAKE + 1))
+
+
+def test_what_records_are_charged_for_the_wakes_is_what_the_wakes_cost(tmp_path: Path) -> None:
+    # Wakes of 1 record and of 120 in turns (a flush after the first step of a block,
+    # then after the block), each send burning 4 ms: a mean per wake would charge
+    # every record of the large wakes for the small one's whole wake.
+    sink = BusySpool(tmp_path / "charged.jsonl")
+    pipeline = Pipeline(sink, quantities=[])
+    thread = pipeline._thread
+    clock = time.pthread_getcpuclockid(thread.ident)  # type: ignore[arg-type]
+    step, spent = 0, 0.0
+    try:
+        for cycle in range(6):
+            if cycle == 3:  # the first cycles set the running means
+                spent = -time.clock_gettime(clock)
+                first_measured = step
+            for size in (1, 120):
+                for _ in range(size):
+                    pipeline.put(Item({"kind": "step", "step": step, "duration_s": 1.0,
+                                       "overhead": 0.0}))
+                    step += 1
+                assert pipeline.flush(timeout=30)
+        spent += time.clock_gettime(clock)
+    finally:
+        assert pipeline.close(timeout=30)
+    records = [r for m in read_spool(tmp_path / "charged.jsonl") if m["type"] == "batch"
+               for r in m["records"]]
+    assert [r["step"] for r in records] == list(range(step))
+    # a 1 s step: its overhead is the seconds of this thread's CPU it was charged
+    charged = sum(r["overhead"] for r in records if r["step"] >= first_measured)
+    assert 0.5 * spent < charged < 2.0 * spent, (charged, spent)

@@ -49,7 +49,10 @@ quantities.
 Run: ``python bench/overhead.py`` (both the default torch threads and 1 thread;
 ``--threads 1`` or ``--threads 0`` for one of them, 0 = torch's default), ``--quick``
 (under ~6 minutes on the 2-core VM when other processes leave it be),
-``--only cells lm``, ``--rounds``, ``--steps``, ``--clock cpu`` (this process's CPU
+``--only cells lm``, ``--rounds``, ``--steps``, ``--block-seconds`` (blocks at least
+that long: each block ends with a flush, which wakes the background thread, so blocks
+shorter than its pace, 0.5 s for a run nobody watches, wake it more often than training
+alone would), ``--clock cpu`` (this process's CPU
 time instead of the wall clock: steadier when other processes load the box, blind to
 time spent waiting for the GIL), ``--device cuda`` (DEVICE_WORKLOADS on a GPU, each
 block timed to a synchronize: bench/gpu.sh).
@@ -60,6 +63,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import copy
+import math
 import os
 import random
 import statistics
@@ -219,9 +223,12 @@ def other_variants(name: str, stack: ExitStack, tmp: Path, notes: list[str]) -> 
     return found if len(found) > 1 else []
 
 
-def interleaved(found: list[Variant], rounds: int, steps: int, warmup: int) -> None:
+def interleaved(found: list[Variant], rounds: int, steps: int, warmup: int,
+                block_s: float = 0.0) -> None:
     for v in found:  # allocator, first calls, the default budget's first estimates
-        v.run(warmup, timed=False)
+        per_step = v.run(warmup, timed=False)
+        if v is found[0] and block_s > 0:  # blocks of at least block_s of plain steps
+            steps = max(steps, math.ceil(block_s / max(per_step, 1e-6)))
     shuffle = random.Random(0)
     for _ in range(rounds):
         order = list(found)
@@ -231,7 +238,7 @@ def interleaved(found: list[Variant], rounds: int, steps: int, warmup: int) -> N
 
 
 def measure(name: str, rounds: int, steps: int, warmup: int, notes: list[str],
-            others: bool = True) -> list[str]:
+            others: bool = True, block_s: float = 0.0) -> list[str]:
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmpdir, ExitStack() as stack:
         passes = [variants(name, stack, Path(tmpdir))]
@@ -239,7 +246,7 @@ def measure(name: str, rounds: int, steps: int, warmup: int, notes: list[str],
             passes.append(other_variants(name, stack, Path(tmpdir), notes))
         for found in passes:
             if found:
-                interleaved(found, rounds, steps, warmup)
+                interleaved(found, rounds, steps, warmup, block_s)
                 lines += table_rows(name, found, notes)
     return lines
 
@@ -269,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="fewer rounds and steps: under ~6 minutes on the 2-core VM")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="steps per timed block")
+    parser.add_argument(
+        "--block-seconds", type=float, default=0.0,
+        help="at least this long a block (of plain steps): each block ends with a flush, "
+        "which wakes the background thread, so blocks shorter than its pace (0.5 s while "
+        "nobody watches) hand records over more often than training does",
+    )
     parser.add_argument("--threads", type=int, nargs="*", default=[0, 1],
                         help="torch intra-op threads to run with (0: torch's default)")
     parser.add_argument("--only", nargs="*", choices=WORKLOADS, default=None,
@@ -298,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     default_threads = torch.get_num_threads()
     notes: list[str] = []
     started = time.perf_counter()
-    print(f"torch {torch.__version__}, {args.device}, {rounds} rounds x {steps} steps per variant "
+    blocks = f"{steps} steps" + (f" (at least {args.block_seconds:g} s)"
+                                 if args.block_seconds > 0 else "")
+    print(f"torch {torch.__version__}, {args.device}, {rounds} rounds x {blocks} per variant "
           f"after {warmup} warm-up steps, {args.clock} clock; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for threads in args.threads:
@@ -309,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
               "| measured share | reported overhead | heavy steps |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for name in only:
-            for line in measure(name, rounds, steps, warmup, notes, not args.no_others):
+            for line in measure(name, rounds, steps, warmup, notes, not args.no_others,
+                                args.block_seconds):
                 print(line, flush=True)
     for note in dict.fromkeys(notes):
         print(f"note: {note}")

@@ -28,7 +28,7 @@ the wakes alone cost a light cell-loop step 3-6 % of CPU on the 2-core box, with
 ms about 1 %. While nobody does (the sink's ``viewed`` is False: the server's acks
 say the run has no live viewer, or a spool file that no one can watch), the gap is
 ``QUIET_GAP_S`` = 0.5 s: a light ``long_lstm`` step then costs ~1 point less
-(BENCHMARKS.md, "Nobody watching"), and a viewer who opens the run waits at most one
+(BENCHMARKS.md, "Watched or not"), and a viewer who opens the run waits at most one
 quiet gap, plus an ack, for the 50 ms pace. A sink that does not say is taken as
 viewed. However long the gap, ``BACKLOG_WAKE`` queued items wake the thread, so the
 queue never fills for want of a wake. A smaller ``min_gap`` (tests) adapts: at least

@@ -27,7 +27,7 @@ is ``MIN_GAP_S`` = 50 ms, the most a live viewer may wait for it: with 5-25 ms g
 the wakes alone cost a light cell-loop step 3-6 % of CPU on the 2-core box, with 50
 ms about 1 %. While nobody does (the sink's ``viewed`` is False: the server's acks
 say the run has no live viewer, or a spool file that no one can watch), the gap is
-``QUIET_GAP_S`` = 0.5 s: a light ``long_lstm`` step then costs ~1 point less
+``QUIET_GAP_S`` = 0.5 s: a light ``long_lstm`` step then costs 1.4-2.2 points less
 (BENCHMARKS.md, "Watched or not"), and a viewer who opens the run waits at most one
 quiet gap, plus an ack, for the 50 ms pace. A sink that does not say is taken as
 viewed. However long the gap, ``BACKLOG_WAKE`` queued items wake the thread, so the

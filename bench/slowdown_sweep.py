@@ -44,6 +44,8 @@ def states(durations: list[float], epoch: int) -> str:
 
 
 def bursts(rng: random.Random, durations: list[float], every: int = 150) -> list[float]:
+    """Bursts of load from other processes: 10 steps at 2-8x, now and then (the tests
+    of tests/trainer_hooks/test_diagnoses_long_trend.py use it too)."""
     out = list(durations)
     for start in range(rng.randrange(every), len(out), every):
         for n in range(start, min(start + 10, len(out))):
@@ -53,6 +55,7 @@ def bursts(rng: random.Random, durations: list[float], every: int = 150) -> list
 
 def ms(rng: random.Random, steps: int, level: Callable[[int], float],
        jitter: float = 1.0) -> list[float]:
+    """Step times of ``level(n)`` ms, each slowed by up to ``jitter`` x itself."""
     return [1e-3 * level(n) * rng.uniform(1.0, 1.0 + jitter) for n in range(steps)]
 
 

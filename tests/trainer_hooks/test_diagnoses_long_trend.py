@@ -4,9 +4,11 @@ the core or when batches sorted by length make every epoch slow down and speed u
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import statistics
-from collections.abc import Callable
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,19 +41,20 @@ def states(durations: list[float], epoch: int | None = 64,
             if a["state"] != "updated"]
 
 
-def with_bursts(rng: random.Random, durations: list[float], every: int = 150) -> list[float]:
-    """Bursts of load from other processes: 10 steps at 2-8x, now and then."""
-    out = list(durations)
-    for start in range(rng.randrange(every), len(out), every):
-        for n in range(start, min(start + 10, len(out))):
-            out[n] *= rng.uniform(2, 8)
-    return out
+def _sweep() -> Any:
+    """bench/slowdown_sweep.py, whose synthetic step times these tests use too."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "slowdown_sweep.py"
+    spec = importlib.util.spec_from_file_location("slowdown_sweep", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("slowdown_sweep", module)
+    spec.loader.exec_module(module)
+    return module
 
 
-def ms(rng: random.Random, steps: int, level: Callable[[int], float],
-       jitter: float = 1.0) -> list[float]:
-    """Step times of ``level(n)`` ms, each slowed by up to ``jitter`` x itself."""
-    return [1e-3 * level(n) * rng.uniform(1.0, 1.0 + jitter) for n in range(steps)]
+sweep = _sweep()
+with_bursts = sweep.bursts  # bursts of load from other processes: 10 steps at 2-8x
+ms = sweep.ms  # step times of level(n) ms, each slowed by up to jitter x itself
 
 
 @pytest.mark.parametrize("seed", range(4))

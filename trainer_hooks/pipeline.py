@@ -60,6 +60,7 @@ Example:
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections import deque
@@ -112,8 +113,13 @@ QUIET_GAP_S = 0.5
 BACKLOG_WAKE = 1024
 #: this thread's CPU seconds of record work between two yields of the GIL
 YIELD_AFTER_S = 50e-6
-#: weight of the newest observation in the CPU-time running means
+#: weight of the newest wake in the running means of a wake's CPU
 _SMOOTHING = 0.2
+#: the budget's figure for a heavy (or light) record is the median of this thread's
+#: CPU for the last this-many of them (a run of light records counts once): one slow
+#: wake (a garbage collection, a cold cache, a preempted encode) leaves it where it
+#: was, and a lasting change moves it within 8 records
+BUDGET_WINDOW = 15
 #: at most this many light step records in one run, which yields the GIL after
 #: LIGHT_YIELD_AFTER_S seconds (see the docstring)
 LIGHT_RUN = 64
@@ -158,9 +164,13 @@ class Pipeline:
         self.max_batch = min(max_batch, MAX_RECORDS_PER_BATCH)
         self.max_bytes = max_bytes
         self.dropped = 0
-        # This thread's CPU seconds per step record (running means, heavy and light)
-        # and per record handed to the sink: the schedule's budget counts them.
+        # This thread's CPU seconds per step record (medians of the recent ones, heavy
+        # and light; each record's own work and its share of the wakes and the sends):
+        # the schedule's budget counts them. Set once per wake, read per step.
         self._cpu = {True: 0.0, False: 0.0}
+        self._recent: dict[bool, deque[float]] = {
+            True: deque(maxlen=BUDGET_WINDOW), False: deque(maxlen=BUDGET_WINDOW)
+        }
         self._shared_cpu = 0.0  # per record: the wake and the send, spread
         # the wakes' CPU beyond their records' own and the records they handled, both
         # decayed by _SMOOTHING a wake: their ratio is a mean per record, so a wake
@@ -266,6 +276,7 @@ class Pipeline:
             batch: list[dict[str, Any]] = []
             size = 0
             handled, own = 0, 0.0
+            seen: set[bool] = set()  # the kinds of step record this wake charged
             unyielded = YIELD_AFTER_S  # the wake's first record yields first
             while self._items:
                 item = self._items.popleft()
@@ -310,13 +321,21 @@ class Pipeline:
                     # the run's CPU shared evenly: every record carries its part
                     each = spent / len(run)
                     steps = [r for r in records if r.get("kind") == "step"]
+                    charged = None
                     for record in steps:
-                        self._charge(item, record, each)
+                        charged = self._charge(record, each)
+                    if charged is not None:  # once per run: its records cost alike
+                        self._recent[False].append(charged)
+                        seen.add(False)
                     handled += len(steps)
                     own += spent
-                elif self._charge(item, records[0], spent):
-                    handled += 1
-                    own += spent
+                else:
+                    charged = self._charge(records[0], spent)
+                    if charged is not None:
+                        self._recent[item.heavy].append(charged)
+                        seen.add(item.heavy)
+                        handled += 1
+                        own += spent
                 for record in records:
                     if run is not None:
                         n = 200 if record.get("kind") == "step" else self._size(record)
@@ -334,6 +353,8 @@ class Pipeline:
                 self._shared_total = keep * self._shared_total + max(whole - own, 0.0)
                 self._shared_records = keep * self._shared_records + handled
                 self._shared_cpu = self._shared_total / self._shared_records
+            for heavy in seen:
+                self._cpu[heavy] = statistics.median(self._recent[heavy])
 
     @staticmethod
     def _size(record: dict[str, Any]) -> int:
@@ -346,22 +367,22 @@ class Pipeline:
         return n
 
     def cpu_per_record(self, heavy: bool) -> float:
-        """This thread's recent CPU seconds per heavy (or light) step record, its
-        share of the sink's encoding and writing included."""
+        """This thread's CPU seconds per heavy (or light) step record, its share of
+        the sink's encoding and writing included: the median of the last
+        ``BUDGET_WINDOW`` (0 before the first)."""
         return self._cpu[heavy]
 
-    def _charge(self, item: Item, record: dict[str, Any], cpu_s: float) -> bool:
-        """Add this thread's time for a step record to its ``overhead`` and the means:
-        its own work, and its share of a wake and a send from the recent wakes."""
+    def _charge(self, record: dict[str, Any], cpu_s: float) -> float | None:
+        """Add this thread's time for a step record to its ``overhead``: its own work,
+        and its share of a wake and a send from the recent wakes. Returns the seconds
+        charged (None for a record that is not a step's)."""
         if record.get("kind") != "step":
-            return False
+            return None
         cpu_s += self._shared_cpu
-        mean = self._cpu[item.heavy]
-        self._cpu[item.heavy] = mean + _SMOOTHING * (cpu_s - mean)
         duration = record.get("duration_s")
         if isinstance(duration, float) and duration > 0:
             record["overhead"] = record.get("overhead", 0.0) + cpu_s / duration
-        return True
+        return cpu_s
 
     def _send(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if batch:

@@ -11,12 +11,15 @@ from gradwatch.protocol import read_spool
 from gradwatch.protocol.sink import SpoolSink
 from gradwatch.trainer_hooks.pipeline import (
     BACKLOG_WAKE,
+    BUDGET_WINDOW,
     MAX_GAP_S,
     MIN_GAP_S,
     QUIET_GAP_S,
     Item,
     Pipeline,
 )
+from gradwatch.trainer_hooks.quantities.base import Quantity
+from gradwatch.trainer_hooks.transfer import pack
 
 
 class CountingSpool(SpoolSink):
@@ -222,3 +225,47 @@ def test_what_records_are_charged_for_the_wakes_is_what_the_wakes_cost(tmp_path:
     # a 1 s step: its overhead is the seconds of this thread's CPU it was charged
     charged = sum(r["overhead"] for r in records if r["step"] >= first_measured)
     assert 0.5 * spent < charged < 2.0 * spent, (charged, spent)
+
+
+class Encoding(Quantity):
+    """A heavy quantity whose encoding takes the CPU seconds its payload names: what a
+    slow encode (a garbage collection, a cold cache) costs this thread."""
+
+    name = "encoding"
+
+    def encode(self, payload: dict[str, Any]) -> dict[str, Any]:
+        started = time.thread_time()
+        while time.thread_time() - started < payload["burn_s"]:
+            pass
+        return {}
+
+
+def test_the_budgets_background_figure_is_a_median_one_slow_record_does_not_move(
+    tmp_path: Path,
+) -> None:
+    # Heavy records costing 2 ms each, one at a time (a flush after each), with a
+    # 60 ms one among them: the schedule's figure stays near 2 ms (a running mean
+    # with weight 0.2 read 13 ms). Then every record costs 8 ms: the figure follows
+    # within BUDGET_WINDOW // 2 + 1 records.
+    sink = CountingSpool(tmp_path / "median.jsonl")
+    pipeline = Pipeline(sink, quantities=[Encoding()])
+    costs = [0.002] * 10 + [0.06] + [0.002] * 2 + [0.008] * (BUDGET_WINDOW // 2 + 1)
+    read: list[float] = []
+    try:
+        for step, burn in enumerate(costs):
+            record = {"kind": "step", "step": step, "duration_s": 1.0, "overhead": 0.0}
+            assert pipeline.put(Item(record, pack({"encoding": {"burn_s": burn}}), heavy=True))
+            assert pipeline.flush(timeout=30)
+            read.append(pipeline.cpu_per_record(heavy=True))
+    finally:
+        assert pipeline.close(timeout=30)
+    assert pipeline.cpu_per_record(heavy=False) == 0  # no light record came
+    slow = costs.index(0.06)
+    for figure in read[slow : slow + 3]:
+        assert 0.002 <= figure < 0.004, read
+    assert 0.008 <= read[-1] < 0.010, read
+    records = [r for m in read_spool(tmp_path / "median.jsonl") if m["type"] == "batch"
+               for r in m["records"]]
+    # each record's own overhead still carries what it cost, the slow one included
+    assert [r["step"] for r in records] == list(range(len(costs)))
+    assert records[slow]["overhead"] >= 0.06

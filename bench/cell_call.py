@@ -1,6 +1,9 @@
 """What watching costs one cell call, warm: the forward of an ``nn.LSTMCell`` called 24
 times a step with and without ``watch(every=1)``, beside a bare hook that only calls
 ``retain_grad()`` on h and c (the floor of any capture that keeps the call's gradients).
+``watched`` is torch's own cell, watched through its class (no hook:
+trainer_hooks/quantities/watched_class.py); ``watched, a user's cell class`` the same
+cell as a subclass of the user's, which gets a forward hook.
 
 Each step: 24 timed calls from a fresh state, then (untimed) backward and, when
 watched, ``monitor.step()``, so every timed call is a captured call of a real step.
@@ -46,6 +49,10 @@ def per_call(cell: torch.nn.LSTMCell, x: torch.Tensor, steps: int, monitor: Any)
     return statistics.median(times[20:])
 
 
+class UserCell(torch.nn.LSTMCell):
+    """The same cell, of a class of the user's: gradwatch hooks it."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -55,7 +62,10 @@ def main() -> None:
     cell = torch.nn.LSTMCell(8, 8)
     x = torch.randn(2, 8)
     torch.optim.Adam(cell.parameters())  # as in training: loads dynamo
-    results: dict[str, list[float]] = {"unwatched": [], "retain_grad hook": [], "watched": []}
+    user = UserCell(8, 8)
+    user.load_state_dict(cell.state_dict())
+    results: dict[str, list[float]] = {"unwatched": [], "retain_grad hook": [], "watched": [],
+                                       "watched, a user's cell class": []}
     for _ in range(args.rounds):
         results["unwatched"].append(per_call(cell, x, args.steps, None))
         handle = cell.register_forward_hook(retain_outputs)
@@ -64,6 +74,10 @@ def main() -> None:
         monitor = watch(cell, run="cell_call", spool=os.devnull, quiet=True, every=1,
                         diagnose=False, cells=[cell])
         results["watched"].append(per_call(cell, x, args.steps, monitor))
+        monitor.close()
+        monitor = watch(user, run="cell_call", spool=os.devnull, quiet=True, every=1,
+                        diagnose=False, cells=[user])
+        results["watched, a user's cell class"].append(per_call(user, x, args.steps, monitor))
         monitor.close()
     base = statistics.median(results["unwatched"])
     print(f"LSTMCell(8, 8), batch 2, 24 calls a step; load average {os.getloadavg()[0]:.1f}")

@@ -55,6 +55,7 @@ def hook_state(model: nn.Module) -> list[Any]:
     state: list[Any] = []
     for module in model.modules():
         state += [
+            type(module),
             dict(module._forward_hooks),
             dict(module._forward_pre_hooks),
             dict(module._backward_hooks),
@@ -143,6 +144,11 @@ def test_a_watched_model_can_be_copied_saved_and_averaged_mid_training(
         monitor.step(loss)
     ours = gradwatch_hooks(model)
     assert len(ours) >= 2  # every=1: the hooks are on the model between steps
+    plain_types = [type(m) for m in make().modules()]
+    if make is Seq2Seq:  # the decoder cell is watched by its class, not by a hook
+        assert type(model.decoder) is not nn.LSTMCell
+        assert isinstance(model.decoder, nn.LSTMCell)
+        assert repr(model.decoder) == "LSTMCell(6, 6)"
     # what training code does with a model: keep the best one, average it, save it
     twin = copy.deepcopy(model)
     averaged = torch.optim.swa_utils.AveragedModel(model)
@@ -155,8 +161,10 @@ def test_a_watched_model_can_be_copied_saved_and_averaged_mid_training(
         want = model(x)
         for other in (twin, averaged.module, loaded):
             torch.testing.assert_close(other(x), want, rtol=0.0, atol=0.0)
-    # the copies carry a hook that does nothing in each place gradwatch had one
+    # the copies carry a hook that does nothing in each place gradwatch had one, and
+    # their cells are of the plain class
     for other in (twin, averaged.module, loaded):
+        assert [type(m) for m in other.modules()] == plain_types
         mirrored = [(name, kind) for name, kind, _ in ours]
         kept = [(name, kind, getattr(dict(other.named_modules())[name], kind)) for name, kind in
                 dict.fromkeys(mirrored)]
@@ -176,6 +184,7 @@ def test_a_watched_model_can_be_copied_saved_and_averaged_mid_training(
     assert all("timesteps" in r for r in steps)
     assert sorted(steps[3]["timesteps"]) == sorted(steps[2]["timesteps"])
     assert gradwatch_hooks(model) == []  # close() took gradwatch's own hooks off
+    assert [type(m) for m in model.modules()] == plain_types
 
 
 class CellLoop(nn.Module):
@@ -263,7 +272,7 @@ def test_light_steps_run_with_no_gradwatch_hook_on_the_model_or_the_optimizers(
         return [
             *(len(block._forward_pre_hooks) for block in model.blocks),
             len(model.seq.encoder._forward_hooks),
-            len(model.seq.decoder._forward_hooks),
+            len(model.seq.decoder._forward_hooks) + (type(model.seq.decoder) is not nn.LSTMCell),
             *(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters()),
             len(_global_optimizer_pre_hooks),
             len(_global_optimizer_post_hooks),

@@ -124,6 +124,30 @@ def test_non_finite_and_zero_rows() -> None:
     assert got[3] == math.inf
 
 
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (1, 0, 2, 3), (2, 3, 0, 1), (1, 3, 2, 0)])
+def test_a_nan_row_anywhere_leaves_every_other_row_its_own_rule(
+    order: tuple[int, ...],
+) -> None:
+    # rows whose sums are all in float32's range take a shortcut (squares read once on
+    # the host, min and max): a NaN among them, first or not, must neither hide an
+    # overflowing or underflowing row from the float64 recomputation nor move a row
+    nan = torch.ones(4, 4)
+    nan[2, 1] = float("nan")
+    ordinary, overflow, tiny = rows_of([3.0, 1e20, 1e-30], shape=(4, 4))
+    rows = [[nan, ordinary, overflow, tiny][i] for i in order]
+    got = norms.grad_norms(rows).tolist()
+    at = order.index(0)
+    assert math.isnan(got[at])
+    check([g for k, g in enumerate(got) if k != at], [r for k, r in enumerate(rows) if k != at])
+
+
+def test_ordinary_rows_in_order_at_float32_rounding() -> None:
+    grads = rows_of([1.0, 5e3, 1e-3, 2.0, 7e-2], shape=(8, 16))
+    check_tensor(norms.grad_norms(grads), grads)
+    check_tensor(norms.tensor_norms(grads[:2], [(torch.cat(grads[2:4]), 2)]),
+                 [*grads[:2], *grads[2:4]])
+
+
 def test_tensor_norms_of_tensors_and_packed_gates() -> None:
     """Tensors of several shapes, then each gate of packed tensors; rows of every kind."""
     tensors = rows_of([1.0, 1e-30, 1e20], shape=(7, 3)) + rows_of([0.0], shape=(5,))

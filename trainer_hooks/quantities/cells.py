@@ -1,6 +1,7 @@
 """Per-call ‖∂L/∂h_k‖₂ of recurrent cells called step by step in a Python loop.
 
-A forward hook on the cell runs at every call. It fixes the call's index ``k`` right
+Code run after every call of the cell (from the cell's class for torch's own cells,
+``watched_class.py``; a forward hook for any other) fixes the call's index ``k`` right
 then (backward fires hooks in reverse order, so the index cannot be counted there)
 and asks autograd to keep the gradient of the call's output h_k (and c_k when the
 cell returns ``(h, c)``): ``Tensor.retain_grad()``, a hook autograd runs in C++, so
@@ -9,7 +10,7 @@ every later call, and adds up over several backward passes as ``.grad`` does
 (``retain_graph=True``, a double backward). ``finish_step`` reads every kept
 gradient and turns a step's gradients into float64 norms with one stack and one norm
 per shape (a seq2seq decoder with a shrinking batch has a few shapes), so the cost
-per call is one Python hook in forward and no tensor op, and nothing waits for the
+per call is one Python call in forward and no tensor op, and nothing waits for the
 device.
 
 What the user can see: an output h_k now has ``h_k.retains_grad`` and, after backward,
@@ -43,11 +44,15 @@ from torch import Tensor, nn
 from .calls import accumulate, eager, graph_task_id, hook_tensor
 from .module_hooks import OwnHook
 from .norms import norms_in_order
+from .watched_class import unwatch, watch_class
 
 if TYPE_CHECKING:
     from .owner import CaptureOwner
 
 SERIES = ("hidden", "cell")
+
+#: ``CellCapture._handle`` while the cell's class is changed instead of hooked
+_CLASS_SWAPPED = object()
 
 
 def _split_output(output: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -101,12 +106,22 @@ class CellCapture:
         and the slower hooked path of ``Module.__call__`` (about 3 µs a call, 24 per
         step in a 24-token decoder). Adding or removing one hook costs about as much
         as one call, and happens only when a heavy step follows a light one or back.
+        torch's own cells get no hook at all: their class changes while armed
+        (``watched_class.py``), which keeps ``Module.__call__`` on its fast path.
         """
         if on and self._handle is None:
-            self._handle = self.module.register_forward_hook(OwnHook(self._post))
+            # torch's own cells change class instead (watched_class.py): a forward hook
+            # sends every call down the hooked call path, ~7 µs a call on a 2-core box
+            if watch_class(self.module, self._post):
+                self._handle = _CLASS_SWAPPED
+            else:
+                self._handle = self.module.register_forward_hook(OwnHook(self._post))
         elif not on and self._handle is not None:
             handle, self._handle = self._handle, None
-            handle.remove()
+            if handle is _CLASS_SWAPPED:
+                unwatch(self.module)
+            else:
+                handle.remove()
 
     @eager
     def _post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:

@@ -111,7 +111,7 @@ class CellCapture:
         """
         if on and self._handle is None:
             # torch's own cells change class instead (watched_class.py): a forward hook
-            # sends every call down the hooked call path, ~7 µs a call on a 2-core box
+            # sends every call down the hooked call path, 4.8 µs a call more on a 2-core box
             if watch_class(self.module, self._post):
                 self._handle = _CLASS_SWAPPED
             else:

@@ -21,7 +21,10 @@ What stays as it was:
 - an instance whose ``forward`` was replaced on the instance (``cell.forward = f``) or
   whose class is already another (a parametrized cell) gets a forward hook instead.
 
-:func:`unwatch` puts the original class back (when nothing changed it since).
+What differs while armed: ``type(cell) is nn.LSTMCell`` is False, so a mapping keyed by
+the exact class (``torch.ao.quantization``'s module mappings) does not find the cell:
+convert or quantize after ``monitor.remove()``. :func:`unwatch` puts the original class
+back (when nothing changed it since).
 
 Example:
     >>> import copy, torch

@@ -150,9 +150,30 @@ export class Heatmap extends OnScreen {
     if (this.drawn && this.div.layout) window.Plotly.react(this.div, this.traces(), this.div.layout);
   }
 
-  /** Append rows [{step, values}] now (one redraw per batch). */
+  /**
+   * Append rows [{step, values}] now (one redraw per batch). A row for a step before the
+   * last one drawn (a late batch) goes in at its step, with one full redraw; a step drawn
+   * already (sent twice) is not drawn again.
+   */
   append(rows) {
-    const fresh = rows.filter((r) => r.step > this.lastStep).sort((a, b) => a.step - b.step);
+    const fresh = [];
+    let late = [];
+    for (const r of rows.slice().sort((a, b) => a.step - b.step)) {
+      if (r.step > this.lastStep) {
+        if (!fresh.length || fresh[fresh.length - 1].step !== r.step) fresh.push(r);
+      } else {
+        late.push(r);
+      }
+    }
+    if (late.length) {
+      const drawn = new Set(this.steps);
+      // (add returns the set: a step twice in one batch goes in once)
+      late = late.filter((r) => !drawn.has(r.step) && drawn.add(r.step));
+    }
+    if (late.length) {
+      this.insert(late, fresh);
+      return;
+    }
     if (!fresh.length) return;
     this.lastStep = fresh[fresh.length - 1].step;
     for (const r of fresh) {
@@ -182,6 +203,27 @@ export class Heatmap extends OnScreen {
     appendKept(line, { x: fresh.map((r) => rowHorizon(r.values)), y: steps.slice() });
     stats.extendCalls += 1;
     window.Plotly.redraw(this.div);
+  }
+
+  /** Put late rows in at their steps, append the fresh ones, and redraw every row. */
+  insert(late, fresh) {
+    for (const r of late) {
+      let at = this.steps.length;
+      while (at > 0 && this.steps[at - 1] > r.step) at -= 1;
+      this.steps.splice(at, 0, r.step);
+      this.raw.splice(at, 0, r.values);
+    }
+    for (const r of fresh) {
+      this.steps.push(r.step);
+      this.raw.push(r.values);
+    }
+    if (fresh.length) this.lastStep = fresh[fresh.length - 1].step;
+    if (this.steps.length > MAX_ROWS) {
+      this.steps.splice(0, this.steps.length - MAX_ROWS);
+      this.raw.splice(0, this.raw.length - MAX_ROWS);
+    }
+    this.width = Math.max(this.width, ...late.map((r) => r.values.length), ...fresh.map((r) => r.values.length));
+    window.Plotly.react(this.div, this.traces(), { ...this.div.layout, xaxis: { ...this.div.layout.xaxis, range: this.xRange() } });
   }
 
   /** Mark a training step with a line across the heatmap (an alert fired there). */

@@ -1,6 +1,7 @@
 """A live record for a step before the last one drawn (a late batch) is drawn at its
 step, and a record for a step drawn already (sent twice) is not drawn again: in every
-chart of the run view and the compare view, and in the overhead stat's window.
+chart of the run view (the gradient-flow heatmap too) and the compare view, and in the
+overhead stat's window.
 
 The charts used to drop any point at or before the last step drawn: under the default
 budget 7-20 % of a run's steps went missing from the live charts, and the overhead
@@ -80,6 +81,14 @@ def test_run_view_draws_a_late_step_at_its_place_and_a_repeated_one_once(
         wait_last_x(w.page, chart_id, name, LAST)
         assert trace(w.page, chart_id, name) == every, (chart_id, name)
     assert trace(w.page, "chart-norms", "non-finite") == [6]  # the late step's marker
+    # the gradient-flow heatmap: a row per step, the late ones in their place
+    heat = "chart-heatmap-lstm-input"
+    scroll_to(w.page, heat)
+    wait_js(w.page, f"""() => {{ const d = document.getElementById('{heat}').data;
+        return !!d && d[0].y[d[0].y.length - 1] === {LAST}; }}""")
+    assert chart(w.page, heat, "Array.from(d.data[0].y)") == every
+    assert chart(w.page, heat, "Array.from(d.data[1].y)") == every  # the horizon line
+    assert chart(w.page, heat, "d.data[0].z.length") == len(every)
     overhead = w.page.locator("[data-stat='gradwatch overhead']")
     assert overhead.inner_text() == weighted_share(range(LAST + 1))
     assert f"steps 0-{LAST}," in overhead.get_attribute("title")

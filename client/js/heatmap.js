@@ -170,12 +170,14 @@ export class Heatmap extends OnScreen {
       // (add returns the set: a step twice in one batch goes in once)
       late = late.filter((r) => !drawn.has(r.step) && drawn.add(r.step));
     }
-    if (late.length) {
-      this.insert(late, fresh);
-      return;
+    if (!fresh.length && !late.length) return;
+    for (const r of late) {
+      let at = this.steps.length;
+      while (at > 0 && this.steps[at - 1] > r.step) at -= 1;
+      this.steps.splice(at, 0, r.step);
+      this.raw.splice(at, 0, r.values);
     }
-    if (!fresh.length) return;
-    this.lastStep = fresh[fresh.length - 1].step;
+    if (fresh.length) this.lastStep = fresh[fresh.length - 1].step;
     for (const r of fresh) {
       this.steps.push(r.step);
       this.raw.push(r.values);
@@ -184,13 +186,15 @@ export class Heatmap extends OnScreen {
       this.steps.splice(0, this.steps.length - MAX_ROWS);
       this.raw.splice(0, this.raw.length - MAX_ROWS);
     }
-    const longest = Math.max(...fresh.map((r) => r.values.length));
+    const added = [...late, ...fresh];
+    const longest = Math.max(...added.map((r) => r.values.length));
     const z = fresh.map((r) => scaleRow(r.values, this.scale));
     const [lo, hi] = fitRange(z, this.scale);
-    const grows = this.steps.length === fresh.length || longest > this.width || lo < this.range[0] || hi > this.range[1];
-    if (grows || this.scale !== heatScale.current) {
-      // The first rows, longer sequences or norms outside the colour range: this one
-      // time every row is redrawn (padded to the new width, on the new range).
+    const grows = this.steps.length === added.length || longest > this.width || lo < this.range[0] || hi > this.range[1];
+    if (late.length || grows || this.scale !== heatScale.current) {
+      // Late rows, the first rows, longer sequences or norms outside the colour range:
+      // this one time every row is redrawn (in step order, padded to the new width, on
+      // the new range).
       this.width = Math.max(this.width, longest);
       window.Plotly.react(this.div, this.traces(), { ...this.div.layout, xaxis: { ...this.div.layout.xaxis, range: this.xRange() } });
       return;
@@ -203,27 +207,6 @@ export class Heatmap extends OnScreen {
     appendKept(line, { x: fresh.map((r) => rowHorizon(r.values)), y: steps.slice() });
     stats.extendCalls += 1;
     window.Plotly.redraw(this.div);
-  }
-
-  /** Put late rows in at their steps, append the fresh ones, and redraw every row. */
-  insert(late, fresh) {
-    for (const r of late) {
-      let at = this.steps.length;
-      while (at > 0 && this.steps[at - 1] > r.step) at -= 1;
-      this.steps.splice(at, 0, r.step);
-      this.raw.splice(at, 0, r.values);
-    }
-    for (const r of fresh) {
-      this.steps.push(r.step);
-      this.raw.push(r.values);
-    }
-    if (fresh.length) this.lastStep = fresh[fresh.length - 1].step;
-    if (this.steps.length > MAX_ROWS) {
-      this.steps.splice(0, this.steps.length - MAX_ROWS);
-      this.raw.splice(0, this.raw.length - MAX_ROWS);
-    }
-    this.width = Math.max(this.width, ...late.map((r) => r.values.length), ...fresh.map((r) => r.values.length));
-    window.Plotly.react(this.div, this.traces(), { ...this.div.layout, xaxis: { ...this.div.layout.xaxis, range: this.xRange() } });
   }
 
   /** Mark a training step with a line across the heatmap (an alert fired there). */

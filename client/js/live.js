@@ -23,8 +23,21 @@ export function setServerUp(up) {
 }
 
 /**
- * connect({run: id}, msg => ..., {onOpen(reconnected)}) -> {close()}.
+ * How long a view waits for its first "subscribed" before it reads history anyway: a
+ * proxy that opens the socket and passes nothing must not leave the page blank.
+ */
+export const SUBSCRIBE_WAIT_MS = 4000;
+
+/**
+ * connect({run: id}, msg => ..., {onOpen(reconnected)}) -> {close(), subscribed}.
  * Without `run` the socket carries run summaries ({"type": "run"}) for the runs list.
+ *
+ * `subscribed` resolves when the server's first "subscribed" message arrives: from
+ * then on whatever a trainer sends reaches this socket, so history read after it
+ * misses nothing (read before it, a record or a status change in between would be in
+ * neither). It also resolves, so that history is read anyway, when the first attempt
+ * closes before subscribing (no live server, a proxy without websockets) or after
+ * SUBSCRIBE_WAIT_MS.
  */
 export function connect(query, onMessage, { onOpen } = {}) {
   let socket = null;
@@ -33,6 +46,15 @@ export function connect(query, onMessage, { onOpen } = {}) {
   let timer = 0;
   let opens = 0;
   let isOpen = false;
+  let settle = null;
+  const subscribed = new Promise((resolve) => {
+    const wait = setTimeout(() => settle && settle(), SUBSCRIBE_WAIT_MS);
+    settle = () => {
+      clearTimeout(wait);
+      settle = null;
+      resolve();
+    };
+  });
 
   const open = () => {
     socket = new WebSocket(wsUrl("/ws/live", query), wsProtocols());
@@ -53,7 +75,10 @@ export function connect(query, onMessage, { onOpen } = {}) {
         console.warn("gradwatch: ignored a live message that is not JSON");
         return;
       }
-      if (msg && typeof msg === "object") onMessage(msg);
+      if (msg && typeof msg === "object") {
+        if (msg.type === "subscribed" && settle) settle();
+        onMessage(msg);
+      }
     });
     socket.addEventListener("close", () => {
       if (isOpen) {
@@ -61,6 +86,7 @@ export function connect(query, onMessage, { onOpen } = {}) {
         isOpen = false;
       }
       showConnection();
+      if (settle) settle(); // no subscription this time: read history without it
       if (closed) return;
       timer = setTimeout(open, delay);
       delay = Math.min(delay * 2, 10000);
@@ -68,8 +94,10 @@ export function connect(query, onMessage, { onOpen } = {}) {
   };
   open();
   return {
+    subscribed,
     close() {
       closed = true;
+      if (settle) settle();
       clearTimeout(timer);
       if (socket) socket.close(1000, "view closed");
     },

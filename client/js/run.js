@@ -56,6 +56,7 @@ export class RunView {
     this.heatmaps = new Map();
     this.trend = new RollingMedian();
     this.closed = false;
+    this.alertsSeen = new Set(); // rank|step|code|subject|state|t of the alerts taken
     this.problemsOpened = 0; // problems opened, history and live (the header's count, as the server counts)
     this.epoch = null; // the latest epoch record's number (step records may not say)
     this.onPrint = () => drawAll(this.allCharts(), { now: true });
@@ -63,14 +64,23 @@ export class RunView {
   }
 
   async mount() {
-    this.summary = await api(`/api/runs/${encodeURIComponent(this.runId)}`);
-    state.runs.set(this.runId, this.summary);
-    this.build();
     if (!this.replay) {
+      // The summary and the history are read once the server has subscribed this page
+      // (live.js): a record or a status change between a read and the subscription
+      // would otherwise reach the page neither way (a run shown live after it ended).
+      this.early = []; // live messages that come before the summary
       this.live = connect({ run: this.runId }, (msg) => this.onMessage(msg), {
         onOpen: (reconnected) => { if (reconnected) this.reload(); },
       });
+      await this.live.subscribed;
+      if (this.closed) return;
     }
+    this.summary = await api(`/api/runs/${encodeURIComponent(this.runId)}`);
+    state.runs.set(this.runId, this.summary);
+    this.build();
+    const early = this.early || [];
+    this.early = null;
+    for (const msg of early) this.onMessage(msg);
     await this.load();
   }
 
@@ -93,6 +103,10 @@ export class RunView {
   }
 
   onMessage(msg) {
+    if (this.early) {
+      this.early.push(msg);
+      return;
+    }
     if (msg.type === "records" && msg.run_id === this.runId && this.newRank(msg.rank)) return;
     if (msg.type === "records" && msg.run_id === this.runId && Array.isArray(msg.records)) {
       for (const rec of msg.records) {
@@ -128,7 +142,7 @@ export class RunView {
   build() {
     const s = this.summary;
     this.statusNode = el("span", { class: "badge" });
-    this.subNode = el("p", { class: "sub" });
+    this.subNode = el("p", { class: "sub", id: "run-sub" });
     this.statsNode = el("div", { class: "stats" });
     const ranks = Array.isArray(s.ranks) && s.ranks.length ? s.ranks : [0];
     const rankSelect = ranks.length > 1 ? el("label", {}, "rank ",
@@ -289,6 +303,10 @@ export class RunView {
   }
 
   addAlert(alert, rank) {
+    // an alert both in the history and among the first live records counts once
+    const key = `${rank}|${alert.step}|${alert.code}|${alert.subject ?? ""}|${alert.state}|${alert.t}`;
+    if (this.alertsSeen.has(key)) return;
+    this.alertsSeen.add(key);
     this.problemsOpened += opensProblem(alert);
     this.alertsPanel.add(alert, rank);
   }

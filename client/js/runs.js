@@ -48,6 +48,9 @@ export class RunsView {
     this.live = connect({}, (msg) => {
       if (msg.type === "run" && msg.run && typeof msg.run.id === "string") this.batcher.push(msg.run);
     }, { onOpen: (reconnected) => { if (reconnected) this.refresh(); } });
+    // the list is read once the server has subscribed this page (live.js): a run that
+    // starts or ends in between is in the list or reaches it live
+    await this.live.subscribed;
     await this.refresh();
     this.ticker = setInterval(() => this.tick(), 5000);
     stats.paintedAt = performance.now();

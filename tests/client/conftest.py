@@ -13,7 +13,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,10 +68,17 @@ class Watched:
 
 @pytest.fixture
 def open_page(browser: Any) -> Iterator[Any]:
-    """open_page(server, "#/run/ID") -> Watched, at 1440x900 (or viewport=), errors recorded."""
+    """open_page(server, "#/run/ID") -> Watched, at 1440x900 (or viewport=), errors recorded;
+    ``prepare(page)`` runs before the page loads (routes)."""
     contexts: list[Any] = []
 
-    def open_(server: Any, hash_: str = "#/", query: str = "", **context_args: Any) -> Watched:
+    def open_(
+        server: Any,
+        hash_: str = "#/",
+        query: str = "",
+        prepare: Callable[[Any], None] | None = None,
+        **context_args: Any,
+    ) -> Watched:
         context_args.setdefault("viewport", {"width": 1440, "height": 900})
         ctx = browser.new_context(**context_args)
         contexts.append(ctx)
@@ -83,6 +90,8 @@ def open_page(browser: Any) -> Iterator[Any]:
         page.on("request", lambda r: (watched.requests.append(r.url), watched.authorization
                                       .append((r.url, r.headers.get("authorization")))))
         page.on("websocket", lambda w: watched.requests.append(w.url))
+        if prepare is not None:
+            prepare(page)
         page.goto(f"{server.http}/{query}{hash_}")
         return watched
 

@@ -96,6 +96,9 @@ export class CompareView {
         }
       }));
     }
+    // history is read once the server has subscribed both sockets (live.js): a record in
+    // between is in the history or reaches the page live
+    await Promise.all(this.sockets.map((s) => s.subscribed));
     await this.load();
   }
 
@@ -114,7 +117,7 @@ export class CompareView {
     await h.setVisible(true);
     this.heatmaps[k] = h;
     for (const key of Object.keys(this.latest)) if (key.startsWith(`${k}|`)) delete this.latest[key];
-    if (m.steps && m.steps.length) this.latest[`${k}|${module}`] = m.values[m.values.length - 1];
+    if (m.steps && m.steps.length) this.setLatest(`${k}|${module}`, m.steps[m.steps.length - 1], m.values[m.values.length - 1]);
     window.Plotly.react(this.profileDiv, this.profileTraces(), this.profileDiv.layout);
     Object.assign(p.section.dataset, { module, series, rows: String(m.steps ? m.steps.length : 0) });
   }
@@ -136,7 +139,7 @@ export class CompareView {
         const m = await api(`/api/runs/${id}/timesteps`, { module: h.module, series: h.series, rank: 0, max_steps: 300 });
         h.setHistory(m);
         await h.setVisible(true); // the compare view draws everything at once
-        if (m.steps && m.steps.length) this.latest[`${k}|${h.module}`] = m.values[m.values.length - 1];
+        if (m.steps && m.steps.length) this.setLatest(`${k}|${h.module}`, m.steps[m.steps.length - 1], m.values[m.values.length - 1]);
       }
     }));
     for (const c of this.charts) c.setHistory(fields);
@@ -149,8 +152,19 @@ export class CompareView {
     this.buffer = [];
   }
 
+  /**
+   * A run's latest profile of a module: a record for an older step than the one shown
+   * (a late batch, history that answers after live records) leaves it. True if it changed.
+   */
+  setLatest(key, step, values) {
+    const shown = this.latest[key];
+    if (shown && shown.step > step) return false;
+    this.latest[key] = { step, values };
+    return true;
+  }
+
   profileTraces() {
-    const profiles = Object.entries(this.latest).map(([key, values]) => {
+    const profiles = Object.entries(this.latest).map(([key, { values }]) => {
       const [k, module] = [key.slice(0, 1), key.slice(2)];
       return { label: `${this.names[k]} · ${module}`, values };
     });
@@ -171,8 +185,7 @@ export class CompareView {
       const values = h && rec.timesteps && rec.timesteps[h.module] ? seriesValues(rec.timesteps[h.module][h.series]) : null;
       if (values !== null) {
         rows[k].push({ step: rec.step, values });
-        this.latest[`${k}|${h.module}`] = values;
-        profileChanged = true;
+        profileChanged = this.setLatest(`${k}|${h.module}`, rec.step, values) || profileChanged;
       }
     }
     for (const c of this.charts) c.push(points);

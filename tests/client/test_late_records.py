@@ -134,3 +134,35 @@ def test_overhead_window_takes_history_that_comes_after_the_first_live_steps(
     assert (got["first"], got["last"], got["steps"]) == (0, 309, 310)
     assert got["share"] == pytest.approx((300 * 0.01 + 10 * 0.02) / 310)
     assert_clean(w)
+
+
+def test_compare_views_profile_stays_on_the_latest_step_when_a_late_step_comes(
+    gradwatch_server, open_page, raw_trainer
+):
+    """The compare view's profile chart shows each run's latest step: a late record
+    draws its heatmap row and leaves the profile as it was."""
+    server = gradwatch_server()
+    a = raw_trainer(server, "run-a")
+    b = raw_trainer(server, "run-b")
+
+    def scaled(step: int) -> dict[str, Any]:
+        rec = step_record(step, timesteps=12)
+        rec["timesteps"]["lstm"]["input"] = [(step + 1) * 0.01 * (t + 1) for t in range(12)]
+        return rec
+
+    a.send([scaled(s) for s in FIRST])
+    b.send([scaled(s) for s in FIRST])
+    w = open_page(server, f"#/compare/{a.run_id}/{b.run_id}")
+    wait_js(w.page, "() => document.body.dataset.painted === '1'")
+    heat = "chart-cmp-heat-B"
+    rows = f"() => Array.from(document.getElementById('{heat}').data[0].y)"
+    b.send([scaled(s) for s in AHEAD])
+    wait_js(w.page, f"() => ({rows})().includes({AHEAD[-1]})")
+    b.send([scaled(s) for s in LATE])
+    wait_js(w.page, f"() => ({rows})().includes({LATE[-1]})")
+    assert w.page.evaluate(rows) == list(range(AHEAD[-1] + 1))
+    profile = w.page.evaluate(
+        "() => document.getElementById('chart-cmp-profile').data"
+        ".find((t) => t.name === 'run-b · lstm').y")
+    assert list(profile) == pytest.approx(scaled(AHEAD[-1])["timesteps"]["lstm"]["input"])
+    assert_clean(w)

@@ -50,6 +50,14 @@ def _loss_of(outputs: Any) -> torch.Tensor | None:
     return None
 
 
+def _unscaled(loss: torch.Tensor, trainer: Any) -> torch.Tensor:
+    """``loss`` divided by the precision plugin's loss scale, where it has one (16-mixed
+    scales the loss before backward); device ops, nothing read on the host."""
+    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+    scale = getattr(scaler, "_scale", None) if scaler is not None and scaler.is_enabled() else None
+    return loss / scale if isinstance(scale, torch.Tensor) else loss
+
+
 class GradwatchCallback(Callback):
     """Monitor a Lightning fit with gradwatch: ``Trainer(callbacks=[GradwatchCallback()])``.
 
@@ -64,7 +72,11 @@ class GradwatchCallback(Callback):
     window of an epoch included (Lightning divides each batch's loss by
     ``accumulate_grad_batches`` before backward, however many batches the window has:
     the callback sums them in float32 and scales the sum by ``accumulate_grad_batches``
-    over the window's batches). It stays a tensor: nothing here waits for the device.
+    over the window's batches). Under manual optimization it is the sum of what the
+    window's ``training_step`` calls returned; one that returns nothing counts the
+    loss its one backward ran from (unscaled under 16-mixed), and a batch of several
+    backward passes (a GAN's) then none. It stays a tensor: nothing here waits for the
+    device.
 
     Example:
         >>> cb = GradwatchCallback(run="demo", spool="run.jsonl", every=4)
@@ -89,6 +101,10 @@ class GradwatchCallback(Callback):
         self._graph: torch.Tensor | None = None  # the loss backward ran from, with its graph
         self._batches = 0  # the batches whose losses are in self._loss
         self._global_step = 0  # the Trainer's global_step when the current batch started
+        # the current batch's backward passes, and the loss of the last (detached, float32,
+        # unscaled): a manual-optimization batch that returns no loss is recorded with it
+        self._backwards = 0
+        self._backward_loss: torch.Tensor | None = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None and not self.monitor.closed:
@@ -120,6 +136,8 @@ class GradwatchCallback(Callback):
         # exactly when this batch moved global_step, whatever it was before (a resumed
         # checkpoint's, a second fit's)
         self._global_step = int(trainer.global_step)
+        self._backwards = 0
+        self._backward_loss = None
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         # The loss with its autograd graph (the batch's ``outputs`` only has a detached
@@ -127,6 +145,8 @@ class GradwatchCallback(Callback):
         # 16-mixed it is the scaled loss, one node more than the loss, every step alike.
         if self.monitor is not None:
             self._graph = loss
+            self._backwards += 1
+            self._backward_loss = _unscaled(loss.detach().float(), trainer)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -135,6 +155,11 @@ class GradwatchCallback(Callback):
         if monitor is None:
             return
         loss = _loss_of(outputs)
+        if (loss is None and self._backwards == 1
+                and not getattr(pl_module, "automatic_optimization", True)):
+            # manual optimization whose training_step returns nothing: the loss its one
+            # backward ran from (several, a GAN's two losses: none of them is the step's)
+            loss = self._backward_loss
         if loss is not None:
             # float32: a bf16 loss summed in bf16 loses 0.1-0.3 % over a window
             loss = loss.detach().float()

@@ -395,3 +395,86 @@ def test_a_bfloat16_loss_is_summed_over_the_window_in_float32(
     assert len(steps) == 12 // accumulate
     assert [s["loss"] for s in steps] == pytest.approx(
         _window_means(module.losses, accumulate), rel=1e-6)
+
+
+class ManualRegressor(L.LightningModule):
+    """Manual optimization as Lightning's docs show it: ``training_step`` runs backward
+    and the optimizer itself and returns nothing. ``accumulate`` batches make one
+    optimizer step, each batch's loss divided by it before backward; ``twice`` runs a
+    second backward per batch (a GAN's two losses)."""
+
+    def __init__(self, accumulate: int = 1, twice: bool = False) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.rnn = nn.GRU(3, 8, batch_first=True)
+        self.head = nn.Linear(8, 1)
+        self.accumulate = accumulate
+        self.twice = twice
+        self.losses: list[float] = []  # what each batch's backward ran from
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        optimizer = self.optimizers()
+        x, y = batch
+        out, _ = self.rnn(x)
+        loss = nn.functional.mse_loss(self.head(out[:, -1]), y) / self.accumulate
+        self.losses.append(float(loss))
+        self.manual_backward(loss)
+        if self.twice:
+            self.manual_backward(self.head.weight.square().sum())
+        if (batch_idx + 1) % self.accumulate == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2, 4])
+def test_manual_optimization_records_the_loss_backward_ran_from(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]], accumulate: int
+) -> None:
+    """A ``training_step`` that returns nothing: the step's loss is the sum of the
+    losses its batches ran backward from (each already divided by ``accumulate``)."""
+    spool = tmp_path / "manual.jsonl"
+    module = ManualRegressor(accumulate)
+    trainer(GradwatchCallback(run="pl-manual", spool=spool, every=1), 2, 1).fit(
+        module, loader())
+    steps = spooled(spool, "step")
+    assert [s["step"] for s in steps] == list(range(2 * 8 // accumulate))
+    sums = [sum(module.losses[i : i + accumulate])
+            for i in range(0, len(module.losses), accumulate)]  # fmt: skip
+    assert [s["loss"] for s in steps] == pytest.approx(sums, rel=1e-5)
+    assert all(s.get("param_norms") for s in steps)
+
+
+def test_manual_optimization_with_two_backward_passes_a_batch_records_no_loss(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]]
+) -> None:
+    """Two losses a batch (a GAN's): no one of them is the step's loss, and their sum is
+    not one either."""
+    spool = tmp_path / "two.jsonl"
+    trainer(GradwatchCallback(run="pl-two", spool=spool, every=1), 1, 1).fit(
+        ManualRegressor(twice=True), loader())
+    steps = spooled(spool, "step")
+    assert [s["step"] for s in steps] == list(range(8))
+    assert [s.get("loss") for s in steps] == [None] * 8
+    assert steps[-1]["backward_passes"] == 2
+
+
+def test_manual_optimization_under_16_mixed_records_the_unscaled_loss(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]]
+) -> None:
+    """The loss backward runs from is scaled (65536x at first): the step's is not."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    spool = tmp_path / "manual-amp.jsonl"
+    module = ManualRegressor()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    L.Trainer(
+        max_epochs=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+        callbacks=[GradwatchCallback(run="pl-manual-amp", spool=spool, every=1, quiet=True)],
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    ).fit(module, loader())  # fmt: skip
+    steps = spooled(spool, "step")
+    assert [s["loss"] for s in steps] == pytest.approx(module.losses, rel=1e-5)

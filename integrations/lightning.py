@@ -6,9 +6,10 @@ step, as in the Trainer's ``global_step``), one epoch at each training epoch's e
 and ends the run when fit ends (``finished``) or fails (``crashed``). A fit resumed
 from a checkpoint (``fit(ckpt_path=...)``) closes its steps where the restored
 ``global_step`` moves, so its first step is its first whole window; its records are
-a run of their own, numbered from step 0 (not from the checkpoint's ``global_step``). Under a DDP strategy the process group is up
-when fit starts, so each rank reports as its own rank of one run (``watch()`` reads
-rank and world size from ``torch.distributed``). Under ``precision="16-mixed"`` the
+a run of their own, numbered from step 0 (not from the checkpoint's
+``global_step``). Under a DDP strategy the process group is up when fit starts, so
+each rank reports as its own rank of one run (``watch()`` reads rank and world size
+from ``torch.distributed``). Under ``precision="16-mixed"`` the
 precision plugin's GradScaler goes to ``watch(scaler=)`` (unless the callback was
 given one): backward leaves the gradients multiplied by the loss scale, and the
 scaler skips the steps that overflow.

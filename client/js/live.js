@@ -30,6 +30,7 @@ export const SUBSCRIBE_WAIT_MS = 4000;
 
 /**
  * connect({run: id}, msg => ..., {onOpen(reconnected)}) -> {close(), subscribed}.
+ * onOpen is called at each connection's "subscribed" message (reconnected: not the first).
  * Without `run` the socket carries run summaries ({"type": "run"}) for the runs list.
  *
  * `subscribed` resolves when the server's first "subscribed" message arrives: from
@@ -64,7 +65,6 @@ export function connect(query, onMessage, { onOpen } = {}) {
       showConnection();
       delay = 500;
       opens += 1;
-      if (onOpen) onOpen(opens > 1);
     });
     socket.addEventListener("message", (event) => {
       stats.messages += 1;
@@ -76,7 +76,12 @@ export function connect(query, onMessage, { onOpen } = {}) {
         return;
       }
       if (msg && typeof msg === "object") {
-        if (msg.type === "subscribed" && settle) settle();
+        if (msg.type === "subscribed") {
+          if (settle) settle();
+          // a reconnection's caller refetches history now, not at "open": read before
+          // the subscription, history could miss what comes in between (above)
+          if (onOpen) onOpen(opens > 1);
+        }
         onMessage(msg);
       }
     });

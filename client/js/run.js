@@ -75,7 +75,12 @@ export class RunView {
       await this.live.subscribed;
       if (this.closed) return;
     }
-    this.summary = await api(`/api/runs/${encodeURIComponent(this.runId)}`);
+    try {
+      this.summary = await api(`/api/runs/${encodeURIComponent(this.runId)}`);
+    } catch (err) {
+      if (this.live) this.live.close(); // no view to feed (an unknown run): no socket either
+      throw err;
+    }
     state.runs.set(this.runId, this.summary);
     this.build();
     const early = this.early || [];

@@ -135,3 +135,35 @@ def test_the_compare_view_reads_history_after_both_subscriptions(
                               ".find((t) => t.name === name).x", name)  # fmt: skip
         assert list(got) == list(range(8)), name
     assert_clean(w)
+
+
+def test_the_runs_list_reads_the_runs_again_once_a_reconnection_is_subscribed(
+    gradwatch_server, open_page, raw_trainer
+):
+    """The socket drops and comes back: the list is read again once the new connection
+    is subscribed, so what happened while it was down is in it."""
+    server = gradwatch_server()
+    ending = raw_trainer(server, "ending")
+    ending.send([step_record(0)])
+    sockets: list[Any] = []
+    started: list[Any] = []
+
+    def route(socket: Any) -> None:
+        sockets.append(socket)
+        if len(sockets) == 2:  # the reconnection: the run ends, another starts
+            ending.send([end_record(0)])
+            newcomer = raw_trainer(server, "newcomer")
+            newcomer.send([step_record(0)])
+            started.append(newcomer)
+        socket.send(json.dumps({"type": "subscribed", "run_id": None}))
+
+    w = open_page(server, prepare=lambda page: page.route_web_socket(LIVE, route))
+    w.page.wait_for_selector("body[data-view='runs'][data-painted='1']")
+    ending_badge = f"tr[data-run-id='{ending.run_id}'] .badge"
+    assert w.page.locator(ending_badge).inner_text() == "live"
+    sockets[0].close()  # the connection drops; the page reconnects
+    w.page.wait_for_selector(f"{ending_badge}[data-status=finished]")
+    (newcomer,) = started
+    assert w.page.locator(f"tr[data-run-id='{newcomer.run_id}'] .badge").inner_text() == "live"
+    assert len(sockets) == 2
+    assert_clean(w)

@@ -29,6 +29,15 @@ def stored_alerts(server: Any, run_id: str) -> list[dict[str, Any]]:
         return list(json.load(answer))
 
 
+def end_one_start_another(server: Any, raw_trainer: Any, ending: Any) -> Any:
+    """What a runs list must not miss: ``ending``'s run ends and a new run starts (its
+    trainer is returned)."""
+    ending.send([end_record(0)])
+    newcomer = raw_trainer(server, "newcomer")
+    newcomer.send([step_record(0)])
+    return newcomer
+
+
 def loss_steps(page: Any) -> list[int]:
     return list(page.evaluate(
         "() => document.getElementById('chart-loss').data.find((t) => t.name === 'loss').x"))
@@ -98,10 +107,7 @@ def test_the_runs_list_reads_the_runs_after_its_subscription(
     started: list[Any] = []
 
     def hold(route: Any) -> None:
-        ending.send([end_record(0)])
-        newcomer = raw_trainer(server, "newcomer")
-        newcomer.send([step_record(0)])
-        started.append(newcomer)
+        started.append(end_one_start_another(server, raw_trainer, ending))
         route.send(json.dumps({"type": "subscribed", "run_id": None}))
 
     w = open_page(server, prepare=lambda page: page.route_web_socket(LIVE, hold))
@@ -150,11 +156,8 @@ def test_the_runs_list_reads_the_runs_again_once_a_reconnection_is_subscribed(
 
     def route(socket: Any) -> None:
         sockets.append(socket)
-        if len(sockets) == 2:  # the reconnection: the run ends, another starts
-            ending.send([end_record(0)])
-            newcomer = raw_trainer(server, "newcomer")
-            newcomer.send([step_record(0)])
-            started.append(newcomer)
+        if len(sockets) == 2:  # the reconnection
+            started.append(end_one_start_another(server, raw_trainer, ending))
         socket.send(json.dumps({"type": "subscribed", "run_id": None}))
 
     w = open_page(server, prepare=lambda page: page.route_web_socket(LIVE, route))

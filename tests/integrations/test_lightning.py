@@ -97,6 +97,19 @@ def test_one_step_per_optimizer_step_and_an_epoch_each(
     assert norms and "rnn.weight_ih_l0" in norms[-1]["param_norms"]
 
 
+def mixed_trainer(callback: GradwatchCallback) -> L.Trainer:
+    """One epoch under 16-mixed with a GradScaler starting at 2**16: what
+    precision="16-mixed" builds on a GPU, asked for by hand on this CPU."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    return L.Trainer(
+        max_epochs=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+        callbacks=[callback], accelerator="cpu", devices=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+
+
 class MixedRegressor(L.LightningModule):
     """An MLP under 16-mixed precision that keeps each step's true gradient norms: the
     scaled gradients backward left, divided by the scale backward ran with."""
@@ -122,20 +135,12 @@ class MixedRegressor(L.LightningModule):
 def test_under_16_mixed_the_norms_are_unscaled_without_being_told_the_scaler(
     tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]],
 ) -> None:
-    from lightning.pytorch.plugins.precision import MixedPrecision
-
     spool = tmp_path / "amp.jsonl"
     module = MixedRegressor()
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g))
-    # what precision="16-mixed" builds on a GPU; on this CPU it is asked for by hand
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    L.Trainer(
-        max_epochs=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
-        callbacks=[GradwatchCallback(run="pl-amp", spool=spool, every=1, quiet=True)],
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    ).fit(module, DataLoader(data, batch_size=8))
+    mixed_trainer(GradwatchCallback(run="pl-amp", spool=spool, every=1, quiet=True)).fit(
+        module, DataLoader(data, batch_size=8))
     steps = spooled(spool, "step")
     assert len(steps) == len(module.true_norms) == 8
     for record, true in zip(steps, module.true_norms, strict=True):
@@ -465,16 +470,9 @@ def test_manual_optimization_under_16_mixed_records_the_unscaled_loss(
     tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]]
 ) -> None:
     """The loss backward runs from is scaled (65536x at first): the step's is not."""
-    from lightning.pytorch.plugins.precision import MixedPrecision
-
     spool = tmp_path / "manual-amp.jsonl"
     module = ManualRegressor()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    L.Trainer(
-        max_epochs=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
-        callbacks=[GradwatchCallback(run="pl-manual-amp", spool=spool, every=1, quiet=True)],
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    ).fit(module, loader())  # fmt: skip
+    callback = GradwatchCallback(run="pl-manual-amp", spool=spool, every=1, quiet=True)
+    mixed_trainer(callback).fit(module, loader())
     steps = spooled(spool, "step")
     assert [s["loss"] for s in steps] == pytest.approx(module.losses, rel=1e-5)

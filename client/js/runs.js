@@ -45,8 +45,12 @@ export class RunsView {
       for (const run of runs) latest.set(run.id, run);
       for (const run of latest.values()) this.upsert(run, true);
     });
+    this.heard = new Map(); // run id -> live summaries received (refresh() reads it)
     this.live = connect({}, (msg) => {
-      if (msg.type === "run" && msg.run && typeof msg.run.id === "string") this.batcher.push(msg.run);
+      if (msg.type === "run" && msg.run && typeof msg.run.id === "string") {
+        this.heard.set(msg.run.id, (this.heard.get(msg.run.id) ?? 0) + 1);
+        this.batcher.push(msg.run);
+      }
     }, { onOpen: (reconnected) => { if (reconnected) this.refresh(); } });
     // the list is read once the server has subscribed this page (live.js): a run that
     // starts or ends in between is in the list or reaches it live
@@ -64,8 +68,15 @@ export class RunsView {
   }
 
   async refresh() {
+    const before = new Map(this.heard);
     const runs = await api("/api/runs");
-    for (const run of runs.slice().reverse()) this.upsert(run, false);
+    for (const run of runs.slice().reverse()) {
+      // A live summary that came while the list was read is at least as new as the
+      // list's (every change after the subscription comes live): the list's may be
+      // older, and drawn after it would take the row back (a finished run shown live).
+      if ((this.heard.get(run.id) ?? 0) !== (before.get(run.id) ?? 0)) continue;
+      this.upsert(run, false);
+    }
     this.renderEmpty();
   }
 

@@ -170,3 +170,39 @@ def test_the_runs_list_reads_the_runs_again_once_a_reconnection_is_subscribed(
     assert w.page.locator(f"tr[data-run-id='{newcomer.run_id}'] .badge").inner_text() == "live"
     assert len(sockets) == 2
     assert_clean(w)
+
+
+def test_the_runs_list_keeps_a_live_summary_that_came_while_it_read_the_list(
+    gradwatch_server, open_page, raw_trainer
+):
+    """A run ends while the page reads /api/runs: the `run` message says so before the
+    list's answer, which was read earlier and still says `live`. The row stays
+    `finished`."""
+    server = gradwatch_server()
+    ending = raw_trainer(server, "ending")
+    ending.send([step_record(0)])
+    sockets: list[Any] = []
+    held: list[tuple[Any, Any]] = []
+
+    def subscribe(socket: Any) -> None:
+        sockets.append(socket)
+        socket.send(json.dumps({"type": "subscribed", "run_id": None}))
+
+    def read_then_end(route: Any) -> None:
+        answer = route.fetch()  # the list as the server has it now: the run live
+        (run,) = [r for r in answer.json() if r["id"] == ending.run_id]
+        sockets[0].send(json.dumps({"type": "run", "run": {**run, "status": "finished"}}))
+        held.append((route, answer))  # answered once the page shows the live summary
+
+    def prepare(page: Any) -> None:
+        page.route_web_socket(LIVE, subscribe)
+        page.route(re.compile(r"/api/runs$"), read_then_end)
+
+    w = open_page(server, prepare=prepare)
+    badge = f"tr[data-run-id='{ending.run_id}'] .badge"
+    w.page.wait_for_selector(f"{badge}[data-status=finished]")
+    ((route, answer),) = held
+    route.fulfill(response=answer)
+    w.page.wait_for_selector("body[data-view='runs'][data-painted='1']")
+    assert w.page.locator(badge).inner_text() == "finished"
+    assert_clean(w)

@@ -40,6 +40,7 @@ except ImportError:  # pragma: no cover - exercised where only pytorch_lightning
         ) from e
 
 from gradwatch.trainer_hooks import Monitor, watch
+from gradwatch.trainer_hooks.quantities.params import scale_tensor
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:
@@ -50,14 +51,6 @@ def _loss_of(outputs: Any) -> torch.Tensor | None:
         loss = outputs.get("loss")
         return loss if isinstance(loss, torch.Tensor) else None
     return None
-
-
-def _unscaled(loss: torch.Tensor, trainer: Any) -> torch.Tensor:
-    """``loss`` divided by the precision plugin's loss scale, where it has one (16-mixed
-    scales the loss before backward); device ops, nothing read on the host."""
-    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
-    scale = getattr(scaler, "_scale", None) if scaler is not None and scaler.is_enabled() else None
-    return loss / scale if isinstance(scale, torch.Tensor) else loss
 
 
 class GradwatchCallback(Callback):
@@ -107,6 +100,7 @@ class GradwatchCallback(Callback):
         # unscaled): a manual-optimization batch that returns no loss is recorded with it
         self._backwards = 0
         self._backward_loss: torch.Tensor | None = None
+        self._scaler: Any = None  # the precision plugin's GradScaler (16-mixed), if any
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None and not self.monitor.closed:
@@ -122,6 +116,7 @@ class GradwatchCallback(Callback):
         # 16-mixed: backward leaves gradients multiplied by the loss scale (65536 at
         # first), and the plugin's GradScaler skips the steps that overflow
         scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+        self._scaler = scaler
         if scaler is not None:
             options.setdefault("scaler", scaler)
         self.monitor = watch(pl_module, run=self.run, server=self.server, spool=spool, **options)
@@ -148,7 +143,12 @@ class GradwatchCallback(Callback):
         if self.monitor is not None:
             self._graph = loss
             self._backwards += 1
-            self._backward_loss = _unscaled(loss.detach().float(), trainer)
+            if not getattr(pl_module, "automatic_optimization", True):
+                # kept now: the optimizer step inside training_step may change the scale
+                # before the batch ends. Automatic optimization returns its loss: no work.
+                kept = loss.detach().float()
+                scale = scale_tensor(self._scaler)
+                self._backward_loss = kept / scale if scale is not None else kept
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

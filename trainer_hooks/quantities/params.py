@@ -66,6 +66,15 @@ def gate_names(module: nn.Module) -> tuple[str, ...]:
     return ()
 
 
+def scale_tensor(scaler: Any) -> torch.Tensor | None:
+    """A ``GradScaler``'s current loss scale as the tensor on its device (no ``.item()``,
+    nothing waits), or None without an enabled scaler or before its first ``scale()``."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    scale = getattr(scaler, "_scale", None)
+    return scale.detach() if isinstance(scale, torch.Tensor) else None
+
+
 class ParamNorms(Quantity):
     """Fills ``param_norms``, ``gate_norms``, ``total_norm`` and ``nonfinite.parameters``.
 
@@ -217,7 +226,7 @@ class ParamNorms(Quantity):
             for p in self._params:
                 if p.grad is not None:
                     by_device.setdefault(p.grad.device, []).append(p.grad.detach())
-            scale = self._scale()
+            scale = scale_tensor(self.scaler)
             with torch.no_grad():
                 pending["averaged"] = [
                     _unscaled_norms(grads, device, scale) for device, grads in by_device.items()
@@ -269,7 +278,7 @@ class ParamNorms(Quantity):
             assert g is not None
             groups[g.device][2].append((i, count))
             packed.setdefault(g.device, []).append((g, count))
-        scale = self._scale()
+        scale = scale_tensor(self.scaler)
         norms: list[torch.Tensor] = []
         for device, (_, tensors, _) in groups.items():
             vec = _unscaled_norms(tensors, device, scale, packed.get(device, []))
@@ -286,13 +295,6 @@ class ParamNorms(Quantity):
             found["scale_before"] = scale.clone()
         return found
 
-    def _scale(self) -> torch.Tensor | None:
-        scaler = self.scaler
-        if scaler is None or not scaler.is_enabled():
-            return None
-        scale = getattr(scaler, "_scale", None)
-        return scale.detach() if isinstance(scale, torch.Tensor) else None
-
     def start_step(self, capture: bool) -> None:
         super().start_step(capture)
         self.arm(capture)
@@ -308,7 +310,7 @@ class ParamNorms(Quantity):
         pending, self._pending = self._pending, None
         if pending and "error" not in pending:
             pending["passes"] = self.passes
-            scale = self._scale() if "scale_before" in pending else None
+            scale = scale_tensor(self.scaler) if "scale_before" in pending else None
             if scale is not None:  # after scaler.update(): lower when it skipped the step
                 pending["scale_after"] = scale.clone()
         return pending or {}

@@ -9,9 +9,9 @@ medians over every step of every round. Arms:
 - ``every1``: ``watch(model, every=1)``;
 - ``-<quantity>`` (``--drop timesteps update_ratios``...): ``every=1`` with that quantity
   idle (its hooks off, nothing captured), so its cost shows phase by phase;
-- ``stack=<elements>`` (``--stack-limits 32768 1048576``): ``every=1`` with
-  ``norms.STACK_LIMIT`` set for the block (how many elements of cell gradients one stack
-  takes before its norms).
+- ``stack=<elements>`` (``--stack-limits 32768 1048576``): ``every=1`` stacking the cell
+  gradients afresh, ``norms.STACK_LIMIT`` elements a stack, instead of into the cell's
+  kept buffer (``norms.Scratch``, off for the block: ``SCRATCH_LIMIT`` 0).
 
     .venv/bin/python bench/phases.py --drop timesteps update_ratios param_norms --rounds 8
     .venv/bin/python bench/phases.py --stack-limits 32768 131072 1048576 --rounds 12
@@ -86,7 +86,7 @@ def main() -> None:
             rows.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0))
         return rows
 
-    default_limit = norms.STACK_LIMIT
+    default_limit, default_scratch = norms.STACK_LIMIT, norms.SCRATCH_LIMIT
     arms = ["plain", "every1", *(f"-{q}" for q in args.drop),
             *(f"stack={n}" for n in args.stack_limits)]
     found: dict[str, list[tuple[float, ...]]] = {arm: [] for arm in arms}
@@ -97,8 +97,9 @@ def main() -> None:
                 if arm == "plain":
                     found[arm] += block(None, args.steps)
                     continue
-                norms.STACK_LIMIT = (int(arm.removeprefix("stack=")) if arm.startswith("stack=")
-                                     else default_limit)
+                chunked = arm.startswith("stack=")
+                norms.STACK_LIMIT = int(arm.removeprefix("stack=")) if chunked else default_limit
+                norms.SCRATCH_LIMIT = 0 if chunked else default_scratch
                 spool = os.path.join(tmp, f"{r}-{arm}.jsonl")
                 monitor = watch(model, run=arm, spool=spool, quiet=True, every=1)
                 if arm.startswith("-"):
@@ -106,7 +107,7 @@ def main() -> None:
                 block(monitor, args.warm)
                 found[arm] += block(monitor, args.steps)
                 monitor.close()
-    norms.STACK_LIMIT = default_limit
+    norms.STACK_LIMIT, norms.SCRATCH_LIMIT = default_limit, default_scratch
     plain = statistics.median(row[-1] for row in found["plain"])
     print(f"cells, {args.rounds} rounds of {args.steps} steps; load {os.getloadavg()[0]:.1f}; "
           "medians in ms")

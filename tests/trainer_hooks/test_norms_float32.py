@@ -274,3 +274,43 @@ def test_update_ratios_of_tiny_steps(size: float, lr: float, tmp_path: Path) -> 
         if size != 1.0:  # without the fallback: 0, or off by more than float32 rounding
             plain = torch.linalg.vector_norm(delta) / torch.linalg.vector_norm(before[name])
             assert plain.item() != pytest.approx(want, rel=F32_RTOL), name
+
+
+def test_scratch_takes_the_rules_of_a_fresh_stack_and_is_reused() -> None:
+    """The kept buffer gives every row its rule (float64 rows found by their place),
+    is written again the next step (no stale row), grows for a longer step and is
+    kept for a shorter one."""
+    scratch = norms.Scratch()
+    grads = rows_of(SCALES)
+    check_tensor(norms.grad_norms(grads, scratch), grads)
+    buffer = scratch.buffer
+    assert buffer is not None and buffer.numel() == len(SCALES) * 128
+    shorter = rows_of([2.0, 1e-30, 7.0], shape=(8, 16))
+    check_tensor(norms.grad_norms(shorter, scratch), shorter)
+    assert scratch.buffer is buffer  # kept: nothing allocated for a shorter step
+    longer = rows_of([1e-3, 4.0] * 8)
+    check_tensor(norms.grad_norms(longer, scratch), longer)
+    assert scratch.buffer is not buffer and scratch.buffer.numel() == 16 * 128
+
+
+def test_scratch_beyond_its_limit_stacks_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(norms, "SCRATCH_LIMIT", 5 * 128)
+    scratch = norms.Scratch()
+    grads = rows_of(SCALES)  # 11 gradients of 128 elements: over the limit
+    check_tensor(norms.grad_norms(grads, scratch), grads)
+    assert scratch.buffer is None
+    check_tensor(norms.grad_norms(grads[:5], scratch), grads[:5])
+    assert scratch.buffer is not None
+
+
+def test_scratch_with_gradients_of_several_shapes_gives_each_its_norm() -> None:
+    """A decoder whose batch shrinks: the stack into the buffer refuses the shapes and
+    each shape is reduced on its own, every norm in its call's place."""
+    scratch = norms.Scratch()
+    grads = [*rows_of([1.0, 3.0], shape=(8, 16)), *rows_of([5e-3, 1e-30], shape=(4, 16)),
+             *rows_of([2.0], shape=(8, 16))]
+    check_tensor(norms.norms_in_order(list(grads), torch.device("cpu"), scratch), grads)
+    gaps: list[torch.Tensor | None] = [grads[0], None, grads[2], grads[1]]
+    got = norms.norms_in_order(gaps, torch.device("cpu"), scratch).tolist()
+    assert got[1] == 0.0
+    check([got[0], got[2], got[3]], [grads[0], grads[2], grads[1]])

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from .calls import accumulate, eager, graph_task_id, hook_tensor
 from .module_hooks import OwnHook
-from .norms import norms_in_order
+from .norms import Scratch, norms_in_order
 from .watched_class import unwatch, watch_class
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ class CellCapture:
         self.module = module
         self.name = name
         self._handle: Any = None
+        self._scratch = Scratch()  # the step's gradients are stacked here (norms.py)
         self.reset()
 
     def reset(self) -> None:
@@ -293,7 +294,7 @@ class CellCapture:
                 for series, values in grads.items()
             }
         everything = [g for values in grads.values() for g in values]
-        norms = norms_in_order(everything, self.device)
+        norms = norms_in_order(everything, self.device, self._scratch)
         result, at = {}, 0
         for series, values in grads.items():
             result[series] = norms[at : at + len(values)]

@@ -68,6 +68,17 @@ class Packed:
 
 
 _CONTAINERS = (torch.Tensor, dict, list, tuple)
+#: the plain values payloads are made of: no isinstance() for them (on a slow box each
+#: Python call of the walk counts: a heavy step's payload is ~20 containers)
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
+def _holds_nothing(values: Any) -> bool:
+    """Whether none of ``values`` is a tensor or a container (plain values only)."""
+    for v in values:  # noqa: SIM110 (all() of a generator: a frame per value)
+        if type(v) not in _PLAIN and isinstance(v, _CONTAINERS):
+            return False
+    return True
 
 
 class _Flattener:
@@ -85,31 +96,37 @@ class _Flattener:
         self.devices: list[torch.device] = []
 
     def flatten(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            # each op here is a dispatch per leaf per heavy step: skip those that would
-            # return the tensor as it is (the usual float64 1-D norms of a quantity)
-            t = value.detach() if value.requires_grad else value
-            device = t.device
-            parts = self.parts.get(device)
-            if parts is None:
-                parts = self.parts[device] = []
-                self.sizes[device] = 0
-                self.devices.append(device)
-            offset = self.sizes[device]
-            self.sizes[device] = offset + t.numel()
-            if t.dim() != 1:
-                t = t.reshape(-1)
-            parts.append(t if t.dtype == torch.float64 else t.to(torch.float64))
-            return _Leaf(self.devices.index(device), offset, value.shape, value.dtype)
-        if isinstance(value, dict):
-            if not any(isinstance(v, _CONTAINERS) for v in value.values()):
+        kind = type(value)
+        if kind in _PLAIN:
+            return value
+        if kind is dict or (kind is not list and kind is not tuple and isinstance(value, dict)):
+            if _holds_nothing(value.values()):
                 return value
             return _Map({k: self.flatten(v) for k, v in value.items()})
-        if isinstance(value, (list, tuple)):
-            if not any(isinstance(v, _CONTAINERS) for v in value):
+        if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+            if _holds_nothing(value):
                 return value
             return _Seq(isinstance(value, list), [self.flatten(v) for v in value])
+        if isinstance(value, torch.Tensor):
+            return self._leaf(value)
         return value
+
+    def _leaf(self, value: torch.Tensor) -> _Leaf:
+        # each op here is a dispatch per leaf per heavy step: skip those that would
+        # return the tensor as it is (the usual float64 1-D norms of a quantity)
+        t = value.detach() if value.requires_grad else value
+        device = t.device
+        parts = self.parts.get(device)
+        if parts is None:
+            parts = self.parts[device] = []
+            self.sizes[device] = 0
+            self.devices.append(device)
+        offset = self.sizes[device]
+        self.sizes[device] = offset + t.numel()
+        if t.dim() != 1:
+            t = t.reshape(-1)
+        parts.append(t if t.dtype == torch.float64 else t.to(torch.float64))
+        return _Leaf(self.devices.index(device), offset, value.shape, value.dtype)
 
 
 def _rebuild(value: Any, buffers: list[torch.Tensor]) -> Any:

@@ -36,3 +36,22 @@ def test_a_payload_without_tensors_needs_no_buffer() -> None:
     packed = pack({"graph_nodes": 3, "alerts": [{"code": "x"}]})
     assert packed.buffers == []
     assert packed.unpack() == {"graph_nodes": 3, "alerts": [{"code": "x"}]}
+
+
+def test_a_leaf_after_plain_values_or_in_a_dict_subclass_is_found() -> None:
+    """The walk passes over plain values without looking into them: a tensor after
+    them in a list, or in an OrderedDict, still travels (and is copied)."""
+    from collections import OrderedDict
+
+    late = torch.tensor([2.5, -1.0], dtype=torch.float64)
+    ordered = OrderedDict(a=1, b=torch.tensor([7.0]))
+    payload = {"mixed": [1, 2.0, "s", None, True, late], "ordered": ordered,
+               "plain": [0, 1.5, None], "flags": {"x": False, "y": "z"}}
+    packed = pack(payload)
+    late.zero_()
+    out = packed.unpack()
+    assert torch.equal(out["mixed"][5], torch.tensor([2.5, -1.0], dtype=torch.float64))
+    assert out["mixed"][:5] == [1, 2.0, "s", None, True]
+    assert out["ordered"]["a"] == 1 and torch.equal(out["ordered"]["b"], torch.tensor([7.0]))
+    assert out["plain"] == [0, 1.5, None] and out["flags"] == {"x": False, "y": "z"}
+    assert len(packed.buffers) == 1 and packed.buffers[0].numel() == 3

@@ -49,7 +49,8 @@ quantities.
 Run: ``python bench/overhead.py`` (both the default torch threads and 1 thread;
 ``--threads 1`` or ``--threads 0`` for one of them, 0 = torch's default), ``--quick``
 (under ~6 minutes on the 2-core VM when other processes leave it be),
-``--only cells lm``, ``--rounds``, ``--steps``, ``--block-seconds`` (blocks at least
+``--only cells lm``, ``--variants default`` (gradwatch's settings to run: fewer leave
+time for more rounds), ``--rounds``, ``--steps``, ``--block-seconds`` (blocks at least
 that long: each block ends with a flush, which wakes the background thread, so blocks
 shorter than its pace, 0.5 s for a run nobody watches, wake it more often than training
 alone would), ``--clock cpu`` (this process's CPU
@@ -168,12 +169,18 @@ def plain_variants(work: Workload, labels: tuple[str, ...]) -> list[Variant]:
             for label in labels]
 
 
-def variants(name: str, stack: ExitStack, tmp: Path) -> list[Variant]:
-    """Plain, its control and gradwatch's settings: the first pass."""
+#: gradwatch's variants of the first pass, by the name ``--variants`` takes
+SETTINGS: dict[str, dict[str, Any]] = {"default": {}, "every=1": {"every": 1},
+                                       "every=10": {"every": 10}}
+
+
+def variants(name: str, stack: ExitStack, tmp: Path,
+             settings: tuple[str, ...] = tuple(SETTINGS)) -> list[Variant]:
+    """Plain, its control and gradwatch's ``settings``: the first pass."""
     work = workload(name, DEVICE[0])
     found = plain_variants(work, ("plain", "plain (control)"))
-    for label, options in (("gradwatch default", {}), ("gradwatch every=1", {"every": 1}),
-                           ("gradwatch every=10", {"every": 10})):
+    for setting in settings:
+        label, options = f"gradwatch {setting}", SETTINGS[setting]
         model = copy.deepcopy(work.model)
         spool = tmp / f"{name}-{len(found)}.jsonl"
         monitor = watch(model, run=f"bench-{name}", spool=spool, **work.options, **options)
@@ -238,10 +245,11 @@ def interleaved(found: list[Variant], rounds: int, steps: int, warmup: int,
 
 
 def measure(name: str, rounds: int, steps: int, warmup: int, notes: list[str],
-            others: bool = True, block_s: float = 0.0) -> list[str]:
+            others: bool = True, block_s: float = 0.0,
+            settings: tuple[str, ...] = tuple(SETTINGS)) -> list[str]:
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmpdir, ExitStack() as stack:
-        passes = [variants(name, stack, Path(tmpdir))]
+        passes = [variants(name, stack, Path(tmpdir), settings)]
         if others:
             passes.append(other_variants(name, stack, Path(tmpdir), notes))
         for found in passes:
@@ -286,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch intra-op threads to run with (0: torch's default)")
     parser.add_argument("--only", nargs="*", choices=WORKLOADS, default=None,
                         help="workloads to run (default: all; on a GPU, DEVICE_WORKLOADS)")
+    parser.add_argument("--variants", nargs="*", choices=list(SETTINGS), default=list(SETTINGS),
+                        help="gradwatch's settings to run beside plain and its control "
+                        "(fewer variants leave time for more rounds)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda where one is at hand")
     parser.add_argument("--no-others", action="store_true",
                         help="skip the second pass (wandb and TensorBoard, where installed)")
@@ -325,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for name in only:
             for line in measure(name, rounds, steps, warmup, notes, not args.no_others,
-                                args.block_seconds):
+                                args.block_seconds, tuple(args.variants)):
                 print(line, flush=True)
     for note in dict.fromkeys(notes):
         print(f"note: {note}")

@@ -20,7 +20,9 @@ the block, so it reports no overhead), ``unhooked`` (the same light steps after
 the model), ``bare`` (no monitor: a ``step()`` that keeps the time and the loss and
 nothing else, the floor of any per-step record), ``hooked`` (a light monitor's hooks
 on the model, its steps closed by that bare ``step()`` instead: what the hooks alone
-cost) and ``default`` (``watch(model)`` with no options: the budget). ``--wall``
+cost; they stay as its last ``step()`` left them, which on a light step is usually no
+hook at all, so on most models this arm times an idle monitor beside the model) and
+``default`` (``watch(model)`` with no options: the budget). ``--wall``
 times the blocks by the wall clock instead of process CPU (what training waits for;
 the background thread's CPU then counts only where it holds training up). The
 budget learns its interval over its first steps, so ``default`` warms up

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -132,15 +133,20 @@ class GradwatchCallback(Callback):
         # the optimizer steps between this hook and on_train_batch_end: a step closes
         # exactly when this batch moved global_step, whatever it was before (a resumed
         # checkpoint's, a second fit's)
+        started = time.perf_counter()
         self._global_step = int(trainer.global_step)
         self._backwards = 0
         self._backward_loss = None
+        if self.monitor is not None:  # what the callback costs counts in `overhead`
+            self.monitor.charge(time.perf_counter() - started)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         # The loss with its autograd graph (the batch's ``outputs`` only has a detached
         # copy): the graph's size and the stale-state and kept-loss checks read it. Under
         # 16-mixed it is the scaled loss, one node more than the loss, every step alike.
-        if self.monitor is not None:
+        monitor = self.monitor
+        if monitor is not None:
+            started = time.perf_counter()
             self._graph = loss
             self._backwards += 1
             if not getattr(pl_module, "automatic_optimization", True):
@@ -149,6 +155,7 @@ class GradwatchCallback(Callback):
                 kept = loss.detach().float()
                 scale = scale_tensor(self._scaler)
                 self._backward_loss = kept / scale if scale is not None else kept
+            monitor.charge(time.perf_counter() - started)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -156,6 +163,7 @@ class GradwatchCallback(Callback):
         monitor = self.monitor
         if monitor is None:
             return
+        started = time.perf_counter()
         loss = _loss_of(outputs)
         if (loss is None and self._backwards == 1
                 and not getattr(pl_module, "automatic_optimization", True)):
@@ -168,10 +176,14 @@ class GradwatchCallback(Callback):
             self._loss = loss if self._loss is None else self._loss + loss
             self._batches += 1
         # global_step counts optimizer steps: it moves once per accumulated window
-        if int(trainer.global_step) != self._global_step:
-            monitor.step(self._window_mean(trainer, pl_module), graph=self._graph)
+        closes = int(trainer.global_step) != self._global_step
+        if closes:
+            loss, graph = self._window_mean(trainer, pl_module), self._graph
             self._loss = self._graph = None
             self._batches = 0
+        monitor.charge(time.perf_counter() - started)
+        if closes:
+            monitor.step(loss, graph=graph)
 
     def _window_mean(self, trainer: Any, pl_module: Any) -> torch.Tensor | None:
         """The mean of the window's batch losses, from the sum of what Lightning returned."""

@@ -7,8 +7,12 @@ training ends. The step's loss is the one the Trainer trains on: the model's out
 ``loss`` of each batch, or the first item of an output that is a tuple or list (as the
 Trainer takes it; read by a forward hook while the model is in training mode),
 combined over the accumulated batches the way the Trainer combines what it logs: a
-mean, or a sum where the model was given ``num_items_in_batch`` (its loss is then
-already divided by the tokens of the whole window). A loss computed outside the model
+mean, or a sum where the model was given ``num_items_in_batch`` (which the model is
+expected to divide its loss by: the tokens of the whole window). A model that takes the
+argument through ``**kwargs`` and ignores it (transformers 5's
+``BertForSequenceClassification``) returns undivided losses, and with
+``gradient_accumulation_steps=4`` the Trainer trains on and logs about 4x the loss: so
+does gradwatch, which records what the Trainer trained on. A loss computed outside the model
 (``compute_loss_func``, label smoothing) is not the one seen here.
 
 A ``TrainerCallback`` hears of no exception (transformers has no ``on_exception``
@@ -45,6 +49,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from types import FrameType
 from typing import Any
 
@@ -183,15 +188,20 @@ class GradwatchCallback(TrainerCallback):
     ) -> None:
         # evaluation and prediction run the same forward: only training batches count
         if module.training and torch.is_grad_enabled():
+            started = time.perf_counter()
             loss = _output_loss(output)
             if loss is not None:
                 scaled = kwargs.get("num_items_in_batch") is not None
                 self._losses.append((loss.detach(), scaled))
                 self._graph = loss if loss.grad_fn is not None else None
+            if self.monitor is not None:  # what the callback costs counts in `overhead`
+                self.monitor.charge(time.perf_counter() - started)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.monitor is None:
+        monitor = self.monitor
+        if monitor is None:
             return
+        started = time.perf_counter()
         losses, self._losses = self._losses, []
         graph, self._graph = self._graph, None
         loss: torch.Tensor | None = None
@@ -200,7 +210,8 @@ class GradwatchCallback(TrainerCallback):
             n = len(losses)
             loss = torch.stack([x.float() if scaled else x.float() / n for x, scaled in losses])
             loss = loss.sum()
-        self.monitor.step(loss, graph=graph)
+        monitor.charge(time.perf_counter() - started)
+        monitor.step(loss, graph=graph)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:

@@ -117,6 +117,7 @@ class Monitor:
         self._epoch_started = self._step_started = time.perf_counter()
         self._epoch_first_step = 0
         self._carry = 0.0  # step()'s seconds after the last record was made
+        self._charged = 0.0  # seconds charge() counted since the last record
         self._record_made = time.perf_counter()
         self._heavy = False
         # the quantities with work on a light step after a light one (most steps)
@@ -190,6 +191,24 @@ class Monitor:
         self.epoch_index += 1
         self._epoch_started = now
         self._epoch_first_step = self.step_index
+
+    def charge(self, seconds: float) -> None:
+        """Count ``seconds`` of the training thread's time, spent for gradwatch outside
+        its hooks and ``step()``, in the next step record's ``overhead``: a framework
+        callback's own work around ``step()`` (gradwatch.integrations time theirs).
+
+        Example:
+            >>> import os, time, torch
+            >>> from gradwatch.trainer_hooks import watch
+            >>> monitor = watch(torch.nn.Linear(2, 2), spool=os.devnull, diagnose=False)
+            >>> started = time.perf_counter()  # a callback's own work begins
+            >>> monitor.charge(time.perf_counter() - started)
+            >>> monitor.step(0.5)
+            >>> monitor.close()
+            True
+        """
+        if seconds > 0 and math.isfinite(seconds):
+            self._charged += seconds
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Wait until every record so far has been handed to the sink."""
@@ -343,7 +362,8 @@ class Monitor:
         # process reads longer, as the training code around it does: over many steps
         # the share stays what training loses. The GIL: in a 1.6 ms loop, 2-4 of 4,000
         # step() calls waited for it (> 50 µs).
-        spent = hooks_cost + self._carry + (made - entered)
+        spent = hooks_cost + self._carry + self._charged + (made - entered)
+        self._charged = 0.0
         # What the hooks slow down that no timer sees (measured against light steps by
         # the schedule, with a budget) counts too: the field is what training loses.
         unseen = self.schedule.hidden_s() if self._heavy else 0.0

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -476,3 +477,39 @@ def test_manual_optimization_under_16_mixed_records_the_unscaled_loss(
     mixed_trainer(callback).fit(module, loader())
     steps = spooled(spool, "step")
     assert [s["loss"] for s in steps] == pytest.approx(module.losses, rel=1e-5)
+
+
+class Costly(GradwatchCallback):
+    """Its work at each optimizer step takes the given seconds in turn (busy, as a
+    slow callback's would)."""
+
+    def __init__(self, seconds: list[float], **options: Any) -> None:
+        super().__init__(**options)
+        self.seconds = seconds
+        self.took: list[float] = []
+
+    def _window_mean(self, trainer: Any, pl_module: Any) -> torch.Tensor | None:
+        wanted = self.seconds[len(self.took) % len(self.seconds)]
+        started = time.perf_counter()
+        while time.perf_counter() - started < wanted:
+            pass
+        self.took.append(time.perf_counter() - started if wanted else 0.0)
+        return super()._window_mean(trainer, pl_module)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_callbacks_own_time_counts_in_the_steps_overhead(
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]], accumulate: int,
+) -> None:
+    # what the callback does around step() is gradwatch's cost too: a step charged
+    # nothing follows a charged one, so time carried to the next record would show
+    spool = tmp_path / "run.jsonl"
+    callback = Costly([0.0, 0.05, 0.0, 0.03, 0.08, 0.0], run="pl", spool=spool, every=10**9)
+    trainer(callback, 1, accumulate).fit(Regressor(), loader())
+    steps = spooled(spool, "step")
+    assert len(steps) == len(callback.took) == 8 // accumulate
+    for step, took in zip(steps, callback.took, strict=True):
+        counted = step["overhead"] * step["duration_s"]
+        assert counted >= took, (step["step"], counted, took)
+        if step["step"] > 0:  # light steps of a small GRU: well under a millisecond
+            assert counted < took + 0.019, (step["step"], counted, took)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -316,3 +317,57 @@ def test_a_model_returning_a_tuple_records_its_first_item_as_the_loss(
     assert walked and walked[0]["step"] == 0
     last = [min((s["step"] + 1) * accumulate, batches) - 1 for s in walked]
     assert [s["graph_nodes"] for s in walked] == [sizes[i] for i in last]
+
+
+class SlowLossOutput:
+    """A model output the Trainer reads as ``outputs[0]``; its ``loss`` attribute, read
+    by the callback's forward hook, takes the model's next given seconds (busy)."""
+
+    def __init__(self, loss: torch.Tensor, logits: torch.Tensor, wait: Callable[[], None]):
+        self._items = (loss, logits)
+        self._wait = wait
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self._items[i]
+
+    @property
+    def loss(self) -> torch.Tensor:
+        self._wait()
+        return self._items[0]
+
+
+class SlowLossClassifier(TupleClassifier):
+    def __init__(self, seconds: list[float]) -> None:
+        super().__init__(as_list=False)
+        self.seconds = seconds
+        self.took: list[float] = []
+
+    def _wait(self) -> None:
+        wanted = self.seconds[len(self.took) % len(self.seconds)]
+        started = time.perf_counter()
+        while time.perf_counter() - started < wanted:
+            pass
+        self.took.append(time.perf_counter() - started if wanted else 0.0)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+        loss, logits = super().forward(input_ids, labels)
+        return SlowLossOutput(loss, logits, self._wait)
+
+
+def test_the_callbacks_own_time_counts_in_the_steps_overhead(
+    tmp_path: Path, spooled: Spooled
+) -> None:
+    # what the callback does in its forward hook is gradwatch's cost too: a step charged
+    # nothing follows a charged one, so time carried to the next record would show
+    spool = tmp_path / "run.jsonl"
+    model = SlowLossClassifier([0.0, 0.05, 0.0, 0.03, 0.08, 0.0])
+    callback = GradwatchCallback(run="costly", spool=spool, every=10**9)
+    train(model, tmp_path / "out", callback, samples=24, batch=4, accumulate=1, epochs=1,
+          lm=False)
+    steps = spooled(spool, "step")
+    assert len(steps) == len(model.took) == 6
+    for step, took in zip(steps, model.took, strict=True):
+        counted = step["overhead"] * step["duration_s"]
+        assert counted >= took, (step["step"], counted, took)
+        if step["step"] > 0:  # light steps of a small LSTM: well under a millisecond
+            assert counted < took + 0.019, (step["step"], counted, took)

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,7 @@ def test_watch_refuses_what_is_not_a_module() -> None:
 
 SCRIPT = """
 import sys
+import time
 import torch
 from gradwatch.trainer_hooks import watch
 model = torch.nn.Linear(2, 1)
@@ -384,3 +386,40 @@ def test_a_loss_that_is_no_number_costs_only_the_loss_field(tmp_path: Path) -> N
     assert [r["loss"] for r in steps] == [0.5, None, 2.5, None, 3.5, None, 4.5]
     assert all(r["duration_s"] > 0 for r in steps)
     assert [r["step"] for r in steps if "param_norms" in r] == [0, 2, 4, 6]
+
+
+def _spend(seconds: float) -> float:
+    """Keep the CPU busy for ``seconds`` (a framework callback's own work); the time spent."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        pass
+    return time.perf_counter() - started
+
+
+def test_charged_seconds_count_in_the_next_step_record_and_only_there(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "run.jsonl"
+    # a step charged nothing between charged ones: charged time carried over would show
+    charges = [0.0, 0.06, 0.0, 0.04, 0.0, 0.08, 0.02, 0.0]
+    spent = []
+    with watch(model, spool=path, every=10**9, diagnose=False) as monitor:
+        for seconds in charges:
+            loss = model(torch.randn(4, 3)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            took = _spend(seconds) if seconds else 0.0
+            monitor.charge(took)
+            monitor.charge(-1.0)  # nothing negative or undefined is counted
+            monitor.charge(float("nan"))
+            spent.append(took)
+            monitor.step(loss)
+    steps = [r for r in spool_records(path) if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(len(charges)))
+    counted = [r["overhead"] * r["duration_s"] for r in steps]
+    for i, (seconds, took) in enumerate(zip(counted, spent, strict=True)):
+        assert seconds >= took, (i, seconds, took)
+        if i > 0:  # step 0 is a heavy step; a light one of a 3-weight model costs ~0.1 ms
+            assert seconds < took + 0.019, (i, seconds, took)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from time import perf_counter as _perf_counter
 
 import pytest
 
@@ -82,6 +84,23 @@ def cuda_device() -> str:
         switch="GRADWATCH_REQUIRE_CUDA",
     )
     return "cuda"
+
+
+def _spend(seconds: float) -> float:
+    """Keep this thread's CPU busy for ``seconds``, as slow code (a callback's own work)
+    would; the seconds spent, 0.0 for none."""
+    if seconds <= 0:
+        return 0.0
+    started = _perf_counter()
+    while _perf_counter() - started < seconds:
+        pass
+    return _perf_counter() - started
+
+
+@pytest.fixture(scope="session")
+def spend() -> Callable[[float], float]:
+    """``spend(seconds)``: busy work of known length (not a wait: nothing to sync on)."""
+    return _spend
 
 
 @pytest.fixture(scope="session")

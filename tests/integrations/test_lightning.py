@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -483,28 +482,28 @@ class Costly(GradwatchCallback):
     """Its work at each optimizer step takes the given seconds in turn (busy, as a
     slow callback's would)."""
 
-    def __init__(self, seconds: list[float], **options: Any) -> None:
+    def __init__(self, seconds: list[float], spend: Callable[[float], float],
+                 **options: Any) -> None:
         super().__init__(**options)
         self.seconds = seconds
+        self.spend = spend
         self.took: list[float] = []
 
     def _window_mean(self, trainer: Any, pl_module: Any) -> torch.Tensor | None:
-        wanted = self.seconds[len(self.took) % len(self.seconds)]
-        started = time.perf_counter()
-        while time.perf_counter() - started < wanted:
-            pass
-        self.took.append(time.perf_counter() - started if wanted else 0.0)
+        self.took.append(self.spend(self.seconds[len(self.took) % len(self.seconds)]))
         return super()._window_mean(trainer, pl_module)
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_the_callbacks_own_time_counts_in_the_steps_overhead(
-    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]], accumulate: int,
+    tmp_path: Path, spooled: Callable[[Path, str], list[dict[str, Any]]],
+    spend: Callable[[float], float], accumulate: int,
 ) -> None:
     # what the callback does around step() is gradwatch's cost too: a step charged
     # nothing follows a charged one, so time carried to the next record would show
     spool = tmp_path / "run.jsonl"
-    callback = Costly([0.0, 0.05, 0.0, 0.03, 0.08, 0.0], run="pl", spool=spool, every=10**9)
+    callback = Costly([0.0, 0.05, 0.0, 0.03, 0.08, 0.0], spend, run="pl", spool=spool,
+                      every=10**9)
     trainer(callback, 1, accumulate).fit(Regressor(), loader())
     steps = spooled(spool, "step")
     assert len(steps) == len(callback.took) == 8 // accumulate

@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -285,7 +285,6 @@ def test_watch_refuses_what_is_not_a_module() -> None:
 
 SCRIPT = """
 import sys
-import time
 import torch
 from gradwatch.trainer_hooks import watch
 model = torch.nn.Linear(2, 1)
@@ -388,15 +387,9 @@ def test_a_loss_that_is_no_number_costs_only_the_loss_field(tmp_path: Path) -> N
     assert [r["step"] for r in steps if "param_norms" in r] == [0, 2, 4, 6]
 
 
-def _spend(seconds: float) -> float:
-    """Keep the CPU busy for ``seconds`` (a framework callback's own work); the time spent."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        pass
-    return time.perf_counter() - started
-
-
-def test_charged_seconds_count_in_the_next_step_record_and_only_there(tmp_path: Path) -> None:
+def test_charged_seconds_count_in_the_next_step_record_and_only_there(
+    tmp_path: Path, spend: Callable[[float], float]
+) -> None:
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -410,7 +403,7 @@ def test_charged_seconds_count_in_the_next_step_record_and_only_there(tmp_path: 
             opt.zero_grad()
             loss.backward()
             opt.step()
-            took = _spend(seconds) if seconds else 0.0
+            took = spend(seconds)
             monitor.charge(took)
             monitor.charge(-1.0)  # nothing negative or undefined is counted
             monitor.charge(float("nan"))
